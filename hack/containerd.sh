@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Starts or stops a private containerd: its own root, state and socket under
+# $AGENTBOX_DEV (default /tmp/agentbox-dev), CRI on, runtime handler
+# `agentbox` mapped to the agentbox shim with agentbox.dev/* annotations
+# forwarded, a CNI bridge network whose pods have no route off the bridge.
+#
+#   hack/containerd.sh start   # idempotent; prints the socket path
+#   hack/containerd.sh stop    # stops it and removes every trace
+#   hack/containerd.sh env     # shell exports for ctr/crictl
+source "$(dirname "$0")/lib.sh"
+
+DIR=$AGENTBOX_DEV
+SOCK=$DIR/containerd.sock
+PIDFILE=$DIR/containerd.pid
+# One bridge per instance; distinct names let two instances coexist.
+BRIDGE=${AGENTBOX_BRIDGE:-abx$(printf '%s' "$DIR" | sha256sum | cut -c1-8)}
+SUBNET_OCTET=$(( 0x$(printf '%s' "$DIR" | sha256sum | cut -c1-2) % 200 + 20 ))
+SUBNET=10.203.$SUBNET_OCTET.0/24
+
+write_configs() {
+  mkdir -p "$DIR"/{root,state,cni/net.d,cni/ipam,agentbox,runsc-stock,logs}
+  cat >"$DIR/agentbox/config.toml" <<EOT
+# agentbox shim config for the private containerd (hack/containerd.sh).
+version = 1
+
+[runsc]
+binary = "$TOOLS_BIN/runsc"
+
+[shim]
+log_level = "info"
+EOT
+  # The benchmark's stock-gVisor reference reads gVisor's own option format.
+  cat >"$DIR/runsc-stock/config.toml" <<EOT
+binary_name = "$TOOLS_BIN/runsc"
+root = "$DIR/runsc-stock/root"
+EOT
+  cat >"$DIR/cni/net.d/10-agentbox.conflist" <<EOT
+{
+  "cniVersion": "1.0.0",
+  "name": "agentbox",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$DIR/cni/ipam",
+        "ranges": [[{"subnet": "$SUBNET"}]]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+EOT
+  cat >"$DIR/config.toml" <<EOT
+version = 3
+root = "$DIR/root"
+state = "$DIR/state"
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "$PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.agentbox]
+  runtime_type = "io.containerd.agentbox.v1"
+  pod_annotations = ["agentbox.dev/*"]
+  container_annotations = ["agentbox.dev/*"]
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.agentbox.options]
+    ConfigPath = "$DIR/agentbox/config.toml"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-stock]
+  runtime_type = "io.containerd.runsc.v1"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-stock.options]
+    ConfigPath = "$DIR/runsc-stock/config.toml"
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "$DIR/cni/net.d"
+EOT
+}
+
+running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+start() {
+  need_root
+  if running; then
+    step "containerd already running (pid $(cat "$PIDFILE"), socket $SOCK)"
+    echo "$SOCK"; return
+  fi
+  for b in containerd ctr crictl runsc containerd-shim-agentbox-v1; do
+    command -v "$b" >/dev/null || die "$b not found: run hack/setup.sh first"
+  done
+  write_configs
+  step "starting private containerd ($SOCK, log $DIR/logs/containerd.log)"
+  containerd --config "$DIR/config.toml" >"$DIR/logs/containerd.log" 2>&1 &
+  echo $! >"$PIDFILE"
+  for _ in $(seq 1 100); do
+    ctr --address "$SOCK" version >/dev/null 2>&1 && break
+    running || { tail -n 30 "$DIR/logs/containerd.log" >&2; die "containerd exited during start"; }
+    sleep 0.1
+  done
+  ctr --address "$SOCK" version >/dev/null 2>&1 || die "containerd did not answer on $SOCK"
+  step "importing images"
+  for ns in default k8s.io; do
+    ctr --address "$SOCK" -n "$ns" images import --index-name "$AGENT_IMAGE" "$AGENTBOX_CACHE/images/agent.tar" >/dev/null
+    ctr --address "$SOCK" -n "$ns" images import --index-name "$PAUSE_IMAGE" "$AGENTBOX_CACHE/images/pause.tar" >/dev/null
+  done
+  echo "$SOCK"
+}
+
+stop() {
+  if running; then
+    local pid; pid=$(cat "$PIDFILE")
+    step "stopping containerd (pid $pid)"
+    # Remove what is left: pods, then plain containers, in every namespace.
+    if [ -S "$SOCK" ]; then
+      crictl --runtime-endpoint "unix://$SOCK" rmp -fa >/dev/null 2>&1 || true
+      for ns in $(ctr --address "$SOCK" namespaces ls -q 2>/dev/null); do
+        for t in $(ctr --address "$SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
+          ctr --address "$SOCK" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1 || true
+          ctr --address "$SOCK" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
+        done
+        for c in $(ctr --address "$SOCK" -n "$ns" containers ls -q 2>/dev/null); do
+          ctr --address "$SOCK" -n "$ns" containers delete "$c" >/dev/null 2>&1 || true
+        done
+      done
+    fi
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$PIDFILE"
+  # Leftover mounts under our dirs (from a killed run), deepest first.
+  grep -o " $DIR[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  ip link del "$BRIDGE" >/dev/null 2>&1 || true
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env)
+    echo "export CONTAINERD_ADDRESS=$SOCK"
+    echo "export CONTAINER_RUNTIME_ENDPOINT=unix://$SOCK"
+    echo "export IMAGE_SERVICE_ENDPOINT=unix://$SOCK"
+    echo "export PATH=$OUT_BIN:$TOOLS_BIN:\$PATH" ;;
+  *) die "usage: $0 start|stop|env" ;;
+esac

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the local images (no registry is reachable): an agent image with
+# busybox, and the pod-sandbox (pause) image. Output: OCI archives in the
+# cache, imported by hack/containerd.sh.
+source "$(dirname "$0")/lib.sh"
+img_dir=$AGENTBOX_CACHE/images
+mkdir -p "$img_dir"
+stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) v2"
+if [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
+  step "images cached"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# build_image NAME TAG CMD...: a busybox rootfs whose command is CMD.
+build_image() {
+  local name=$1 tag=$2; shift 2
+  step "building image $name:$tag"
+  local layout=$work/$name
+  umoci init --layout "$layout"
+  umoci new --image "$layout:$tag"
+  umoci unpack --uid-map 0:0:65536 --gid-map 0:0:65536 --image "$layout:$tag" "$work/$name-bundle" >/dev/null
+  local rootfs=$work/$name-bundle/rootfs
+  mkdir -p "$rootfs"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,workspace,proc,sys,dev,root,home/agent}
+  chmod 1777 "$rootfs/tmp"
+  cp /bin/busybox "$rootfs/bin/busybox"
+  for applet in $(/bin/busybox --list); do
+    [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nagent:x:65532:65532:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nagent:x:65532:\nnobody:x:65534:\n' >"$rootfs/etc/group"
+  umoci repack --image "$layout:$tag" "$work/$name-bundle" >/dev/null
+  local cfg=(--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --config.workingdir /)
+  for c in "$@"; do cfg+=(--config.cmd "$c"); done
+  umoci config --image "$layout:$tag" "${cfg[@]}"
+  tar -C "$layout" -cf "$img_dir/$name.tar" .
+}
+
+build_image agent latest /bin/sh
+# The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
+build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
+echo "$stamp" >"$img_dir/.stamp"

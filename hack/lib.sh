@@ -1,0 +1,28 @@
+# Shared settings for the hack/ scripts. Source it; do not run it.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Toolchain cache, reused across runs (CI may keep it between runs).
+AGENTBOX_CACHE=${AGENTBOX_CACHE:-/var/cache/agentbox}
+TOOLS_BIN=$AGENTBOX_CACHE/bin
+# The project's own binaries.
+OUT_BIN=$REPO_ROOT/_output/bin
+# Private containerd instance (own root, state, socket).
+AGENTBOX_DEV=${AGENTBOX_DEV:-/tmp/agentbox-dev}
+
+GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
+CONTAINERD_VERSION=v2.4.2
+CRICTL_VERSION=v1.37.0
+APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq)
+
+AGENT_IMAGE=docker.io/agentbox/agent:latest
+PAUSE_IMAGE=docker.io/agentbox/pause:latest
+
+export PATH=$OUT_BIN:$TOOLS_BIN:/usr/local/go/bin:$PATH
+
+_t0=$(date +%s)
+# step prints a progress line with the seconds since the script started.
+step() { printf '==> [%4ss] %s\n' "$(( $(date +%s) - _t0 ))" "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "$0 must run as root (containerd, runsc, nftables)"; }

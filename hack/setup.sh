@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs and builds everything agentbox needs into a cache reused across
+# runs: Debian packages, static runsc at the pinned gVisor version,
+# containerd + ctr + the runc shim, crictl; then the project's binaries and
+# the local images. Safe to run again: finished steps are skipped.
+source "$(dirname "$0")/lib.sh"
+need_root
+mkdir -p "$TOOLS_BIN" "$AGENTBOX_CACHE/logs" "$OUT_BIN"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "apt-get install ${missing[*]}"
+  apt-get update -qq >"$AGENTBOX_CACHE/logs/apt.log" 2>&1 || die "apt-get update failed: see $AGENTBOX_CACHE/logs/apt.log"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$AGENTBOX_CACHE/logs/apt.log" 2>&1 \
+    || die "apt-get install failed: see $AGENTBOX_CACHE/logs/apt.log"
+else
+  step "Debian packages present"
+fi
+
+# go_tool NAME STAMP PKG...: go install PKG... (static) unless the stamp matches.
+go_tool() {
+  local name=$1 stamp=$2; shift 2
+  local sf="$TOOLS_BIN/.$name.stamp"
+  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ]; then
+    step "$name $stamp cached"
+    return
+  fi
+  step "building $name $stamp (a few minutes; log: $AGENTBOX_CACHE/logs/$name.log)"
+  ( export GOBIN=$TOOLS_BIN CGO_ENABLED=0; go install "$@" ) >"$AGENTBOX_CACHE/logs/$name.log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 15
+    kill -0 "$pid" 2>/dev/null && step "  still building $name ($(tail -n1 "$AGENTBOX_CACHE/logs/$name.log" | cut -c1-80))"
+  done
+  wait "$pid" || { tail -n 20 "$AGENTBOX_CACHE/logs/$name.log" >&2; die "building $name failed"; }
+  echo "$stamp" >"$sf"
+}
+
+# runsc MUST be static: a cgo build dies at boot inside its own chroot.
+go_tool runsc "$GVISOR_VERSION" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION"
+go_tool containerd "$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+
+file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
+  || die "$TOOLS_BIN/runsc is not static; remove it and run again"
+
+"$REPO_ROOT/hack/build.sh"
+"$REPO_ROOT/hack/images.sh"
+step "setup done"

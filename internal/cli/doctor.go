@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"agentbox.dev/agentbox/internal/config"
+)
+
+// check is one doctor line: a name, and a detail or an error.
+type check struct {
+	name   string
+	detail string
+	err    error
+}
+
+func (c check) String() string {
+	if c.err != nil {
+		return fmt.Sprintf("FAIL  %-12s %v", c.name, c.err)
+	}
+	return fmt.Sprintf("PASS  %-12s %s", c.name, c.detail)
+}
+
+func doctorCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "doctor",
+		Usage: "check that this node can run agentbox: runsc, containerd, the runtime, nftables, cgroups",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", Usage: "containerd socket", EnvVars: []string{"CONTAINERD_ADDRESS"}},
+			&cli.StringFlag{Name: "config", Value: config.DefaultPath, Usage: "agentbox shim config (names the runsc binary)"},
+			&cli.StringFlag{Name: "handler", Value: "agentbox", Usage: "CRI runtime handler expected to map to the agentbox shim"},
+			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "how long to wait for containerd"},
+		},
+		Action: func(c *cli.Context) error {
+			ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+			defer cancel()
+			checks := []check{
+				checkRunsc(c.String("config"), c.IsSet("config")),
+				checkShimBinary(),
+				checkContainerd(ctx, c.String("address"), c.String("handler")),
+				checkNftables(),
+				checkCgroups("/sys/fs/cgroup"),
+			}
+			return report(c.App.Writer, checks)
+		},
+	}
+}
+
+// report prints one line per check and fails when any check failed.
+func report(w io.Writer, checks []check) error {
+	failed := 0
+	for _, c := range checks {
+		fmt.Fprintln(w, c)
+		if c.err != nil {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return cli.Exit(fmt.Sprintf("%d of %d checks failed", failed, len(checks)), 1)
+	}
+	return nil
+}
+
+func checkRunsc(cfgPath string, named bool) check {
+	c := check{name: "runsc"}
+	cfg, err := config.Load(cfgPath, named)
+	if err != nil {
+		c.err = err
+		return c
+	}
+	path, err := exec.LookPath(cfg.Runsc.Binary)
+	if err != nil {
+		c.err = fmt.Errorf("%q not found (config %s): %w", cfg.Runsc.Binary, sourceName(cfg), err)
+		return c
+	}
+	if err := requireStatic(path); err != nil {
+		c.err = err
+		return c
+	}
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		c.err = fmt.Errorf("%s --version: %w", path, err)
+		return c
+	}
+	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	c.detail = fmt.Sprintf("%s (static; %s)", path, first)
+	return c
+}
+
+func sourceName(cfg *config.Config) string {
+	if cfg.Source == "" {
+		return "built-in defaults"
+	}
+	return cfg.Source
+}
+
+// requireStatic fails for a dynamically linked binary: runsc re-executes
+// itself inside a chroot that has no dynamic loader.
+func requireStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: not an ELF binary: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; sandboxes die at boot. Rebuild with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
+}
+
+func checkShimBinary() check {
+	c := check{name: "shim"}
+	path, err := exec.LookPath("containerd-shim-agentbox-v1")
+	if err != nil {
+		c.err = errors.New("containerd-shim-agentbox-v1 not on PATH: containerd cannot start the runtime")
+		return c
+	}
+	c.detail = path
+	return c
+}
+
+func checkContainerd(ctx context.Context, address, handler string) check {
+	c := check{name: "containerd"}
+	if _, err := os.Stat(address); err != nil {
+		c.err = fmt.Errorf("socket %s: %w", address, err)
+		return c
+	}
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.err = err
+		return c
+	}
+	defer conn.Close()
+	rs := runtimeapi.NewRuntimeServiceClient(conn)
+	v, err := rs.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		c.err = fmt.Errorf("CRI on %s: %w", address, err)
+		return c
+	}
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		c.err = fmt.Errorf("CRI status on %s: %w", address, err)
+		return c
+	}
+	var names []string
+	for _, h := range st.GetRuntimeHandlers() {
+		if h.GetName() == handler {
+			c.detail = fmt.Sprintf("%s %s at %s; runtime handler %q registered", v.GetRuntimeName(), v.GetRuntimeVersion(), address, handler)
+			return c
+		}
+		names = append(names, h.GetName())
+	}
+	c.err = fmt.Errorf("%s %s at %s has no runtime handler %q (has %v): see examples/containerd-config.toml", v.GetRuntimeName(), v.GetRuntimeVersion(), address, handler, names)
+	return c
+}
+
+func checkNftables() check {
+	c := check{name: "nftables"}
+	out, err := exec.Command("nft", "--version").CombinedOutput()
+	if err != nil {
+		c.err = fmt.Errorf("nft: %w (install Debian's nftables)", err)
+		return c
+	}
+	c.detail = strings.TrimSpace(string(out))
+	return c
+}
+
+// cgroupMode names the cgroup layout mounted at root.
+func cgroupMode(root string) (string, error) {
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return "v2 (unified)", nil
+	}
+	if _, err := os.Stat(filepath.Join(root, "memory")); err != nil {
+		return "", fmt.Errorf("no cgroup hierarchy at %s", root)
+	}
+	if _, err := os.Stat(filepath.Join(root, "unified", "cgroup.controllers")); err == nil {
+		return "v1 + v2 hybrid", nil
+	}
+	return "v1 (legacy)", nil
+}
+
+func checkCgroups(root string) check {
+	c := check{name: "cgroups"}
+	mode, err := cgroupMode(root)
+	if err != nil {
+		c.err = err
+		return c
+	}
+	c.detail = mode
+	return c
+}

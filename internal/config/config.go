@@ -1,0 +1,194 @@
+// Package config loads the agentbox shim configuration: a TOML file named by
+// containerd's runtime options (ConfigPath), /etc/agentbox/config.toml when
+// none is named.
+//
+// Loading is strict: unknown keys, bad values and a named file that is
+// missing are errors, never silent defaults.
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultPath is read when containerd names no ConfigPath.
+const DefaultPath = "/etc/agentbox/config.toml"
+
+// DefaultRunscRootBase is the parent of the per-containerd runsc roots when
+// the config names no root.
+const DefaultRunscRootBase = "/run/agentbox/runsc"
+
+// Config is the shim configuration.
+type Config struct {
+	// Version of the file format; only 1 exists.
+	Version int `toml:"version"`
+	// Runsc configures the runsc binary the shim drives.
+	Runsc Runsc `toml:"runsc"`
+	// Shim configures the shim process itself.
+	Shim Shim `toml:"shim"`
+
+	// Source is the file the config was read from; empty for built-in defaults.
+	Source string `toml:"-"`
+}
+
+// Runsc configures runsc.
+type Runsc struct {
+	// Binary is an absolute path or a name looked up on PATH.
+	Binary string `toml:"binary"`
+	// Root is runsc's state directory. Empty: a directory under
+	// DefaultRunscRootBase derived from the containerd instance's address, so
+	// two containerd daemons on one machine never share runsc state.
+	Root string `toml:"root"`
+	// Flags are runsc global flags (without the leading dashes), applied to
+	// every sandbox this config starts.
+	Flags map[string]string `toml:"flags"`
+}
+
+// Shim configures the shim process.
+type Shim struct {
+	// LogLevel is one of trace, debug, info, warn, error.
+	LogLevel string `toml:"log_level"`
+}
+
+// Default returns the built-in configuration used when no file is named and
+// DefaultPath does not exist.
+func Default() *Config {
+	return &Config{
+		Version: 1,
+		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
+		Shim:    Shim{LogLevel: "info"},
+	}
+}
+
+// Load reads the config at path. named says whether the path was chosen by
+// the caller (containerd's ConfigPath): a named file must exist, while a
+// missing DefaultPath yields Default().
+func Load(path string, named bool) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) && !named {
+			return Default(), nil
+		}
+		return nil, fmt.Errorf("agentbox config %s: %w", path, err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("agentbox config %s: %w", path, err)
+	}
+	c.Source = path
+	return c, nil
+}
+
+// Parse decodes and validates a config. Every problem found is reported.
+func Parse(data []byte) (*Config, error) {
+	c := Default()
+	c.Version = 0
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, describeDecodeError(err)
+	}
+	if c.Runsc.Flags == nil {
+		c.Runsc.Flags = map[string]string{}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func describeDecodeError(err error) error {
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		var msgs []string
+		for _, e := range strict.Errors {
+			row, col := e.Position()
+			msgs = append(msgs, fmt.Sprintf("line %d column %d: unknown key %q", row, col, strings.Join(e.Key(), ".")))
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, col := de.Position()
+		return fmt.Errorf("line %d column %d: %s", row, col, de.Error())
+	}
+	return err
+}
+
+var flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+
+// shimOwnedFlags are runsc flags the shim sets itself; a config may not
+// override them.
+var shimOwnedFlags = map[string]string{
+	"root":       "set runsc.root instead",
+	"log":        "the shim writes runsc's log into the bundle",
+	"log-format": "the shim parses runsc's JSON log",
+	"panic-log":  "set per container by the shim",
+}
+
+// Validate checks every field and joins all problems into one error.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Version != 1 {
+		errs = append(errs, fmt.Errorf("version: must be 1, got %d", c.Version))
+	}
+	if c.Runsc.Binary == "" {
+		errs = append(errs, errors.New("runsc.binary: must not be empty"))
+	} else if strings.Contains(c.Runsc.Binary, "/") && !filepath.IsAbs(c.Runsc.Binary) {
+		errs = append(errs, fmt.Errorf("runsc.binary: %q must be an absolute path or a bare name looked up on PATH", c.Runsc.Binary))
+	}
+	if c.Runsc.Root != "" && !filepath.IsAbs(c.Runsc.Root) {
+		errs = append(errs, fmt.Errorf("runsc.root: %q must be an absolute path", c.Runsc.Root))
+	}
+	for _, k := range sortedKeys(c.Runsc.Flags) {
+		if !flagName.MatchString(k) {
+			errs = append(errs, fmt.Errorf("runsc.flags.%s: not a runsc flag name (lower-case letters, digits and dashes, no leading dash)", k))
+			continue
+		}
+		if why, ok := shimOwnedFlags[k]; ok {
+			errs = append(errs, fmt.Errorf("runsc.flags.%s: owned by the shim: %s", k, why))
+		}
+	}
+	switch c.Shim.LogLevel {
+	case "trace", "debug", "info", "warn", "warning", "error":
+	default:
+		errs = append(errs, fmt.Errorf("shim.log_level: %q is not one of trace, debug, info, warn, error", c.Shim.LogLevel))
+	}
+	return errors.Join(errs...)
+}
+
+// RunscRoot returns the runsc state root for a containerd instance reached at
+// containerdAddress. An explicit runsc.root wins.
+func (c *Config) RunscRoot(containerdAddress string) string {
+	if c.Runsc.Root != "" {
+		return c.Runsc.Root
+	}
+	return InstanceRunscRoot(containerdAddress)
+}
+
+// InstanceRunscRoot is the default runsc root of the containerd instance
+// reached at containerdAddress: short (runsc puts sockets below it) and
+// distinct per instance.
+func InstanceRunscRoot(containerdAddress string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(containerdAddress)))
+	return filepath.Join(DefaultRunscRootBase, hex.EncodeToString(sum[:6]))
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,89 @@
+// Package ocispec holds the pure rewrites the shim applies to a container's
+// OCI spec before runsc sees it. Each rewrite is a small function that
+// reports whether it changed anything; none does I/O.
+package ocispec
+
+import (
+	"fmt"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Annotations that tell runsc whether a container is a sandbox root or joins
+// an existing sandbox.
+const (
+	ContainerTypeAnnotation     = "io.kubernetes.cri.container-type"
+	SandboxIDAnnotation         = "io.kubernetes.cri.sandbox-id"
+	CRIOContainerTypeAnnotation = "io.kubernetes.cri-o.ContainerType"
+	CRIOSandboxIDAnnotation     = "io.kubernetes.cri-o.SandboxID"
+
+	ContainerTypeSandbox   = "sandbox"
+	ContainerTypeContainer = "container"
+)
+
+// Rewrite is one change to a spec. It returns a description of what it
+// changed, or "" when it left the spec alone.
+type Rewrite func(s *specs.Spec) (string, error)
+
+// Apply runs rewrites in order and returns the descriptions of the changes
+// made.
+func Apply(s *specs.Spec, rewrites ...Rewrite) ([]string, error) {
+	var changes []string
+	for _, rw := range rewrites {
+		msg, err := rw(s)
+		if err != nil {
+			return changes, err
+		}
+		if msg != "" {
+			changes = append(changes, msg)
+		}
+	}
+	return changes, nil
+}
+
+// IsSandboxContainerOf reports whether s asks to join another container's
+// sandbox, and that sandbox's id.
+func IsSandboxContainerOf(s *specs.Spec) (string, bool) {
+	if s.Annotations[ContainerTypeAnnotation] == ContainerTypeContainer {
+		return s.Annotations[SandboxIDAnnotation], true
+	}
+	if s.Annotations[CRIOContainerTypeAnnotation] == ContainerTypeContainer {
+		return s.Annotations[CRIOSandboxIDAnnotation], true
+	}
+	return "", false
+}
+
+// MarkSandboxRoot makes a container that carries no container-type
+// annotation (plain ctr, nerdctl, BuildKit) the root of its own sandbox.
+//
+// gVisor's task service only hands the container's stdio to `runsc create`
+// for sandbox roots; without the annotation the sandbox process inherits the
+// pipe the shim reads runsc's output from, and Create never returns.
+func MarkSandboxRoot(s *specs.Spec) (string, error) {
+	if _, ok := s.Annotations[ContainerTypeAnnotation]; ok {
+		return "", nil
+	}
+	if _, ok := s.Annotations[CRIOContainerTypeAnnotation]; ok {
+		return "", nil
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[ContainerTypeAnnotation] = ContainerTypeSandbox
+	return "no container-type annotation: container is the root of its own sandbox", nil
+}
+
+// RaiseOOMScoreAdj returns a rewrite that raises process.oomScoreAdj to
+// floor when the spec asks for less. Use it when the host refuses to lower
+// oom_score_adj (no CAP_SYS_RESOURCE): runsc would otherwise fail the start.
+func RaiseOOMScoreAdj(floor int) Rewrite {
+	return func(s *specs.Spec) (string, error) {
+		if s.Process == nil || s.Process.OOMScoreAdj == nil || *s.Process.OOMScoreAdj >= floor {
+			return "", nil
+		}
+		asked := *s.Process.OOMScoreAdj
+		v := floor
+		s.Process.OOMScoreAdj = &v
+		return fmt.Sprintf("process.oomScoreAdj raised from %d to %d: the host refuses to lower oom_score_adj", asked, floor), nil
+	}
+}

@@ -109,8 +109,8 @@ start() {
   ctr --address "$SOCK" version >/dev/null 2>&1 || die "containerd did not answer on $SOCK"
   step "importing images"
   for ns in default k8s.io; do
-    ctr --address "$SOCK" -n "$ns" images import --index-name "$AGENT_IMAGE" "$AGENTBOX_CACHE/images/agent.tar" >/dev/null
-    ctr --address "$SOCK" -n "$ns" images import --index-name "$PAUSE_IMAGE" "$AGENTBOX_CACHE/images/pause.tar" >/dev/null
+    ctrq --address "$SOCK" -n "$ns" images import --index-name "$AGENT_IMAGE" "$AGENTBOX_CACHE/images/agent.tar" >/dev/null
+    ctrq --address "$SOCK" -n "$ns" images import --index-name "$PAUSE_IMAGE" "$AGENTBOX_CACHE/images/pause.tar" >/dev/null
   done
   echo "$SOCK"
 }
@@ -138,7 +138,7 @@ stop() {
   fi
   rm -f "$PIDFILE"
   # Leftover mounts under our dirs (from a killed run), deepest first.
-  grep -o " $DIR[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -o " $DIR[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
 }
 

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
 mkdir -p "$img_dir"
-stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) v2"
+stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) v2"
 if [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -24,6 +24,8 @@ build_image() {
   local rootfs=$work/$name-bundle/rootfs
   mkdir -p "$rootfs"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,workspace,proc,sys,dev,root,home/agent}
   chmod 1777 "$rootfs/tmp"
+  mkdir -p "$rootfs/usr/local/bin"
+  install -m 0755 "$REPO_ROOT/examples/agent/agent.sh" "$rootfs/usr/local/bin/agent"
   cp /bin/busybox "$rootfs/bin/busybox"
   for applet in $(/bin/busybox --list); do
     [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
@@ -37,7 +39,7 @@ build_image() {
   tar -C "$layout" -cf "$img_dir/$name.tar" .
 }
 
-build_image agent latest /bin/sh
+build_image agent latest /usr/local/bin/agent
 # The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
 build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
 echo "$stamp" >"$img_dir/.stamp"

@@ -20,16 +20,17 @@ else
   step "Debian packages present"
 fi
 
-# go_tool NAME STAMP PKG...: go install PKG... (static) unless the stamp matches.
+# go_tool NAME STAMP PKG...: go install PKG... (static, with $LDFLAGS)
+# unless the stamp matches.
 go_tool() {
-  local name=$1 stamp=$2; shift 2
+  local name=$1 ver=$2 stamp="$2 ${LDFLAGS:-}"; shift 2
   local sf="$TOOLS_BIN/.$name.stamp"
   if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ]; then
-    step "$name $stamp cached"
+    step "$name $ver cached"
     return
   fi
-  step "building $name $stamp (a few minutes; log: $AGENTBOX_CACHE/logs/$name.log)"
-  ( export GOBIN=$TOOLS_BIN CGO_ENABLED=0; go install "$@" ) >"$AGENTBOX_CACHE/logs/$name.log" 2>&1 &
+  step "building $name $ver (a few minutes; log: $AGENTBOX_CACHE/logs/$name.log)"
+  ( export GOBIN=$TOOLS_BIN CGO_ENABLED=0; go install -ldflags "${LDFLAGS:-}" "$@" ) >"$AGENTBOX_CACHE/logs/$name.log" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 15
@@ -40,7 +41,8 @@ go_tool() {
 }
 
 # runsc MUST be static: a cgo build dies at boot inside its own chroot.
-go_tool runsc "$GVISOR_VERSION" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION"
+LDFLAGS="-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" \
+  go_tool runsc "$GVISOR_VERSION" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION"
 go_tool containerd "$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command on a fresh machine: builds the toolchain (cached), starts a
+# private containerd with the agentbox runtime, and runs the sample agent
+# under gVisor, printing what it did.
+source "$(dirname "$0")/lib.sh"
+need_root
+"$REPO_ROOT/hack/setup.sh"
+sock=$("$REPO_ROOT/hack/containerd.sh" start | tail -n1)
+id=quickstart-$$
+step "running the sample agent under agentbox (ctr run --runtime io.containerd.agentbox.v1)"
+echo "----- agent output -----"
+set +e
+ctrq --address "$sock" run --rm --runtime io.containerd.agentbox.v1 "$AGENT_IMAGE" "$id"
+rc=$?
+set -e
+echo "----- agent exited with status $rc -----"
+cat <<EOT
+
+The private containerd keeps running. Use it with:
+  eval "\$(hack/containerd.sh env)"
+  ctr run --rm --runtime io.containerd.agentbox.v1 $AGENT_IMAGE demo sh -c 'dmesg | head -3'
+Stop it and remove every trace with: hack/containerd.sh stop
+EOT
+exit "$rc"

@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestReport(t *testing.T) {
+	var b bytes.Buffer
+	err := report(&b, []check{{name: "runsc", detail: "/x (static)"}, {name: "nftables", err: errors.New("nft: not found")}})
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 checks failed") {
+		t.Fatalf("want failure, got %v", err)
+	}
+	want := "PASS  runsc        /x (static)\nFAIL  nftables     nft: not found\n"
+	if b.String() != want {
+		t.Fatalf("got %q want %q", b.String(), want)
+	}
+	b.Reset()
+	if err := report(&b, []check{{name: "a", detail: "ok"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRequireStatic(t *testing.T) {
+	// The test binary itself is dynamically linked when cgo is on, static
+	// otherwise; /bin/sh on Debian is always dynamic.
+	if err := requireStatic("/bin/sh"); err == nil || !strings.Contains(err.Error(), "dynamically linked") {
+		t.Fatalf("/bin/sh: want 'dynamically linked', got %v", err)
+	}
+	notELF := filepath.Join(t.TempDir(), "script")
+	os.WriteFile(notELF, []byte("#!/bin/sh\n"), 0o755)
+	if err := requireStatic(notELF); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+		t.Fatalf("script: %v", err)
+	}
+	if _, err := os.Stat("/bin/busybox"); err == nil {
+		if err := requireStatic("/bin/busybox"); err != nil {
+			t.Fatalf("busybox-static: %v", err)
+		}
+	}
+}
+
+func TestCgroupMode(t *testing.T) {
+	mk := func(paths ...string) string {
+		root := t.TempDir()
+		for _, p := range paths {
+			os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755)
+			os.WriteFile(filepath.Join(root, p), nil, 0o644)
+		}
+		return root
+	}
+	cases := []struct {
+		root, want string
+	}{
+		{mk("cgroup.controllers"), "v2 (unified)"},
+		{mk("memory/tasks", "unified/cgroup.controllers"), "v1 + v2 hybrid"},
+		{mk("memory/tasks"), "v1 (legacy)"},
+	}
+	for _, tc := range cases {
+		if got, err := cgroupMode(tc.root); err != nil || got != tc.want {
+			t.Errorf("got %q %v, want %q", got, err, tc.want)
+		}
+	}
+	if _, err := cgroupMode(mk()); err == nil {
+		t.Error("empty dir: want error")
+	}
+}

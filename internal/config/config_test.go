@@ -1,0 +1,134 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	cases := []struct {
+		name    string
+		in      string
+		wantErr []string
+		check   func(t *testing.T, c *Config)
+	}{
+		{
+			name: "full",
+			in: `version = 1
+[runsc]
+binary = "/usr/local/bin/runsc"
+root = "/run/abx"
+[runsc.flags]
+platform = "systrap"
+overlay2 = "root:self"
+[shim]
+log_level = "debug"
+`,
+			check: func(t *testing.T, c *Config) {
+				if c.Runsc.Binary != "/usr/local/bin/runsc" || c.Runsc.Root != "/run/abx" || c.Runsc.Flags["platform"] != "systrap" || c.Shim.LogLevel != "debug" {
+					t.Fatalf("decoded %+v", c)
+				}
+			},
+		},
+		{
+			name: "defaults fill what is absent",
+			in:   "version = 1\n",
+			check: func(t *testing.T, c *Config) {
+				if c.Runsc.Binary != "runsc" || c.Shim.LogLevel != "info" || c.Runsc.Flags == nil {
+					t.Fatalf("defaults: %+v", c)
+				}
+			},
+		},
+		{name: "version required", in: "[runsc]\nbinary = \"runsc\"\n", wantErr: []string{"version: must be 1, got 0"}},
+		{name: "unknown key with position", in: "version = 1\n[runsc]\nbinaryy = \"x\"\n", wantErr: []string{"line 3", `unknown key "runsc.binaryy"`}},
+		{name: "unknown table", in: "version = 1\n[polcy]\ndir = \"x\"\n", wantErr: []string{"line 2", `unknown key "polcy"`}},
+		{name: "syntax error", in: "version = \n", wantErr: []string{"line 1"}},
+		{name: "wrong type", in: "version = \"one\"\n", wantErr: []string{"line 1"}},
+		{
+			name: "all problems at once",
+			in: `version = 2
+[runsc]
+binary = "bin/runsc"
+root = "relative"
+[runsc.flags]
+"-debug" = "true"
+root = "/x"
+[shim]
+log_level = "loud"
+`,
+			wantErr: []string{
+				"version: must be 1, got 2",
+				`runsc.binary: "bin/runsc" must be an absolute path`,
+				`runsc.root: "relative" must be an absolute path`,
+				"runsc.flags.-debug: not a runsc flag name",
+				"runsc.flags.root: owned by the shim",
+				`shim.log_level: "loud"`,
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.in))
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("want error, got %+v", c)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.toml")
+	if _, err := Load(missing, true); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("named missing file: want an error naming it, got %v", err)
+	}
+	c, err := Load(missing, false)
+	if err != nil || c.Source != "" || c.Runsc.Binary != "runsc" {
+		t.Fatalf("unnamed missing default: want built-in defaults, got %+v, %v", c, err)
+	}
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(bad, []byte("version = 1\nnope = 1\n"), 0o644)
+	for _, named := range []bool{true, false} {
+		if _, err := Load(bad, named); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "line 2") {
+			t.Fatalf("malformed (named=%v): want error with path and line, got %v", named, err)
+		}
+	}
+	good := filepath.Join(dir, "good.toml")
+	os.WriteFile(good, []byte("version = 1\n"), 0o644)
+	if c, err := Load(good, true); err != nil || c.Source != good {
+		t.Fatalf("good: %+v %v", c, err)
+	}
+}
+
+func TestRunscRoot(t *testing.T) {
+	c := Default()
+	a := c.RunscRoot("/run/containerd/containerd.sock")
+	b := c.RunscRoot("/tmp/x/containerd.sock")
+	if a == b {
+		t.Fatalf("two containerd instances share runsc root %s", a)
+	}
+	if a != c.RunscRoot("/run/containerd/../containerd/containerd.sock") {
+		t.Fatal("the same socket must give the same root")
+	}
+	if !strings.HasPrefix(a, DefaultRunscRootBase+"/") || len(a) > 40 {
+		t.Fatalf("root %q: want a short path under %s", a, DefaultRunscRootBase)
+	}
+	c.Runsc.Root = "/explicit"
+	if c.RunscRoot("/any") != "/explicit" {
+		t.Fatal("explicit runsc.root must win")
+	}
+}

@@ -1,0 +1,195 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pod is one CRI pod sandbox created with crictl, as a kubelet does for a
+// RuntimeClass whose handler is agentbox.
+type pod struct {
+	id       string
+	dir      string
+	podJSON  string
+	logDir   string
+	released bool
+}
+
+func writeJSON(t *testing.T, path string, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func newPod(t *testing.T, name string, annotations map[string]string) *pod {
+	t.Helper()
+	dir := t.TempDir()
+	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs")}
+	p.podJSON = writeJSON(t, filepath.Join(dir, "pod.json"), map[string]any{
+		"metadata":      map[string]any{"name": name, "namespace": "agents", "uid": uniqueID("uid"), "attempt": 0},
+		"annotations":   annotations,
+		"log_directory": p.logDir,
+		"linux":         map[string]any{},
+	})
+	r := dev.crictl(90*time.Second, "runp", "--runtime", handler, p.podJSON)
+	if r.code != 0 {
+		t.Fatalf("crictl runp: %v", r)
+	}
+	p.id = strings.TrimSpace(r.stdout)
+	t.Cleanup(func() {
+		if !p.released {
+			dev.crictl(60*time.Second, "stopp", p.id)
+			dev.crictl(60*time.Second, "rmp", "-f", p.id)
+		}
+	})
+	return p
+}
+
+func (p *pod) container(t *testing.T, name string, argv ...string) string {
+	t.Helper()
+	cfg := writeJSON(t, filepath.Join(p.dir, name+".json"), map[string]any{
+		"metadata": map[string]any{"name": name},
+		"image":    map[string]any{"image": agentImage},
+		"command":  argv,
+		"log_path": name + ".log",
+		"linux":    map[string]any{},
+	})
+	r := dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
+	if r.code != 0 {
+		t.Fatalf("crictl create %s: %v", name, r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	if r := dev.crictl(90*time.Second, "start", id); r.code != 0 {
+		t.Fatalf("crictl start %s: %v", name, r)
+	}
+	return id
+}
+
+// containerState returns a container's CRI state and exit code.
+func containerState(t *testing.T, id string) (string, int) {
+	t.Helper()
+	r := dev.crictl(30*time.Second, "inspect", "-o", "json", id)
+	if r.code != 0 {
+		t.Fatalf("crictl inspect: %v", r)
+	}
+	var st struct {
+		Status struct {
+			State    string `json:"state"`
+			ExitCode int    `json:"exitCode"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("inspect output: %v", err)
+	}
+	return st.Status.State, st.Status.ExitCode
+}
+
+func waitState(t *testing.T, id, want string) int {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, code := containerState(t, id)
+		if st == want {
+			return code
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s: state %s, want %s", id, st, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestCRIPodSharesOneSandbox: the kubelet path. A pod under the agentbox
+// handler (the CRI sets oom_score_adj -998 on it, which this host refuses),
+// two containers sharing one gVisor sandbox, exec, logs, exit codes, then
+// stopp and rmp leaving nothing behind.
+func TestCRIPodSharesOneSandbox(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	p := newPod(t, "shared", nil)
+	worker := p.container(t, "worker", "sh", "-c", "echo worker-ready; exec sleep 600")
+	helper := p.container(t, "helper", "sh", "-c", "echo helper-out; echo helper-err >&2; exec sleep 601")
+	waitState(t, worker, "CONTAINER_RUNNING")
+	waitState(t, helper, "CONTAINER_RUNNING")
+
+	// One sandbox: the worker sees the helper's process, and both run on
+	// gVisor's kernel.
+	var ps result
+	for i := 0; i < 50; i++ {
+		ps = dev.crictl(60*time.Second, "exec", worker, "ps")
+		if strings.Contains(ps.stdout, "sleep 601") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ps.code != 0 || !strings.Contains(ps.stdout, "sleep 601") || !strings.Contains(ps.stdout, "sleep 600") {
+		t.Fatalf("worker should see both containers' processes in one sandbox: %v", ps)
+	}
+	if r := dev.crictl(60*time.Second, "exec", helper, "dmesg"); !strings.Contains(r.stdout, "Starting gVisor") {
+		t.Fatalf("helper is not under gVisor: %v", r)
+	}
+	// crictl exits 1 and names the exec'd process's status.
+	if r := dev.crictl(60*time.Second, "exec", worker, "sh", "-c", "exit 9"); r.code != 1 || !strings.Contains(r.stderr, "command terminated with exit code 9") {
+		t.Fatalf("crictl exec exit code: want 9, got %v", r)
+	}
+	if n := countSandboxes(dev); n != 1 {
+		t.Fatalf("want 1 runsc sandbox process for the pod, found %d", n)
+	}
+
+	// Logs: stdout and stderr each arrive on their stream.
+	var logs result
+	for i := 0; i < 50; i++ {
+		logs = dev.crictl(30*time.Second, "logs", helper)
+		if strings.Contains(logs.stdout, "helper-out") && strings.Contains(logs.stderr, "helper-err") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(logs.stdout, "helper-out") || !strings.Contains(logs.stderr, "helper-err") {
+		t.Fatalf("crictl logs: %v", logs)
+	}
+
+	// A container that exits reports its exact code through the CRI.
+	quick := p.container(t, "quick", "sh", "-c", "exit 7")
+	if code := waitState(t, quick, "CONTAINER_EXITED"); code != 7 {
+		t.Fatalf("CRI exit code: want 7, got %d", code)
+	}
+
+	if r := dev.crictl(60*time.Second, "stopp", p.id); r.code != 0 {
+		t.Fatalf("stopp: %v", r)
+	}
+	if r := dev.crictl(60*time.Second, "rmp", p.id); r.code != 0 {
+		t.Fatalf("rmp: %v", r)
+	}
+	p.released = true
+}
+
+// countSandboxes counts runsc sandbox processes under d's runsc root.
+func countSandboxes(d *daemon) int {
+	n := 0
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, pth := range procs {
+		b, err := os.ReadFile(pth)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.HasPrefix(cmd, "runsc-sandbox") && strings.Contains(cmd, fmt.Sprintf("--root=%s/", d.runscRoot())) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,288 @@
+//go:build e2e
+
+// Package e2e runs agentbox end to end: a private containerd daemon (own
+// root, state and socket), the real shim binary, real runsc, ctr and crictl.
+// It needs root and the toolchain from hack/setup.sh; run it with
+// hack/test.sh. Without root or the binaries every test skips with the
+// reason.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	agentImage  = "docker.io/agentbox/agent:latest"
+	runtimeType = "io.containerd.agentbox.v1"
+	handler     = "agentbox"
+)
+
+var (
+	repoRoot string
+	// skipReason is set when the environment cannot run the suite.
+	skipReason string
+	// dev is the private containerd all tests share.
+	dev *daemon
+)
+
+// daemon is one private containerd started by hack/containerd.sh.
+type daemon struct {
+	dir  string
+	sock string
+}
+
+func (d *daemon) runscRoot() string {
+	sum := sha256.Sum256([]byte(filepath.Clean(d.sock)))
+	return filepath.Join("/run/agentbox/runsc", hex.EncodeToString(sum[:6]))
+}
+
+func (d *daemon) env() []string {
+	return append(os.Environ(),
+		"AGENTBOX_DEV="+d.dir,
+		"CONTAINER_RUNTIME_ENDPOINT=unix://"+d.sock,
+		"IMAGE_SERVICE_ENDPOINT=unix://"+d.sock,
+	)
+}
+
+func startDaemon(dir string) (*daemon, error) {
+	d := &daemon{dir: dir, sock: filepath.Join(dir, "containerd.sock")}
+	cmd := exec.Command(filepath.Join(repoRoot, "hack", "containerd.sh"), "start")
+	cmd.Env = d.env()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("hack/containerd.sh start: %v\n%s", err, out)
+	}
+	return d, nil
+}
+
+func (d *daemon) stop() error {
+	cmd := exec.Command(filepath.Join(repoRoot, "hack", "containerd.sh"), "stop")
+	cmd.Env = d.env()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("hack/containerd.sh stop: %v\n%s", err, out)
+	}
+	return os.RemoveAll(d.dir)
+}
+
+func TestMain(m *testing.M) {
+	_, file, _, _ := runtime.Caller(0)
+	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	os.Setenv("PATH", filepath.Join(repoRoot, "_output", "bin")+":"+cacheDir()+"/bin:"+os.Getenv("PATH"))
+	skipReason = environmentProblem()
+	if skipReason != "" {
+		fmt.Fprintf(os.Stderr, "e2e: skipping: %s\n", skipReason)
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "abx-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	dev, err = startDaemon(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := dev.stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func cacheDir() string {
+	if d := os.Getenv("AGENTBOX_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/agentbox"
+}
+
+func environmentProblem() string {
+	if os.Geteuid() != 0 {
+		return "needs root (containerd, runsc, mounts, network namespaces)"
+	}
+	for _, b := range []string{"containerd", "ctr", "crictl", "runsc", "containerd-shim-agentbox-v1", "containerd-shim-runc-v2"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return b + " not found: run hack/setup.sh"
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cacheDir(), "images", "agent.tar")); err != nil {
+		return "images not built: run hack/setup.sh"
+	}
+	return ""
+}
+
+func requireEnv(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// result is what a command produced.
+type result struct {
+	stdout, stderr string
+	code           int
+	timedOut       bool
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d (timed out: %v)\nstdout: %s\nstderr: %s", r.code, r.timedOut, clip(r.stdout), clip(r.stderr))
+}
+
+func clip(s string) string {
+	if len(s) > 2000 {
+		return s[:2000] + "..."
+	}
+	return s
+}
+
+// run runs a command against d with a deadline.
+func (d *daemon) run(timeout time.Duration, name string, args ...string) result {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = d.env()
+	cmd.WaitDelay = 5 * time.Second
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	r := result{stdout: so.String(), stderr: se.String()}
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		r.timedOut, r.code = true, -1
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		r.code, r.stderr = -1, r.stderr+err.Error()
+	}
+	return r
+}
+
+// ctr runs ctr against d in containerd namespace "default".
+func (d *daemon) ctr(timeout time.Duration, args ...string) result {
+	return d.run(timeout, "ctr", append([]string{"--address", d.sock}, args...)...)
+}
+
+// crictl runs crictl against d.
+func (d *daemon) crictl(timeout time.Duration, args ...string) result {
+	return d.run(timeout, "crictl", append([]string{"--timeout", "60s"}, args...)...)
+}
+
+// runAgent is `ctr run --rm` of the agent image under agentbox.
+func (d *daemon) runAgent(t *testing.T, id string, extra []string, argv ...string) result {
+	t.Helper()
+	args := append([]string{"run", "--rm", "--runtime", runtimeType}, extra...)
+	args = append(args, agentImage, id)
+	return d.ctr(90*time.Second, append(args, argv...)...)
+}
+
+// removeContainer forcibly removes a ctr container and its task.
+func (d *daemon) removeContainer(id string) {
+	d.ctr(30*time.Second, "tasks", "kill", "-s", "KILL", id)
+	d.ctr(30*time.Second, "tasks", "delete", "-f", id)
+	d.ctr(30*time.Second, "containers", "delete", id)
+}
+
+var idSeq int
+
+// uniqueID returns a container id unique within the run.
+func uniqueID(prefix string) string {
+	idSeq++
+	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), idSeq)
+}
+
+// leaks lists what of d is still alive: shim and runsc processes, mounts
+// under its directories, runsc container state, network namespaces not in
+// netnsBefore.
+func (d *daemon) leaks(netnsBefore map[string]bool) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		isShim := strings.Contains(cmd, "containerd-shim") && strings.Contains(cmd, d.sock)
+		isRunsc := strings.HasPrefix(cmd, "runsc") && strings.Contains(cmd, d.runscRoot())
+		if isShim || isRunsc {
+			out = append(out, "process: "+clipLine(cmd))
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		mp := f[1]
+		inState := strings.HasPrefix(mp, filepath.Join(d.dir, "state")+"/")
+		inRunsc := strings.HasPrefix(mp, d.runscRoot()+"/") && filepath.Base(mp) != "null-netns"
+		if inState || inRunsc {
+			out = append(out, "mount: "+mp)
+		}
+	}
+	// runsc keeps one state file (and lock) per container under ROOT/NS.
+	// null-netns is runsc's shared placeholder for containers without a
+	// network namespace, not per-container state.
+	state, _ := filepath.Glob(filepath.Join(d.runscRoot(), "*", "*"))
+	for _, s := range state {
+		if filepath.Base(s) != "null-netns" {
+			out = append(out, "runsc state: "+s)
+		}
+	}
+	for ns := range netnsSet() {
+		if !netnsBefore[ns] {
+			out = append(out, "netns: "+ns)
+		}
+	}
+	return out
+}
+
+func clipLine(s string) string {
+	if len(s) > 160 {
+		return s[:160] + "..."
+	}
+	return s
+}
+
+func netnsSet() map[string]bool {
+	m := map[string]bool{}
+	entries, _ := os.ReadDir("/var/run/netns")
+	for _, e := range entries {
+		m[e.Name()] = true
+	}
+	return m
+}
+
+// expectNoLeaks registers a cleanup, run after the test's own cleanups,
+// that fails the test when anything of d outlives it.
+func expectNoLeaks(t *testing.T, d *daemon) {
+	t.Helper()
+	before := netnsSet()
+	t.Cleanup(func() {
+		var left []string
+		// Teardown is asynchronous in places (shim exit after delete).
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if left = d.leaks(before); len(left) == 0 {
+				return
+			}
+		}
+		t.Errorf("left behind after the test:\n  %s", strings.Join(left, "\n  "))
+	})
+}

@@ -1,0 +1,96 @@
+package ocispec
+
+import (
+	"reflect"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func intp(i int) *int { return &i }
+
+func TestMarkSandboxRoot(t *testing.T) {
+	cases := []struct {
+		name        string
+		annotations map[string]string
+		want        map[string]string
+		changed     bool
+	}{
+		{"plain ctr", nil, map[string]string{ContainerTypeAnnotation: "sandbox"}, true},
+		{"other annotations kept", map[string]string{"a": "b"}, map[string]string{"a": "b", ContainerTypeAnnotation: "sandbox"}, true},
+		{"CRI sandbox", map[string]string{ContainerTypeAnnotation: "sandbox"}, map[string]string{ContainerTypeAnnotation: "sandbox"}, false},
+		{"CRI container", map[string]string{ContainerTypeAnnotation: "container", SandboxIDAnnotation: "p"}, map[string]string{ContainerTypeAnnotation: "container", SandboxIDAnnotation: "p"}, false},
+		{"CRI-O container", map[string]string{CRIOContainerTypeAnnotation: "container"}, map[string]string{CRIOContainerTypeAnnotation: "container"}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &specs.Spec{Annotations: tc.annotations}
+			msg, err := MarkSandboxRoot(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (msg != "") != tc.changed {
+				t.Fatalf("changed = %q, want %v", msg, tc.changed)
+			}
+			if !reflect.DeepEqual(s.Annotations, tc.want) {
+				t.Fatalf("annotations %v, want %v", s.Annotations, tc.want)
+			}
+		})
+	}
+}
+
+func TestRaiseOOMScoreAdj(t *testing.T) {
+	cases := []struct {
+		name  string
+		proc  *specs.Process
+		floor int
+		want  *int
+		// changed says whether the rewrite reports a change.
+		changed bool
+	}{
+		{"CRI sandbox -998 raised to 0", &specs.Process{OOMScoreAdj: intp(-998)}, 0, intp(0), true},
+		{"at floor kept", &specs.Process{OOMScoreAdj: intp(0)}, 0, intp(0), false},
+		{"above floor kept", &specs.Process{OOMScoreAdj: intp(500)}, 0, intp(500), false},
+		{"unset stays unset", &specs.Process{}, 0, nil, false},
+		{"no process", nil, 0, nil, false},
+		{"host floor not zero", &specs.Process{OOMScoreAdj: intp(-500)}, 100, intp(100), true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &specs.Spec{Process: tc.proc}
+			changes, err := Apply(s, RaiseOOMScoreAdj(tc.floor))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got *int
+			if s.Process != nil {
+				got = s.Process.OOMScoreAdj
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("oomScoreAdj %v, want %v", deref(got), deref(tc.want))
+			}
+			if (len(changes) == 1) != tc.changed || len(changes) > 1 {
+				t.Fatalf("changes %q, want changed=%v", changes, tc.changed)
+			}
+		})
+	}
+}
+
+func deref(p *int) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestIsSandboxContainerOf(t *testing.T) {
+	if id, ok := IsSandboxContainerOf(&specs.Spec{Annotations: map[string]string{ContainerTypeAnnotation: "container", SandboxIDAnnotation: "pod1"}}); !ok || id != "pod1" {
+		t.Fatalf("CRI container: %q %v", id, ok)
+	}
+	if _, ok := IsSandboxContainerOf(&specs.Spec{Annotations: map[string]string{ContainerTypeAnnotation: "sandbox"}}); ok {
+		t.Fatal("sandbox root reported as joining")
+	}
+	if _, ok := IsSandboxContainerOf(&specs.Spec{}); ok {
+		t.Fatal("plain container reported as joining")
+	}
+}

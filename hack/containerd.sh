@@ -18,7 +18,10 @@ SUBNET_OCTET=$(( 0x$(printf '%s' "$DIR" | sha256sum | cut -c1-2) % 200 + 20 ))
 SUBNET=10.203.$SUBNET_OCTET.0/24
 
 write_configs() {
-  mkdir -p "$DIR"/{root,state,cni/net.d,cni/ipam,agentbox,runsc-stock,logs}
+  mkdir -p "$DIR"/{root,state,cni/net.d,cni/ipam,agentbox/policies,runsc-stock,logs}
+  # The shipped roles and bindings; edit them here, they are reread on the
+  # next container start.
+  cp "$REPO_ROOT"/policies/*.yaml "$DIR/agentbox/policies/"
   cat >"$DIR/agentbox/config.toml" <<EOT
 # agentbox shim config for the private containerd (hack/containerd.sh).
 version = 1
@@ -28,6 +31,11 @@ binary = "$TOOLS_BIN/runsc"
 
 [shim]
 log_level = "info"
+
+[policy]
+dir = "$DIR/agentbox/policies"
+default_role = "baseline"
+handler = "agentbox"
 EOT
   # The benchmark's stock-gVisor reference reads gVisor's own option format.
   cat >"$DIR/runsc-stock/config.toml" <<EOT
@@ -99,7 +107,9 @@ start() {
   done
   write_configs
   step "starting private containerd ($SOCK, log $DIR/logs/containerd.log)"
-  containerd --config "$DIR/config.toml" >"$DIR/logs/containerd.log" 2>&1 &
+  # Shims inherit containerd's environment: containers started without a
+  # ConfigPath (plain ctr) use this config too.
+  AGENTBOX_CONFIG="$DIR/agentbox/config.toml" containerd --config "$DIR/config.toml" >"$DIR/logs/containerd.log" 2>&1 &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 100); do
     ctr --address "$SOCK" version >/dev/null 2>&1 && break
@@ -137,8 +147,15 @@ stop() {
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$PIDFILE"
+  # Last resort for a run that was killed mid-test: runsc processes of this
+  # instance's runsc root (the shim derives it from the socket path).
+  local rroot
+  rroot=/run/agentbox/runsc/$(printf '%s' "$SOCK" | sha256sum | cut -c1-12)
+  pkill -9 -f -- "--root=$rroot/" 2>/dev/null || true
+  pkill -9 -f -- "-address $SOCK" 2>/dev/null || true
   # Leftover mounts under our dirs (from a killed run), deepest first.
-  { grep -o " $DIR[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -oE " ($DIR|$rroot)/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  rm -rf "$rroot"
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
 }
 

@@ -36,6 +36,9 @@ type exitRepair struct {
 	recent []int
 	// waiters are woken when a pid is reaped.
 	waiters map[int][]chan int
+	// adjust, when set, may rewrite every exit on its way to the task
+	// service (the wall-clock limit's status).
+	adjust func(*proc.Exit)
 }
 
 const recentReaped = 256
@@ -113,16 +116,23 @@ func (x *exitRepair) forward(in <-chan proc.Exit, out chan<- proc.Exit) {
 		pid, isRoot := x.roots[e.ID]
 		x.mu.Unlock()
 		if !isRoot || e.Status != runscWaitFailed {
-			out <- e
+			out <- x.adjusted(e)
 			continue
 		}
 		go func(e proc.Exit) {
 			if st, ok := x.waitReaped(pid, reapedWaitTimeout); ok {
 				e.Status = st
 			}
-			out <- e
+			out <- x.adjusted(e)
 		}(e)
 	}
+}
+
+func (x *exitRepair) adjusted(e proc.Exit) proc.Exit {
+	if x.adjust != nil {
+		x.adjust(&e)
+	}
+	return e
 }
 
 // waitReaped returns the reaped status of pid, waiting up to timeout.

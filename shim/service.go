@@ -6,10 +6,12 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -21,15 +23,20 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/pelletier/go-toml/v2"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/utils"
 
+	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // RuntimeName is the containerd runtime type this shim serves.
@@ -52,6 +59,11 @@ type service struct {
 	containerdAddress string
 
 	sd shutdown.Service
+	// shimCtx is the shim's own context, for work no request started.
+	shimCtx context.Context
+
+	policies  policy.Cache
+	sandboxes *sandboxRegistry
 }
 
 var _ cdshim.TTRPCService = (*service)(nil)
@@ -59,7 +71,8 @@ var _ task.TaskService = (*service)(nil)
 
 // New builds the agentbox task service on top of gVisor's runsc task service.
 func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (*service, error) {
-	s := &service{exits: newExitRepair(), sd: sd}
+	s := &service{exits: newExitRepair(), sd: sd, shimCtx: ctx, sandboxes: newRegistry()}
+	s.exits.adjust = s.adjustExit
 	if f := flag.Lookup("address"); f != nil {
 		s.containerdAddress = f.Value.String()
 	}
@@ -91,82 +104,259 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
-// Create resolves the shim config, rewrites the bundle's spec, points gVisor
-// at a runsc options file derived from the config, then creates the
-// container.
+// WallClockExitStatus is the exit status of a container stopped because its
+// sandbox reached the role's wall-clock limit, as timeout(1) reports it:
+// distinct from 137, a kill by someone else.
+const WallClockExitStatus = 124
+
+// Create resolves the shim config and the container's role, rewrites the
+// bundle's spec to the role's profile, points gVisor at a runsc options file
+// derived from both, then creates the container. Any failure refuses the
+// container (fail closed) with the reason.
 func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container_id", r.ID))
-	sandboxRoot, err := s.prepare(ctx, r)
+	plan, err := s.prepare(ctx, r)
 	if err != nil {
-		log.G(ctx).WithError(err).Error("agentbox: create refused")
-		return nil, errgrpc.ToGRPC(err)
+		log.G(ctx).WithError(err).Error("agentbox: container refused")
+		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: container %s refused: %w", r.ID, err))
 	}
 	resp, err := s.next.Create(ctx, r)
 	if err != nil {
+		if plan.sandbox != nil {
+			// runsc leaves a failed sandbox's cgroup behind.
+			if cerr := cgroups.Remove(cgroups.Root, plan.cgroupsPath); cerr != nil {
+				log.G(ctx).WithError(cerr).Warn("agentbox: cleaning up the failed sandbox's cgroup")
+			}
+		}
 		return nil, errgrpc.ToGRPC(err)
 	}
-	if sandboxRoot {
+	if plan.sandbox != nil {
+		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
+	} else {
+		s.sandboxes.join(plan.joins, r.ID)
+	}
+	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
+	return resp, nil
+}
+
+// createPlan is what prepare decided for a container.
+type createPlan struct {
+	profile *policy.Profile
+	// sandbox is set for a sandbox root; joins names the sandbox otherwise.
+	sandbox *sandboxState
+	joins   string
+	// cgroupsPath is the container's linux.cgroupsPath.
+	cgroupsPath string
+}
+
+// prepare does the agentbox part of Create.
+func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (*createPlan, error) {
+	cfgPath, named, err := configPathOf(r)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := config.Load(cfgPath, named)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := utils.ReadSpec(r.Bundle)
+	if err != nil {
+		return nil, fmt.Errorf("read OCI spec: %w", err)
+	}
+	plan := &createPlan{}
+	if spec.Linux != nil {
+		plan.cgroupsPath = spec.Linux.CgroupsPath
+	}
+	claims := agentboxAnnotations(spec.Annotations)
+	if sandboxID, joins := ocispec.IsSandboxContainerOf(spec); joins {
+		// A container of a pod runs under the pod's profile; it may not
+		// claim another.
+		sb, ok := s.sandboxes.sandbox(sandboxID)
+		if !ok {
+			return nil, fmt.Errorf("sandbox %s is not served by this shim: its profile is unknown", sandboxID)
+		}
+		if !sameClaims(claims, sb.claims) {
+			return nil, fmt.Errorf("container annotations %v differ from its pod's %v: a container runs under its pod's role", claims, sb.claims)
+		}
+		plan.profile, plan.joins = sb.profile, sandboxID
+	} else {
+		set, err := s.policies.Load(cfg.Policy.Dir)
+		if err != nil {
+			return nil, err
+		}
+		req := policy.Request{
+			Annotations:         claims,
+			ContainerdNamespace: namespaceOf(ctx),
+			Handler:             cfg.Policy.Handler,
+			DefaultRole:         cfg.Policy.DefaultRole,
+		}
+		if spec.Annotations[ocispec.ContainerTypeAnnotation] == ocispec.ContainerTypeSandbox {
+			req.PodNamespace = spec.Annotations[ocispec.SandboxNamespaceAnnotation]
+		}
+		if plan.profile, err = set.Select(req); err != nil {
+			return nil, err
+		}
+		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims}
+	}
+	secrets, err := readSecrets(plan.profile)
+	if err != nil {
+		return nil, err
+	}
+	rewrites := []ocispec.Rewrite{ocispec.StripGVisorAnnotations, ocispec.MarkSandboxRoot}
+	if adj := oomadj.Host(); adj.Refused != nil {
+		rewrites = append(rewrites, ocispec.RaiseOOMScoreAdj(adj.Floor))
+	}
+	rewrites = append(rewrites, plan.profile.SpecRewrites(secrets)...)
+	changes, err := ocispec.Apply(spec, rewrites...)
+	if err != nil {
+		return nil, err
+	}
+	if err := utils.WriteSpec(r.Bundle, spec); err != nil {
+		return nil, fmt.Errorf("write OCI spec: %w", err)
+	}
+	for _, c := range changes {
+		log.G(ctx).Debugf("agentbox: spec: %s", c)
+	}
+
+	root := cfg.RunscRoot(s.containerdAddress)
+	if err := os.MkdirAll(filepath.Join(root, namespaceOf(ctx)), 0o711); err != nil {
+		return nil, fmt.Errorf("create runsc root %s: %w", root, err)
+	}
+	flags := map[string]string{}
+	for k, v := range cfg.Runsc.Flags {
+		flags[k] = v
+	}
+	for k, v := range plan.profile.RunscFlags() { // the role wins over the config
+		flags[k] = v
+	}
+	optsPath := filepath.Join(r.Bundle, runscOptionsFile)
+	if err := writeRunscOptions(optsPath, cfg, root, flags); err != nil {
+		return nil, err
+	}
+	any, err := typeurl.MarshalAnyToProto(&runtimeoptions.Options{TypeUrl: runtimeOptionsTypeURL, ConfigPath: optsPath})
+	if err != nil {
+		return nil, fmt.Errorf("marshal runsc options: %w", err)
+	}
+	r.Options = any
+	return plan, nil
+}
+
+// agentboxAnnotations returns the agentbox.dev/* annotations.
+func agentboxAnnotations(ann map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range ann {
+		if strings.HasPrefix(k, policy.AnnotationPrefix) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func sameClaims(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// readSecrets reads the role's secrets from the node. Values never reach a
+// log or an error message.
+func readSecrets(p *policy.Profile) (map[string]string, error) {
+	out := map[string]string{}
+	for _, sec := range p.Credentials.Secrets {
+		b, err := os.ReadFile(sec.File)
+		if err != nil {
+			return nil, fmt.Errorf("secret %s of role %q: %w", sec.Env, p.Role, err)
+		}
+		out[sec.Env] = strings.TrimRight(string(b), "\n")
+	}
+	return out, nil
+}
+
+// Start starts a container; starting a sandbox root arms its wall clock.
+func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartResponse, error) {
+	resp, err := s.next.Start(ctx, r)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if r.ExecID == "" {
+		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
+			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
+		}
 	}
 	return resp, nil
 }
 
-// prepare does the agentbox part of Create. It reports whether the container
-// is the root of its sandbox.
-func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (bool, error) {
-	cfgPath, named, err := configPathOf(r)
-	if err != nil {
-		return false, err
-	}
-	cfg, err := config.Load(cfgPath, named)
-	if err != nil {
-		return false, err
-	}
-	spec, err := utils.ReadSpec(r.Bundle)
-	if err != nil {
-		return false, fmt.Errorf("read OCI spec of %s: %w", r.ID, err)
-	}
-	rewrites := []ocispec.Rewrite{ocispec.MarkSandboxRoot}
-	if adj := oomadj.Host(); adj.Refused != nil {
-		rewrites = append(rewrites, ocispec.RaiseOOMScoreAdj(adj.Floor))
-	}
-	changes, err := ocispec.Apply(spec, rewrites...)
-	if err != nil {
-		return false, err
-	}
-	if len(changes) > 0 {
-		if err := utils.WriteSpec(r.Bundle, spec); err != nil {
-			return false, fmt.Errorf("write OCI spec of %s: %w", r.ID, err)
-		}
-		for _, c := range changes {
-			log.G(ctx).Debugf("agentbox: spec: %s", c)
+// expire stops a sandbox whose wall-clock limit passed: every container in
+// it is killed, and their exits report WallClockExitStatus.
+func (s *service) expire(sandboxID string) {
+	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
+	ids := s.sandboxes.expire(sandboxID)
+	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
+	for _, id := range ids {
+		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
+			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: wall-clock kill")
 		}
 	}
-	_, joins := ocispec.IsSandboxContainerOf(spec)
+}
 
-	ns := namespaceOf(ctx)
-	root := cfg.RunscRoot(s.containerdAddress)
-	if err := os.MkdirAll(filepath.Join(root, ns), 0o711); err != nil {
-		return false, fmt.Errorf("create runsc root %s: %w", root, err)
+// adjustExit reports a container killed by its sandbox's wall clock with
+// WallClockExitStatus.
+func (s *service) adjustExit(e *proc.Exit) {
+	if e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID) {
+		e.Status = WallClockExitStatus
 	}
-	optsPath := filepath.Join(r.Bundle, runscOptionsFile)
-	if err := writeRunscOptions(optsPath, cfg, root); err != nil {
-		return false, err
+}
+
+// Exec narrows an exec'd process to its container's profile, as the
+// container's own process was.
+func (s *service) Exec(ctx context.Context, r *task.ExecProcessRequest) (*types.Empty, error) {
+	if err := s.prepareExec(r); err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", r.ID).Error("agentbox: exec refused")
+		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: exec %s in %s refused: %w", r.ExecID, r.ID, err))
 	}
-	any, err := typeurl.MarshalAnyToProto(&runtimeoptions.Options{TypeUrl: runtimeOptionsTypeURL, ConfigPath: optsPath})
+	resp, err := s.next.Exec(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) prepareExec(r *task.ExecProcessRequest) error {
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok {
+		return fmt.Errorf("container %s has no profile in this shim", r.ID)
+	}
+	if r.Spec == nil {
+		return fmt.Errorf("exec request carries no process spec")
+	}
+	var proc specs.Process
+	if err := json.Unmarshal(r.Spec.GetValue(), &proc); err != nil {
+		return fmt.Errorf("decode exec process spec: %w", err)
+	}
+	secrets, err := readSecrets(sb.profile)
 	if err != nil {
-		return false, fmt.Errorf("marshal runsc options: %w", err)
+		return err
 	}
-	r.Options = any
-	log.G(ctx).WithField("config", cfg.Source).WithField("runsc_root", root).Debug("agentbox: create")
-	return !joins, nil
+	if _, err := sb.profile.ApplyProcess(&proc, secrets); err != nil {
+		return err
+	}
+	b, err := json.Marshal(&proc)
+	if err != nil {
+		return err
+	}
+	r.Spec.Value = b
+	return nil
 }
 
 // configPathOf returns the config file containerd named for this container,
-// or config.DefaultPath when it named none.
+// or config.UnnamedPath() when it named none.
 func configPathOf(r *task.CreateTaskRequest) (path string, named bool, err error) {
 	if r.Options == nil || len(r.Options.GetValue()) == 0 && r.Options.GetTypeUrl() == "" {
-		return config.DefaultPath, false, nil
+		return config.UnnamedPath(), false, nil
 	}
 	if r.Options.GetTypeUrl() != runtimeOptionsTypeURL {
 		return "", false, fmt.Errorf("unsupported runtime options type %q: agentbox takes %q with a ConfigPath (ctr --runtime-config-path, CRI options.ConfigPath)", r.Options.GetTypeUrl(), runtimeOptionsTypeURL)
@@ -176,7 +366,7 @@ func configPathOf(r *task.CreateTaskRequest) (path string, named bool, err error
 		return "", false, fmt.Errorf("decode runtime options: %w", err)
 	}
 	if o.ConfigPath == "" {
-		return config.DefaultPath, false, nil
+		return config.UnnamedPath(), false, nil
 	}
 	return o.ConfigPath, true, nil
 }
@@ -190,12 +380,12 @@ type gvisorOptions struct {
 	RunscConfig map[string]string `toml:"runsc_config,omitempty"`
 }
 
-func writeRunscOptions(path string, cfg *config.Config, root string) error {
+func writeRunscOptions(path string, cfg *config.Config, root string, flags map[string]string) error {
 	b, err := toml.Marshal(gvisorOptions{
 		BinaryName:  cfg.Runsc.Binary,
 		Root:        root,
 		LogLevel:    cfg.Shim.LogLevel,
-		RunscConfig: cfg.Runsc.Flags,
+		RunscConfig: flags,
 	})
 	if err != nil {
 		return fmt.Errorf("encode runsc options: %w", err)
@@ -218,17 +408,8 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	resp, err := s.next.Delete(ctx, r)
 	if err == nil && r.ExecID == "" {
 		s.exits.forget(r.ID)
+		s.sandboxes.remove(r.ID)
 	}
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartResponse, error) {
-	resp, err := s.next.Start(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Exec(ctx context.Context, r *task.ExecProcessRequest) (*types.Empty, error) {
-	resp, err := s.next.Exec(ctx, r)
 	return resp, errgrpc.ToGRPC(err)
 }
 

@@ -21,8 +21,24 @@ import (
 	"github.com/pelletier/go-toml/v2"
 )
 
-// DefaultPath is read when containerd names no ConfigPath.
+// DefaultPath is read when containerd names no ConfigPath and
+// $AGENTBOX_CONFIG (in containerd's environment) is unset.
 const DefaultPath = "/etc/agentbox/config.toml"
+
+// PathEnv, when set in the shim's environment (inherited from containerd),
+// replaces DefaultPath.
+const PathEnv = "AGENTBOX_CONFIG"
+
+// DefaultPolicyDir holds the role policies when the config names none.
+const DefaultPolicyDir = "/etc/agentbox/policies"
+
+// UnnamedPath is the config read when containerd names none.
+func UnnamedPath() string {
+	if p := os.Getenv(PathEnv); p != "" {
+		return p
+	}
+	return DefaultPath
+}
 
 // DefaultRunscRootBase is the parent of the per-containerd runsc roots when
 // the config names no root.
@@ -36,6 +52,8 @@ type Config struct {
 	Runsc Runsc `toml:"runsc"`
 	// Shim configures the shim process itself.
 	Shim Shim `toml:"shim"`
+	// Policy configures role selection.
+	Policy Policy `toml:"policy"`
 
 	// Source is the file the config was read from; empty for built-in defaults.
 	Source string `toml:"-"`
@@ -60,6 +78,20 @@ type Shim struct {
 	LogLevel string `toml:"log_level"`
 }
 
+// Policy configures where roles come from and which one applies when a
+// container claims none.
+type Policy struct {
+	// Dir holds the Role and RoleBinding files (*.yaml).
+	Dir string `toml:"dir"`
+	// DefaultRole applies when a container has no agentbox.dev/role.
+	DefaultRole string `toml:"default_role"`
+	// Handler is the runtime handler (RuntimeClass) this config serves,
+	// matched by RoleBinding subjects' runtimeHandler. Each handler has its
+	// own ConfigPath in containerd's config, so the config is what
+	// identifies it.
+	Handler string `toml:"handler"`
+}
+
 // Default returns the built-in configuration used when no file is named and
 // DefaultPath does not exist.
 func Default() *Config {
@@ -67,6 +99,7 @@ func Default() *Config {
 		Version: 1,
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
 		Shim:    Shim{LogLevel: "info"},
+		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
 	}
 }
 
@@ -125,7 +158,10 @@ func describeDecodeError(err error) error {
 	return err
 }
 
-var flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+var (
+	flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+	roleName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+)
 
 // shimOwnedFlags are runsc flags the shim sets itself; a config may not
 // override them.
@@ -158,6 +194,15 @@ func (c *Config) Validate() error {
 		if why, ok := shimOwnedFlags[k]; ok {
 			errs = append(errs, fmt.Errorf("runsc.flags.%s: owned by the shim: %s", k, why))
 		}
+	}
+	if !filepath.IsAbs(c.Policy.Dir) {
+		errs = append(errs, fmt.Errorf("policy.dir: %q must be an absolute path", c.Policy.Dir))
+	}
+	if c.Policy.DefaultRole != "" && !roleName.MatchString(c.Policy.DefaultRole) {
+		errs = append(errs, fmt.Errorf("policy.default_role: %q is not a role name", c.Policy.DefaultRole))
+	}
+	if c.Policy.Handler != "" && !roleName.MatchString(c.Policy.Handler) {
+		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
 	}
 	switch c.Shim.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

@@ -5,6 +5,8 @@ package ocispec
 
 import (
 	"fmt"
+	"sort"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -16,6 +18,9 @@ const (
 	SandboxIDAnnotation         = "io.kubernetes.cri.sandbox-id"
 	CRIOContainerTypeAnnotation = "io.kubernetes.cri-o.ContainerType"
 	CRIOSandboxIDAnnotation     = "io.kubernetes.cri-o.SandboxID"
+	// SandboxNamespaceAnnotation is the pod's Kubernetes namespace, set by
+	// containerd's CRI from the pod metadata.
+	SandboxNamespaceAnnotation = "io.kubernetes.cri.sandbox-namespace"
 
 	ContainerTypeSandbox   = "sandbox"
 	ContainerTypeContainer = "container"
@@ -86,4 +91,26 @@ func RaiseOOMScoreAdj(floor int) Rewrite {
 		s.Process.OOMScoreAdj = &v
 		return fmt.Sprintf("process.oomScoreAdj raised from %d to %d: the host refuses to lower oom_score_adj", asked, floor), nil
 	}
+}
+
+// GVisorAnnotationPrefix marks annotations runsc reads as flag and spec
+// overrides (dev.gvisor.flag.*, dev.gvisor.spec.*).
+const GVisorAnnotationPrefix = "dev.gvisor."
+
+// StripGVisorAnnotations removes every dev.gvisor.* annotation. They can
+// loosen the sandbox (runsc flags, extra mounts), so they come from the
+// shim's policy only, never from a pod or a ctr user.
+func StripGVisorAnnotations(s *specs.Spec) (string, error) {
+	var removed []string
+	for k := range s.Annotations {
+		if strings.HasPrefix(k, GVisorAnnotationPrefix) {
+			removed = append(removed, k)
+			delete(s.Annotations, k)
+		}
+	}
+	if len(removed) == 0 {
+		return "", nil
+	}
+	sort.Strings(removed)
+	return "removed runtime-override annotations " + strings.Join(removed, ", "), nil
 }

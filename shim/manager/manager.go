@@ -20,7 +20,9 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsccmd"
+	"gvisor.dev/gvisor/pkg/shim/v1/utils"
 
+	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/version"
@@ -191,7 +193,17 @@ func (*manager) Stop(ctx context.Context, id string) (cdshim.StopStatus, error) 
 			log.G(ctx).WithError(err).Info("agentbox: unmount rootfs")
 		}
 	}
+	// A sandbox whose shim died leaves its cgroup behind.
+	if spec, err := utils.ReadSpec(bundle); err == nil && spec.Linux != nil && !isJoining(spec.Annotations) {
+		if err := cgroups.Remove(cgroups.Root, spec.Linux.CgroupsPath); err != nil {
+			log.G(ctx).WithError(err).Info("agentbox: remove cgroup")
+		}
+	}
 	return cdshim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}, nil
+}
+
+func isJoining(ann map[string]string) bool {
+	return ann[ocispec.ContainerTypeAnnotation] == ocispec.ContainerTypeContainer || ann[ocispec.CRIOContainerTypeAnnotation] == ocispec.ContainerTypeContainer
 }
 
 // Info implements shim.Manager.

@@ -36,17 +36,27 @@ func writeJSON(t *testing.T, path string, v any) string {
 
 func newPod(t *testing.T, name string, annotations map[string]string) *pod {
 	t.Helper()
+	p, r := tryPod(t, name, "agents", annotations)
+	if r.code != 0 {
+		t.Fatalf("crictl runp: %v", r)
+	}
+	return p
+}
+
+// tryPod runs a pod in a Kubernetes namespace and returns crictl's result.
+func tryPod(t *testing.T, name, namespace string, annotations map[string]string) (*pod, result) {
+	t.Helper()
 	dir := t.TempDir()
 	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs")}
 	p.podJSON = writeJSON(t, filepath.Join(dir, "pod.json"), map[string]any{
-		"metadata":      map[string]any{"name": name, "namespace": "agents", "uid": uniqueID("uid"), "attempt": 0},
+		"metadata":      map[string]any{"name": name, "namespace": namespace, "uid": uniqueID("uid"), "attempt": 0},
 		"annotations":   annotations,
 		"log_directory": p.logDir,
 		"linux":         map[string]any{},
 	})
 	r := dev.crictl(90*time.Second, "runp", "--runtime", handler, p.podJSON)
 	if r.code != 0 {
-		t.Fatalf("crictl runp: %v", r)
+		return p, r
 	}
 	p.id = strings.TrimSpace(r.stdout)
 	t.Cleanup(func() {
@@ -55,19 +65,34 @@ func newPod(t *testing.T, name string, annotations map[string]string) *pod {
 			dev.crictl(60*time.Second, "rmp", "-f", p.id)
 		}
 	})
-	return p
+	return p, r
 }
 
 func (p *pod) container(t *testing.T, name string, argv ...string) string {
 	t.Helper()
-	cfg := writeJSON(t, filepath.Join(p.dir, name+".json"), map[string]any{
+	return p.containerWith(t, name, map[string]any{"command": argv})
+}
+
+// tryContainer creates a container from extra CRI container config fields
+// (command, envs, mounts, annotations) and returns crictl's result.
+func (p *pod) tryContainer(t *testing.T, name string, extra map[string]any) result {
+	t.Helper()
+	c := map[string]any{
 		"metadata": map[string]any{"name": name},
 		"image":    map[string]any{"image": agentImage},
-		"command":  argv,
 		"log_path": name + ".log",
 		"linux":    map[string]any{},
-	})
-	r := dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
+	}
+	for k, v := range extra {
+		c[k] = v
+	}
+	cfg := writeJSON(t, filepath.Join(p.dir, name+".json"), c)
+	return dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
+}
+
+func (p *pod) containerWith(t *testing.T, name string, extra map[string]any) string {
+	t.Helper()
+	r := p.tryContainer(t, name, extra)
 	if r.code != 0 {
 		t.Fatalf("crictl create %s: %v", name, r)
 	}

@@ -91,8 +91,14 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	dev, err = startDaemon(dir)
+	if err == nil {
+		err = writeTestPolicies(dev)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		if dev != nil {
+			dev.stop()
+		}
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -101,6 +107,92 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// secretValue is what the e2e-secret role injects from a node file.
+const secretValue = "e2e-injected-secret-value"
+
+// writeTestPolicies adds the roles the escape suite uses to the daemon's
+// policy directory, next to the shipped ones (hack/containerd.sh copies
+// policies/ there). The shim rereads the directory when it changes.
+func writeTestPolicies(d *daemon) error {
+	secret := filepath.Join(d.dir, "secret-token")
+	if err := os.WriteFile(secret, []byte(secretValue+"\n"), 0o600); err != nil {
+		return err
+	}
+	shared := filepath.Join(d.dir, "shared")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(shared, "model.txt"), []byte("weights\n"), 0o644); err != nil {
+		return err
+	}
+	roles := fmt.Sprintf(`# Roles for the e2e suite (internal/e2e).
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-tight}
+spec:
+  inherits: baseline
+  process: {maxProcesses: 16}
+  limits: {memory: 256Mi, cpuTime: 2s, wallClock: 6s}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-secret}
+spec:
+  inherits: baseline
+  credentials:
+    env: {allow: [PATH, "AGENT_*"]}
+    secrets: [{env: API_TOKEN, file: %s}]
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-open}
+spec:
+  inherits: baseline
+  network: {egress: open}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-volumes}
+spec:
+  inherits: baseline
+  filesystem: {hostMounts: [{path: %s}]}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-unbound}
+spec: {inherits: baseline}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-ctr}
+spec:
+  role: e2e-tight
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-secret}
+spec:
+  role: e2e-secret
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-open}
+spec:
+  role: e2e-open
+  subjects: [{namespace: e2e-net}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-volumes}
+spec:
+  role: e2e-volumes
+  subjects: [{namespace: "*"}]
+`, secret, shared)
+	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 
 func cacheDir() string {
@@ -207,9 +299,9 @@ func uniqueID(prefix string) string {
 }
 
 // leaks lists what of d is still alive: shim and runsc processes, mounts
-// under its directories, runsc container state, network namespaces not in
-// netnsBefore.
-func (d *daemon) leaks(netnsBefore map[string]bool) []string {
+// under its directories, runsc container state, and network namespaces and
+// container cgroups that were not there before.
+func (d *daemon) leaks(netnsBefore, cgroupsBefore map[string]bool) []string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
@@ -251,7 +343,25 @@ func (d *daemon) leaks(netnsBefore map[string]bool) []string {
 			out = append(out, "netns: "+ns)
 		}
 	}
+	for cg := range cgroupSet() {
+		if !cgroupsBefore[cg] {
+			out = append(out, "cgroup: "+cg)
+		}
+	}
 	return out
+}
+
+// cgroupSet lists the containerd-namespace cgroups of containers (the
+// memory hierarchy stands for all of them).
+func cgroupSet() map[string]bool {
+	m := map[string]bool{}
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/memory/*/*/")
+	for _, d := range dirs {
+		if st, err := os.Stat(filepath.Join(d, "cgroup.procs")); err == nil && !st.IsDir() {
+			m[d] = true
+		}
+	}
+	return m
 }
 
 func clipLine(s string) string {
@@ -274,12 +384,12 @@ func netnsSet() map[string]bool {
 // that fails the test when anything of d outlives it.
 func expectNoLeaks(t *testing.T, d *daemon) {
 	t.Helper()
-	before := netnsSet()
+	before, cgBefore := netnsSet(), cgroupSet()
 	t.Cleanup(func() {
 		var left []string
 		// Teardown is asynchronous in places (shim exit after delete).
 		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			if left = d.leaks(before); len(left) == 0 {
+			if left = d.leaks(before, cgBefore); len(left) == 0 {
 				return
 			}
 		}

@@ -29,16 +29,16 @@ const (
 type Request struct {
 	// Annotations of the container's OCI spec (for CRI containers they
 	// include the pod's forwarded agentbox.dev/* annotations).
-	Annotations map[string]string
+	Annotations map[string]string `json:"annotations,omitempty"`
 	// ContainerdNamespace is the containerd namespace (always known).
-	ContainerdNamespace string
+	ContainerdNamespace string `json:"containerdNamespace"`
 	// PodNamespace is the Kubernetes namespace from the CRI; empty for
 	// containers not created through the CRI.
-	PodNamespace string
+	PodNamespace string `json:"podNamespace,omitempty"`
 	// Handler is the runtime handler named in the shim config; may be empty.
-	Handler string
+	Handler string `json:"handler,omitempty"`
 	// DefaultRole is used when no role is claimed.
-	DefaultRole string
+	DefaultRole string `json:"defaultRole,omitempty"`
 }
 
 // RoleName returns the role the request claims, or the default.

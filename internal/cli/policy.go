@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/urfave/cli/v2"
+
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/ocispec"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+func policyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "policy",
+		Usage: "validate and explain role policies",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "validate",
+				Usage:     "load policy files or directories as one set; print every problem",
+				ArgsUsage: "PATH...",
+				Action: func(c *cli.Context) error {
+					if c.NArg() == 0 {
+						return cli.Exit("usage: agentbox policy validate PATH... (files or directories of *.yaml)", 2)
+					}
+					set, err := policy.LoadPaths(c.Args().Slice()...)
+					if err != nil {
+						errs := flatten(err)
+						for _, e := range errs {
+							fmt.Fprintln(c.App.ErrWriter, e)
+						}
+						return cli.Exit(fmt.Sprintf("%d problem(s) found", len(errs)), 1)
+					}
+					fmt.Fprintf(c.App.Writer, "ok: %d role(s), %d binding(s) in %d file(s)\n", len(set.Roles), len(set.Bindings), len(set.Files))
+					return nil
+				},
+			},
+			{
+				Name:  "explain",
+				Usage: "show the effective profile of a role for a pod, and what it changes in an OCI spec and runsc's flags",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "role", Usage: "role to explain (default: the config's default role)"},
+					&cli.StringFlag{Name: "namespace", Usage: "the pod's Kubernetes namespace (CRI)"},
+					&cli.StringFlag{Name: "containerd-namespace", Value: "k8s.io", Usage: "containerd namespace"},
+					&cli.StringFlag{Name: "handler", Usage: "runtime handler (default: the config's policy.handler)"},
+					&cli.StringFlag{Name: "policy-dir", Usage: "policy directory (default: the config's policy.dir)"},
+					&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
+					&cli.StringSliceFlag{Name: "annotation", Usage: "pod annotation KEY=VALUE (agentbox.dev/* tighten the role)"},
+					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"},
+				},
+				Action: explain,
+			},
+		},
+	}
+}
+
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// explanation is `policy explain`'s JSON output.
+type explanation struct {
+	Request    policy.Request    `json:"request"`
+	Profile    *policy.Profile   `json:"profile"`
+	SpecChange []string          `json:"specChanges"`
+	Spec       *specs.Spec       `json:"spec"`
+	RunscFlags map[string]string `json:"runscFlags"`
+}
+
+func explain(c *cli.Context) error {
+	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	dir := cfg.Policy.Dir
+	if c.IsSet("policy-dir") {
+		dir = c.String("policy-dir")
+	}
+	set, err := policy.LoadPaths(dir)
+	if err != nil {
+		for _, e := range flatten(err) {
+			fmt.Fprintln(c.App.ErrWriter, e)
+		}
+		return cli.Exit("the policy does not load", 1)
+	}
+	req := policy.Request{
+		Annotations:         map[string]string{},
+		ContainerdNamespace: c.String("containerd-namespace"),
+		PodNamespace:        c.String("namespace"),
+		Handler:             cfg.Policy.Handler,
+		DefaultRole:         cfg.Policy.DefaultRole,
+	}
+	if c.IsSet("handler") {
+		req.Handler = c.String("handler")
+	}
+	for _, a := range c.StringSlice("annotation") {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok {
+			return cli.Exit(fmt.Sprintf("--annotation %q: want KEY=VALUE", a), 2)
+		}
+		req.Annotations[k] = v
+	}
+	if r := c.String("role"); r != "" {
+		req.Annotations[policy.RoleAnnotation] = r
+	}
+	p, err := set.Select(req)
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	// Secrets are shown by where they come from, never read.
+	secrets := map[string]string{}
+	for _, s := range p.Credentials.Secrets {
+		secrets[s.Env] = "<secret from " + s.File + ">"
+	}
+	spec := sampleSpec()
+	changes, err := ocispec.Apply(spec, p.SpecRewrites(secrets)...)
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	ex := explanation{Request: req, Profile: p, SpecChange: changes, Spec: spec, RunscFlags: p.RunscFlags()}
+	if c.String("output") == "json" {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ex)
+	}
+	if c.String("output") != "text" {
+		return cli.Exit(fmt.Sprintf("--output %q: want text or json", c.String("output")), 2)
+	}
+	writeExplanation(c.App.Writer, ex)
+	return nil
+}
+
+// sampleSpec is a container spec as containerd's defaults make it, with an
+// environment carrying a secret, so the explanation shows what changes.
+func sampleSpec() *specs.Spec {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+	return &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			Args:         []string{"/usr/local/bin/agent"},
+			Env:          []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "AWS_SECRET_ACCESS_KEY=example"},
+			Cwd:          "/",
+			Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/ID/resolv.conf", Options: []string{"rbind", "rw"}},
+		},
+		Linux: &specs.Linux{},
+	}
+}
+
+func writeExplanation(w io.Writer, ex explanation) {
+	p := ex.Profile
+	fmt.Fprintf(w, "role %s (chain %s), digest %s\n", p.Role, strings.Join(p.Chain, " -> "), p.Digest)
+	if len(p.Tightened) > 0 {
+		fmt.Fprintf(w, "tightened by: %s\n", strings.Join(p.Tightened, ", "))
+	}
+	fmt.Fprintf(w, "\nfilesystem:  rootfs %s; writable %v (noexec %v); host mounts %s; masked %v\n",
+		p.Filesystem.Rootfs, p.Filesystem.Writable, p.Filesystem.NoExecWritable, hostMounts(p.Filesystem.HostMounts), p.Filesystem.MaskedPaths)
+	fmt.Fprintf(w, "network:     egress %s%s\n", p.Network.Egress, egressRules(p.Network.Allow))
+	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; denied syscalls %v; no_new_privs\n",
+		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses, p.Process.DeniedSyscalls)
+	var secrets []string
+	for _, s := range p.Credentials.Secrets {
+		secrets = append(secrets, s.Env+" <- "+s.File)
+	}
+	fmt.Fprintf(w, "credentials: env allow %v; secrets %v; service-account token %v\n", p.Credentials.EnvAllow, secrets, p.Credentials.ServiceAccountToken)
+	fmt.Fprintf(w, "limits:      cpu %s; memory %s; cpu time %s; open files %d; wall clock %s\n",
+		orNone(p.Limits.CPUMillis > 0, fmt.Sprintf("%dm", p.Limits.CPUMillis)), orNone(p.Limits.MemoryBytes > 0, fmt.Sprintf("%d bytes", p.Limits.MemoryBytes)),
+		orNone(p.Limits.CPUTimeSeconds > 0, fmt.Sprintf("%ds", p.Limits.CPUTimeSeconds)), p.Limits.OpenFiles, orNone(p.Limits.WallClock > 0, p.Limits.WallClock.String()))
+	fmt.Fprintln(w, "\nOCI spec changes (on containerd's default spec):")
+	for _, ch := range ex.SpecChange {
+		fmt.Fprintln(w, "  - "+ch)
+	}
+	fmt.Fprintln(w, "\nrunsc flags:")
+	keys := make([]string, 0, len(ex.RunscFlags))
+	for k := range ex.RunscFlags {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		fmt.Fprintln(w, "  (none beyond the shim config's)")
+	}
+	for _, k := range keys {
+		fmt.Fprintf(w, "  --%s=%s\n", k, ex.RunscFlags[k])
+	}
+}
+
+func orNone(ok bool, s string) string {
+	if ok {
+		return s
+	}
+	return "unlimited"
+}
+
+func hostMounts(hm []policy.HostMount) string {
+	if len(hm) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, m := range hm {
+		mode := "rw"
+		if m.ReadOnly != nil && *m.ReadOnly {
+			mode = "ro"
+		}
+		parts = append(parts, m.Path+" ("+mode+")")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func egressRules(rules []policy.EgressRule) string {
+	if len(rules) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, r := range rules {
+		dst := r.Host
+		if dst == "" {
+			dst = r.CIDR
+		}
+		if len(r.Ports) > 0 {
+			dst += fmt.Sprintf(" ports %v", r.Ports)
+		}
+		parts = append(parts, dst)
+	}
+	return " to " + strings.Join(parts, "; ") + " (allowlists are not enforced yet: no network until they are)"
+}

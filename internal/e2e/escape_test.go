@@ -1,0 +1,399 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The escape suite: one test per attempt. Each shows the attempt blocked,
+// with the expected error, AND the legitimate action beside it still
+// working: a profile that breaks the agent's real work is broken too.
+
+func runAs(t *testing.T, role string, extra []string, script string) result {
+	t.Helper()
+	args := append([]string{"--annotation", "agentbox.dev/role=" + role}, extra...)
+	if role == "" {
+		args = extra
+	}
+	return dev.runAgent(t, uniqueID("esc"), args, "sh", "-c", script)
+}
+
+func expectCode(t *testing.T, r result, code int, stdout ...string) {
+	t.Helper()
+	if r.timedOut || r.code != code {
+		t.Fatalf("want exit %d, got %v", code, r)
+	}
+	for _, s := range stdout {
+		if !strings.Contains(r.stdout, s) {
+			t.Fatalf("stdout lacks %q: %v", s, r)
+		}
+	}
+}
+
+func TestEscapeWriteOutsideScratch(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := runAs(t, "", nil, `
+		echo legit > /tmp/ok && cat /tmp/ok
+		for f in /etc/evil /usr/bin/evil /evil /workspace/evil; do
+			if echo x > $f 2>/dev/null; then echo "WROTE $f"; else echo "blocked $f"; fi
+		done`)
+	expectCode(t, r, 0, "legit", "blocked /etc/evil", "blocked /usr/bin/evil", "blocked /evil", "blocked /workspace/evil")
+	if strings.Contains(r.stdout, "WROTE") {
+		t.Fatalf("write outside scratch succeeded: %v", r)
+	}
+	// coder's /workspace is writable (bound to namespace agents: via CRI).
+	p := newPodIn(t, "coder-ws", "agents", map[string]string{"agentbox.dev/role": "coder"})
+	id := p.container(t, "c", "sh", "-c", "echo work > /workspace/f && cat /workspace/f && sleep 600")
+	waitState(t, id, "CONTAINER_RUNNING")
+	if r := waitLogs(t, id, "work"); !strings.Contains(r.stdout, "work") {
+		t.Fatalf("coder cannot write its workspace: %v", r)
+	}
+}
+
+func TestEscapeExecFromScratch(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := runAs(t, "", nil, `
+		printf '#!/bin/sh\necho payload ran\n' > /tmp/payload; chmod +x /tmp/payload
+		/tmp/payload; echo "direct exec status $?"
+		sh /tmp/payload; echo "interpreted status $?"
+		cp /bin/busybox /tmp/bb 2>/dev/null; /tmp/bb echo copied-binary-ran; echo "binary exec status $?"`)
+	expectCode(t, r, 0, "direct exec status 126", "binary exec status 126", "interpreted status 0", "payload ran")
+	if strings.Contains(r.stdout, "copied-binary-ran") {
+		t.Fatalf("a binary written to scratch executed: %v", r)
+	}
+}
+
+func TestEscapeSecretEnv(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	env := []string{"--env", "AWS_SECRET_ACCESS_KEY=leaked-key", "--env", "API_TOKEN=image-token", "--env", "AGENT_MODE=fast", "--env", "LANG=C.UTF-8"}
+	r := runAs(t, "", env, `env`)
+	expectCode(t, r, 0, "LANG=C.UTF-8", "PATH=")
+	for _, leak := range []string{"leaked-key", "image-token", "AGENT_MODE"} {
+		if strings.Contains(r.stdout, leak) {
+			t.Fatalf("baseline passed %s through: %v", leak, r)
+		}
+	}
+	// e2e-secret injects API_TOKEN from a node file and passes AGENT_*.
+	r = runAs(t, "e2e-secret", env, `env`)
+	expectCode(t, r, 0, "API_TOKEN="+secretValue, "AGENT_MODE=fast")
+	if strings.Contains(r.stdout, "leaked-key") || strings.Contains(r.stdout, "image-token") || strings.Contains(r.stdout, "LANG=") {
+		t.Fatalf("e2e-secret env: %v", r)
+	}
+}
+
+func TestEscapeServiceAccountToken(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	tokenDir := t.TempDir()
+	os.WriteFile(filepath.Join(tokenDir, "token"), []byte("sa-token-value"), 0o644)
+	shared := filepath.Join(dev.dir, "shared")
+	p := newPodIn(t, "sa", "team", map[string]string{"agentbox.dev/role": "e2e-volumes"})
+	id := p.containerWith(t, "c", map[string]any{
+		"command": []string{"sh", "-c", "ls /var/run/secrets/kubernetes.io/serviceaccount/token 2>&1; cat /models/model.txt; echo x > /models/new 2>&1 || echo model-dir-read-only; sleep 600"},
+		"mounts": []map[string]any{
+			{"container_path": "/var/run/secrets/kubernetes.io/serviceaccount", "host_path": tokenDir, "readonly": true},
+			{"container_path": "/models", "host_path": shared},
+		},
+	})
+	waitState(t, id, "CONTAINER_RUNNING")
+	logs := waitLogs(t, id, "model-dir-read-only")
+	out := logs.stdout + logs.stderr
+	if !strings.Contains(out, "No such file") || strings.Contains(out, "sa-token-value") {
+		t.Fatalf("service-account token visible: %v", logs)
+	}
+	if !strings.Contains(out, "weights") || !strings.Contains(out, "model-dir-read-only") {
+		t.Fatalf("allowed host mount must be readable and read-only: %v", logs)
+	}
+	// A host mount outside the role's allowlist refuses the container (the
+	// CRI creates the task, and so asks the shim, at start).
+	bad := p.tryContainer(t, "bad", map[string]any{
+		"command": []string{"true"},
+		"mounts":  []map[string]any{{"container_path": "/host", "host_path": "/etc"}},
+	})
+	if bad.code != 0 {
+		t.Fatalf("create: %v", bad)
+	}
+	r := dev.crictl(60*time.Second, "start", strings.TrimSpace(bad.stdout))
+	if r.code == 0 || !strings.Contains(unescape(r.stderr), `host mounts not allowed by role "e2e-volumes": /etc -> /host`) {
+		t.Fatalf("want the /etc mount refused: %v", r)
+	}
+}
+
+func TestEscapeForkBomb(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := runAs(t, "e2e-tight", nil, `
+		bomb() { bomb | bomb & }; bomb 2>/dev/null
+		sleep 2
+		echo "still responsive: $(echo ok)"
+		n=$(ps -o pid= | wc -l); echo "processes $n"
+		[ "$n" -le 16 ] && echo "within limit"`)
+	expectCode(t, r, 0, "still responsive: ok", "within limit")
+}
+
+func TestEscapeMemoryBomb(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	// 16 MB is fine under a 256Mi role (the Sentry counts too)...
+	r := runAs(t, "e2e-tight", nil, `x=$(head -c 16000000 /dev/zero | tr '\0' a); echo "held ${#x} bytes"`)
+	expectCode(t, r, 0, "held 16000000 bytes")
+	// ...600 MB is not: the sandbox kills it.
+	r = runAs(t, "e2e-tight", nil, `x=$(head -c 600000000 /dev/zero | tr '\0' a); echo "held ${#x} bytes"`)
+	if r.code != 137 || strings.Contains(r.stdout, "held") {
+		t.Fatalf("memory bomb: want a kill (137), got %v", r)
+	}
+}
+
+func TestEscapeCPUSpin(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := runAs(t, "e2e-tight", nil, `i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo "counted $i"`)
+	expectCode(t, r, 0, "counted 20000")
+	start := time.Now()
+	r = runAs(t, "e2e-tight", nil, `while :; do :; done`)
+	if r.code != 137 || r.timedOut {
+		t.Fatalf("CPU spin past 2s of CPU time: want a kill (137), got %v", r)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("CPU spin ran %v; the 2s limit did not stop it", d)
+	}
+}
+
+func TestEscapeWallClock(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := runAs(t, "e2e-tight", nil, `sleep 1; echo done`)
+	expectCode(t, r, 0, "done")
+	r = runAs(t, "e2e-tight", nil, `echo started; sleep 60; echo overslept`)
+	if r.code != 124 || strings.Contains(r.stdout, "overslept") || !strings.Contains(r.stdout, "started") {
+		t.Fatalf("sleep past the 6s wall clock: want exit 124, got %v", r)
+	}
+	// A pod may shorten its wall clock, never lengthen it.
+	r = runAs(t, "e2e-tight", []string{"--annotation", "agentbox.dev/wall-clock=2s"}, `sleep 60`)
+	if r.code != 124 {
+		t.Fatalf("wall-clock annotation 2s: want 124, got %v", r)
+	}
+	r = runAs(t, "e2e-tight", []string{"--annotation", "agentbox.dev/wall-clock=1h"}, `true`)
+	if r.code == 0 || !strings.Contains(r.stderr, "would raise wall-clock") {
+		t.Fatalf("wall-clock annotation 1h must be refused: %v", r)
+	}
+}
+
+func TestEscapeNetworkNone(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "reached-test-server") })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	// busybox's wget segfaults under gVisor (its static glibc resolver);
+	// nc speaks HTTP well enough.
+	script := fmt.Sprintf("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %d; s=$?; echo; echo wget-status=$s; sleep 600",
+		bridgeGateway(t), ln.Addr().(*net.TCPAddr).Port)
+
+	// baseline (egress none) in a CNI pod: no route anywhere.
+	p := newPodIn(t, "net-none", "agents", nil)
+	id := p.container(t, "c", "sh", "-c", script)
+	logs := waitLogs(t, id, "wget-status")
+	if strings.Contains(logs.stdout, "reached-test-server") || strings.Contains(logs.stdout, "wget-status=0") {
+		t.Fatalf("egress none reached the test server: %v", logs)
+	}
+	// e2e-open (egress open) in the same network reaches it.
+	p = newPodIn(t, "net-open", "e2e-net", map[string]string{"agentbox.dev/role": "e2e-open"})
+	id = p.container(t, "c", "sh", "-c", script)
+	logs = waitLogs(t, id, "wget-status")
+	if !strings.Contains(logs.stdout, "reached-test-server") {
+		t.Fatalf("egress open did not reach the test server on the bridge: %v", logs)
+	}
+}
+
+// bridgeGateway is the host's address on the private containerd's CNI
+// bridge (the first address of its subnet).
+func bridgeGateway(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dev.dir, "cni", "net.d", "10-agentbox.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []struct {
+			IPAM struct {
+				Ranges [][]struct{ Subnet string } `json:"ranges"`
+			} `json:"ipam"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &conf); err != nil || len(conf.Plugins) == 0 || len(conf.Plugins[0].IPAM.Ranges) == 0 {
+		t.Fatalf("CNI config: %v", err)
+	}
+	_, n, err := net.ParseCIDR(conf.Plugins[0].IPAM.Ranges[0][0].Subnet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := n.IP.To4()
+	gw[3]++
+	return gw.String()
+}
+
+func TestEscapeUnboundRole(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	cases := []struct{ role, want string }{
+		{"coder", `role "coder" is not bound to containerd namespace "default", runtime handler "agentbox"`},
+		{"e2e-unbound", `role "e2e-unbound" is not bound`},
+		{"root", `role "root" is not defined in the policy`},
+	}
+	for _, tc := range cases {
+		r := runAs(t, tc.role, nil, "echo should-not-run")
+		if r.code == 0 || strings.Contains(r.stdout, "should-not-run") || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("role %s: want refusal %q, got %v", tc.role, tc.want, r)
+		}
+	}
+	// Through the CRI the refusal reaches crictl, and the pod leaves nothing.
+	_, r := tryPod(t, "unbound", "default", map[string]string{"agentbox.dev/role": "coder"})
+	if r.code == 0 || !strings.Contains(unescape(r.stderr), `role "coder" is not bound to pod namespace "default"`) {
+		t.Fatalf("crictl runp with an unbound role: %v", r)
+	}
+	// The legitimate claim: coder in namespace agents.
+	p := newPodIn(t, "bound", "agents", map[string]string{"agentbox.dev/role": "coder"})
+	id := p.container(t, "c", "sh", "-c", "echo coder-runs; sleep 600")
+	if logs := waitLogs(t, id, "coder-runs"); !strings.Contains(logs.stdout, "coder-runs") {
+		t.Fatalf("bound role did not run: %v", logs)
+	}
+	// A container cannot claim a role other than its pod's.
+	rc := p.tryContainer(t, "other", map[string]any{"command": []string{"true"}, "annotations": map[string]string{"agentbox.dev/role": "researcher"}})
+	if rc.code != 0 {
+		t.Fatalf("create: %v", rc)
+	}
+	rs := dev.crictl(60*time.Second, "start", strings.TrimSpace(rc.stdout))
+	if rs.code == 0 || !strings.Contains(rs.stderr, "a container runs under its pod's role") {
+		t.Fatalf("container claiming another role: %v", rs)
+	}
+}
+
+func TestEscapeHostileGVisorAnnotation(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	id := uniqueID("hostile")
+	r := dev.ctr(60*time.Second, "run", "-d", "--runtime", runtimeType,
+		"--annotation", "dev.gvisor.flag.strace=true",
+		"--annotation", "dev.gvisor.flag.network=host",
+		"--annotation", "dev.gvisor.spec.mount.evil.share=shared",
+		agentImage, id, "sleep", "600")
+	if r.code != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	defer dev.removeContainer(id)
+	if err := waitRunning(id, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e := dev.ctr(60*time.Second, "tasks", "exec", "--exec-id", "probe", id, "sh", "-c", "cat /proc/net/dev; echo legit-exec")
+	if e.code != 0 || !strings.Contains(e.stdout, "legit-exec") {
+		t.Fatalf("the container must still run: %v", e)
+	}
+	// network=host would show the host's interfaces (eth0, the bridge).
+	for _, l := range strings.Split(e.stdout, "\n") {
+		if name, _, ok := strings.Cut(strings.TrimSpace(l), ":"); ok && name != "lo" && !strings.Contains(name, "|") && !strings.Contains(name, "Inter") {
+			t.Fatalf("sandbox sees interface %q: network override applied: %v", name, e)
+		}
+	}
+	for _, cmd := range sandboxCmdlines(id) {
+		if strings.Contains(cmd, "--strace") || strings.Contains(cmd, "--network=host") {
+			t.Fatalf("pod annotation reached runsc: %s", cmd)
+		}
+	}
+}
+
+// sandboxCmdlines returns the command lines of runsc processes for a
+// container.
+func sandboxCmdlines(id string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.HasPrefix(cmd, "runsc") && strings.Contains(cmd, id) {
+			out = append(out, cmd)
+		}
+	}
+	return out
+}
+
+func TestEscapeMalformedPolicy(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policies")
+	os.MkdirAll(pol, 0o755)
+	os.WriteFile(filepath.Join(pol, "broken.yaml"), []byte("apiVersion: agentbox.dev/v1\nkind: Role\nmetadata: {name: baseline}\nspec:\n  network: {egress: everywhere}\n"), 0o644)
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\n", filepath.Join(cacheDir(), "bin", "runsc"), pol)), 0o644)
+	r := dev.runAgent(t, uniqueID("badpol"), []string{"--runtime-config-path", cfg}, "echo", "should-not-run")
+	if r.code == 0 || !strings.Contains(r.stderr, "broken.yaml:5: spec.network.egress: \"everywhere\"") {
+		t.Fatalf("want the container refused naming file, line and field: %v", r)
+	}
+	// Fixed, the same config runs (baseline needs a binding).
+	os.WriteFile(filepath.Join(pol, "broken.yaml"), []byte("apiVersion: agentbox.dev/v1\nkind: Role\nmetadata: {name: baseline}\nspec: {}\n---\napiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: all}\nspec: {role: baseline, subjects: [{containerdNamespace: \"*\"}]}\n"), 0o644)
+	r = dev.runAgent(t, uniqueID("goodpol"), []string{"--runtime-config-path", cfg}, "echo", "runs")
+	expectCode(t, r, 0, "runs")
+}
+
+func TestExecGetsTheProfile(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	id := uniqueID("execprof")
+	if r := dev.ctr(60*time.Second, "run", "-d", "--runtime", runtimeType, "--env", "SECRET_TOKEN=hunter2", agentImage, id, "sleep", "600"); r.code != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	defer dev.removeContainer(id)
+	if err := waitRunning(id, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// ctr task exec --user 0 asks for root; the role says 65532.
+	e := dev.ctr(60*time.Second, "tasks", "exec", "--user", "0", "--exec-id", "x1", id, "sh", "-c",
+		"id -u; grep CapEff /proc/self/status; env; echo x > /etc/evil 2>/dev/null || echo etc-read-only; echo ok > /tmp/ok && echo tmp-ok")
+	if e.code != 0 || !strings.Contains(e.stdout, "65532") || !strings.Contains(e.stdout, "CapEff:\t0000000000000000") ||
+		strings.Contains(e.stdout, "hunter2") || !strings.Contains(e.stdout, "etc-read-only") || !strings.Contains(e.stdout, "tmp-ok") {
+		t.Fatalf("exec must run under the container's profile: %v", e)
+	}
+}
+
+// unescape undoes crictl's quoting of the runtime's error message.
+func unescape(s string) string { return strings.ReplaceAll(s, `\"`, `"`) }
+
+// newPodIn runs a pod in a Kubernetes namespace.
+func newPodIn(t *testing.T, name, namespace string, annotations map[string]string) *pod {
+	t.Helper()
+	p, r := tryPod(t, name, namespace, annotations)
+	if r.code != 0 {
+		t.Fatalf("crictl runp: %v", r)
+	}
+	return p
+}
+
+// waitLogs waits until a container's logs contain want (or 60s pass).
+func waitLogs(t *testing.T, id, want string) result {
+	t.Helper()
+	var r result
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		r = dev.crictl(30*time.Second, "logs", id)
+		if strings.Contains(r.stdout+r.stderr, want) {
+			return r
+		}
+	}
+	return r
+}

@@ -7,10 +7,14 @@ need_root
 "$REPO_ROOT/hack/setup.sh"
 sock=$("$REPO_ROOT/hack/containerd.sh" start | tail -n1)
 id=quickstart-$$
-step "running the sample agent under agentbox (ctr run --runtime io.containerd.agentbox.v1)"
+role=${AGENTBOX_ROLE:-baseline}
+step "the role the agent runs under ($role):"
+agentbox policy explain --config "$AGENTBOX_DEV/agentbox/config.toml" --role "$role" --containerd-namespace default | sed -n '1,8p'
+step "running the sample agent under agentbox (ctr run --runtime io.containerd.agentbox.v1 --annotation agentbox.dev/role=$role)"
 echo "----- agent output -----"
 set +e
-ctrq --address "$sock" run --rm --runtime io.containerd.agentbox.v1 "$AGENT_IMAGE" "$id"
+ctrq --address "$sock" run --rm --runtime io.containerd.agentbox.v1 --annotation "agentbox.dev/role=$role" \
+  --env AWS_SECRET_ACCESS_KEY=not-for-the-agent "$AGENT_IMAGE" "$id"
 rc=$?
 set -e
 echo "----- agent exited with status $rc -----"

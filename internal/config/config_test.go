@@ -132,3 +132,14 @@ func TestRunscRoot(t *testing.T) {
 		t.Fatal("explicit runsc.root must win")
 	}
 }
+
+// TestShippedConfig: the documented config file parses as shipped.
+func TestShippedConfig(t *testing.T) {
+	c, err := Load("../../runsc-config/config.toml", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy.Dir != DefaultPolicyDir || c.Policy.DefaultRole != "baseline" || c.Policy.Handler != "agentbox" {
+		t.Fatalf("policy section %+v", c.Policy)
+	}
+}

@@ -36,6 +36,9 @@ log_level = "info"
 dir = "$DIR/agentbox/policies"
 default_role = "baseline"
 handler = "agentbox"
+
+[audit]
+dir = "$DIR/audit"
 EOT
   # The benchmark's stock-gVisor reference reads gVisor's own option format.
   cat >"$DIR/runsc-stock/config.toml" <<EOT

@@ -19,6 +19,8 @@ type sandboxState struct {
 	timer      *time.Timer
 	// expired is set when the wall-clock limit stopped the sandbox.
 	expired bool
+	// audit is the sandbox's trail and receiver.
+	audit *sandboxAudit
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.

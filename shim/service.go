@@ -32,6 +32,7 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/utils"
 
+	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/ocispec"
@@ -79,7 +80,7 @@ func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (
 	reaped := reaper.Default.Subscribe()
 	err := s.exits.install(func() error {
 		var err error
-		s.next, err = runsc.NewTaskService(ctx, publisher, sd)
+		s.next, err = runsc.NewTaskService(ctx, &auditingPublisher{Publisher: publisher, s: s}, sd)
 		return err
 	}, reaped)
 	if err != nil {
@@ -127,14 +128,30 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			if cerr := cgroups.Remove(cgroups.Root, plan.cgroupsPath); cerr != nil {
 				log.G(ctx).WithError(cerr).Warn("agentbox: cleaning up the failed sandbox's cgroup")
 			}
+			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
+			closeAudit(ctx, plan.sandbox.audit, "failed to start")
+		} else {
+			s.record(plan.joins, decision("agentbox/container_failed", "Container Failed", "Failure", err.Error(), map[string]string{"container_id": r.ID}), true)
 		}
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if plan.sandbox != nil {
+		// runsc boots a sandbox whose trace session failed, with a warning:
+		// refuse it here instead of running it unaudited.
+		if !plan.sandbox.audit.receiver.Live() {
+			err := fmt.Errorf("agentbox: container %s refused: gVisor's audit session is not established (see runsc's log)", r.ID)
+			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
+			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
+			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
+			closeAudit(ctx, plan.sandbox.audit, "audit session failed")
+			return nil, errgrpc.ToGRPC(err)
+		}
 		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
 	} else {
 		s.sandboxes.join(plan.joins, r.ID)
+		s.record(r.ID, decision("agentbox/container_created", "Container Created", "Success",
+			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
 	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
 	return resp, nil
@@ -148,10 +165,13 @@ type createPlan struct {
 	joins   string
 	// cgroupsPath is the container's linux.cgroupsPath.
 	cgroupsPath string
+	// audit is the new sandbox's trail (sandbox roots only).
+	audit *sandboxAudit
 }
 
-// prepare does the agentbox part of Create.
-func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (*createPlan, error) {
+// prepare does the agentbox part of Create. For a sandbox root it opens the
+// audit trail first, so that a refusal is recorded too.
+func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *createPlan, retErr error) {
 	cfgPath, named, err := configPathOf(r)
 	if err != nil {
 		return nil, err
@@ -181,6 +201,18 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (*crea
 		}
 		plan.profile, plan.joins = sb.profile, sandboxID
 	} else {
+		meta := audit.Meta{Sandbox: r.ID, PodNamespace: spec.Annotations[ocispec.SandboxNamespaceAnnotation], PodName: spec.Annotations[ocispec.SandboxNameAnnotation]}
+		trail, err := openTrail(cfg, r.ID, meta)
+		if err != nil {
+			return nil, err
+		}
+		plan.audit = &sandboxAudit{trail: trail}
+		defer func() {
+			if retErr != nil {
+				trail.Emit(decision("agentbox/refused", "Refused", "Failure", retErr.Error(), map[string]string{"requested_role": policy.Request{Annotations: claims, DefaultRole: cfg.Policy.DefaultRole}.RoleName()}), true)
+				closeAudit(ctx, plan.audit, "refused")
+			}
+		}()
 		set, err := s.policies.Load(cfg.Policy.Dir)
 		if err != nil {
 			return nil, err
@@ -197,7 +229,12 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (*crea
 		if plan.profile, err = set.Select(req); err != nil {
 			return nil, err
 		}
-		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims}
+		meta.Role, meta.PolicyDigest = plan.profile.Role, plan.profile.Digest
+		trail.SetMeta(meta)
+		trail.Emit(decision("agentbox/role_resolved", "Role Resolved", "Success",
+			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), describeRequest(req)),
+			map[string]string{"tightened": strings.Join(plan.profile.Tightened, ", ")}), true)
+		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit}
 	}
 	secrets, err := readSecrets(plan.profile)
 	if err != nil {
@@ -229,6 +266,18 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (*crea
 	}
 	for k, v := range plan.profile.RunscFlags() { // the role wins over the config
 		flags[k] = v
+	}
+	if plan.audit != nil {
+		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit.trail)
+		if err != nil {
+			return nil, err
+		}
+		plan.audit.receiver = rcv
+		flags["pod-init-config"] = podInit
+		p := plan.profile
+		plan.audit.trail.Emit(decision("agentbox/profile_applied", "Profile Applied", "Success",
+			fmt.Sprintf("rootfs %s, writable %v, egress %s, uid %d, %d processes, %d bytes, wall clock %v", p.Filesystem.Rootfs, p.Filesystem.Writable, p.Network.Egress, p.Process.RunAsUser, p.Process.MaxProcesses, p.Limits.MemoryBytes, p.Limits.WallClock),
+			map[string]string{"spec_changes": joinChanges(changes), "runsc_flags": fmt.Sprint(flags)}), true)
 	}
 	optsPath := filepath.Join(r.Bundle, runscOptionsFile)
 	if err := writeRunscOptions(optsPath, cfg, root, flags); err != nil {
@@ -286,9 +335,14 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if r.ExecID == "" {
+		msg := "container started"
 		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
+			msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
 		}
+		s.record(r.ID, decision("agentbox/container_start", "Container Start", "Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
+	} else {
+		s.record(r.ID, decision("agentbox/exec_start", "Exec Start", "Success", "exec started", map[string]string{"exec_id": r.ExecID, "pid": fmt.Sprint(resp.Pid)}), true)
 	}
 	return resp, nil
 }
@@ -299,6 +353,8 @@ func (s *service) expire(sandboxID string) {
 	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
 	ids := s.sandboxes.expire(sandboxID)
 	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
+	s.record(sandboxID, decision("agentbox/limit", "Limit Hit", "Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
+		map[string]string{"limit": "wallClock"}), true)
 	for _, id := range ids {
 		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
 			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: wall-clock kill")
@@ -317,39 +373,50 @@ func (s *service) adjustExit(e *proc.Exit) {
 // Exec narrows an exec'd process to its container's profile, as the
 // container's own process was.
 func (s *service) Exec(ctx context.Context, r *task.ExecProcessRequest) (*types.Empty, error) {
-	if err := s.prepareExec(r); err != nil {
+	argv, err := s.prepareExec(r)
+	if err != nil {
 		log.G(ctx).WithError(err).WithField("container_id", r.ID).Error("agentbox: exec refused")
+		s.record(r.ID, decision("agentbox/exec_refused", "Exec Refused", "Failure", err.Error(), map[string]string{"exec_id": r.ExecID}), true)
 		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: exec %s in %s refused: %w", r.ExecID, r.ID, err))
 	}
+	rec := decision("agentbox/exec", "Exec Request", "Success", "exec requested", map[string]string{"exec_id": r.ExecID})
+	rec.Process = &audit.Process{Argv: argv}
+	s.record(r.ID, rec, true)
 	resp, err := s.next.Exec(ctx, r)
 	return resp, errgrpc.ToGRPC(err)
 }
 
-func (s *service) prepareExec(r *task.ExecProcessRequest) error {
+// prepareExec narrows the exec'd process and returns its argv, scrubbed
+// for the audit trail.
+func (s *service) prepareExec(r *task.ExecProcessRequest) ([]string, error) {
 	sb, ok := s.sandboxes.of(r.ID)
 	if !ok {
-		return fmt.Errorf("container %s has no profile in this shim", r.ID)
+		return nil, fmt.Errorf("container %s has no profile in this shim", r.ID)
 	}
 	if r.Spec == nil {
-		return fmt.Errorf("exec request carries no process spec")
+		return nil, fmt.Errorf("exec request carries no process spec")
 	}
 	var proc specs.Process
 	if err := json.Unmarshal(r.Spec.GetValue(), &proc); err != nil {
-		return fmt.Errorf("decode exec process spec: %w", err)
+		return nil, fmt.Errorf("decode exec process spec: %w", err)
 	}
 	secrets, err := readSecrets(sb.profile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := sb.profile.ApplyProcess(&proc, secrets); err != nil {
-		return err
+		return nil, err
 	}
 	b, err := json.Marshal(&proc)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.Spec.Value = b
-	return nil
+	argv := proc.Args
+	if sc, err := audit.NewScrubber(sb.profile.EnvAllowed, nil); err == nil {
+		argv = sc.Args(argv)
+	}
+	return argv, nil
 }
 
 // configPathOf returns the config file containerd named for this container,
@@ -408,6 +475,13 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	resp, err := s.next.Delete(ctx, r)
 	if err == nil && r.ExecID == "" {
 		s.exits.forget(r.ID)
+		if sb, ok := s.sandboxes.sandbox(r.ID); ok {
+			// The sandbox root is gone: its trail ends.
+			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
+		} else {
+			s.record(r.ID, decision("agentbox/container_deleted", "Container Deleted", "Success",
+				fmt.Sprintf("container deleted (exit status %d)", resp.ExitStatus), map[string]string{"container_id": r.ID}), true)
+		}
 		s.sandboxes.remove(r.ID)
 	}
 	return resp, errgrpc.ToGRPC(err)
@@ -483,4 +557,15 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	}
 	s.sd.Shutdown()
 	return resp, nil
+}
+
+func describeRequest(r policy.Request) string {
+	parts := []string{fmt.Sprintf("containerd namespace %q", r.ContainerdNamespace)}
+	if r.PodNamespace != "" {
+		parts = append([]string{fmt.Sprintf("pod namespace %q", r.PodNamespace)}, parts...)
+	}
+	if r.Handler != "" {
+		parts = append(parts, fmt.Sprintf("handler %q", r.Handler))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -29,6 +29,7 @@ func App() *cli.App {
 			},
 			doctorCommand(),
 			policyCommand(),
+			auditCommand(),
 		},
 	}
 }

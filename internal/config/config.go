@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -54,6 +55,8 @@ type Config struct {
 	Shim Shim `toml:"shim"`
 	// Policy configures role selection.
 	Policy Policy `toml:"policy"`
+	// Audit configures the audit trail.
+	Audit Audit `toml:"audit"`
 
 	// Source is the file the config was read from; empty for built-in defaults.
 	Source string `toml:"-"`
@@ -92,6 +95,33 @@ type Policy struct {
 	Handler string `toml:"handler"`
 }
 
+// Audit configures where audit trails go.
+type Audit struct {
+	// Dir holds one trail per sandbox (SANDBOX.jsonl, rotated segments).
+	Dir string `toml:"dir"`
+	// SocketDir holds the per-sandbox sockets gVisor reports to.
+	SocketDir string `toml:"socket_dir"`
+	// MaxFileBytes rotates a trail file when it would pass this size.
+	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// Redact are extra regular expressions redacted from argv in records
+	// (a first capture group, if any, is kept).
+	Redact []string `toml:"redact"`
+	// Webhook, when its URL is set, also ships every record to an HTTP
+	// endpoint, spooling to disk while it is down.
+	Webhook Webhook `toml:"webhook"`
+}
+
+// Webhook is the network audit sink.
+type Webhook struct {
+	URL string `toml:"url"`
+	// SpoolDir holds records not yet delivered (default: DIR/spool).
+	SpoolDir string `toml:"spool_dir"`
+	// MaxSpoolBytes bounds the spool; records past it are lost, and say so.
+	MaxSpoolBytes int64 `toml:"max_spool_bytes"`
+	// BatchRecords is the most records one POST carries.
+	BatchRecords int `toml:"batch_records"`
+}
+
 // Default returns the built-in configuration used when no file is named and
 // DefaultPath does not exist.
 func Default() *Config {
@@ -100,6 +130,8 @@ func Default() *Config {
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
 		Shim:    Shim{LogLevel: "info"},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
+		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20,
+			Webhook: Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512}},
 	}
 }
 
@@ -203,6 +235,36 @@ func (c *Config) Validate() error {
 	}
 	if c.Policy.Handler != "" && !roleName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
+	}
+	for k, v := range map[string]string{"audit.dir": c.Audit.Dir, "audit.socket_dir": c.Audit.SocketDir} {
+		if !filepath.IsAbs(v) {
+			errs = append(errs, fmt.Errorf("%s: %q must be an absolute path", k, v))
+		}
+	}
+	if len(c.Audit.SocketDir) > 60 {
+		errs = append(errs, fmt.Errorf("audit.socket_dir: %q is too long for unix socket paths (at most 60 characters)", c.Audit.SocketDir))
+	}
+	if c.Audit.MaxFileBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("audit.max_file_bytes: %d is below 1 MiB", c.Audit.MaxFileBytes))
+	}
+	for i, re := range c.Audit.Redact {
+		if _, err := regexp.Compile(re); err != nil {
+			errs = append(errs, fmt.Errorf("audit.redact[%d]: %v", i, err))
+		}
+	}
+	if w := c.Audit.Webhook; w.URL != "" {
+		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("audit.webhook.url: %q is not an http(s) URL", w.URL))
+		}
+		if w.SpoolDir != "" && !filepath.IsAbs(w.SpoolDir) {
+			errs = append(errs, fmt.Errorf("audit.webhook.spool_dir: %q must be an absolute path", w.SpoolDir))
+		}
+		if w.MaxSpoolBytes < 1<<20 {
+			errs = append(errs, fmt.Errorf("audit.webhook.max_spool_bytes: %d is below 1 MiB", w.MaxSpoolBytes))
+		}
+		if w.BatchRecords < 1 || w.BatchRecords > 100000 {
+			errs = append(errs, fmt.Errorf("audit.webhook.batch_records: %d is not between 1 and 100000", w.BatchRecords))
+		}
 	}
 	switch c.Shim.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

@@ -21,6 +21,8 @@ const (
 	// SandboxNamespaceAnnotation is the pod's Kubernetes namespace, set by
 	// containerd's CRI from the pod metadata.
 	SandboxNamespaceAnnotation = "io.kubernetes.cri.sandbox-namespace"
+	// SandboxNameAnnotation is the pod's name.
+	SandboxNameAnnotation = "io.kubernetes.cri.sandbox-name"
 
 	ContainerTypeSandbox   = "sandbox"
 	ContainerTypeContainer = "container"

@@ -269,6 +269,9 @@ func (p *Profile) FilterEnv(env []string) (kept, dropped []string) {
 	return kept, dropped
 }
 
+// EnvAllowed reports whether the role lets an environment variable through.
+func (p *Profile) EnvAllowed(name string) bool { return p.envAllowed(name) }
+
 func (p *Profile) envAllowed(name string) bool {
 	for _, pat := range p.Credentials.EnvAllow {
 		if pat == name || (strings.HasSuffix(pat, "*") && strings.HasPrefix(name, strings.TrimSuffix(pat, "*"))) {

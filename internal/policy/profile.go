@@ -28,6 +28,7 @@ type Profile struct {
 	Process     ProcessProfile     `json:"process"`
 	Credentials CredentialsProfile `json:"credentials"`
 	Limits      LimitsProfile      `json:"limits"`
+	Audit       AuditProfile       `json:"audit"`
 	// Tightened lists the pod annotations that narrowed the role.
 	Tightened []string `json:"tightened,omitempty"`
 	Digest    string   `json:"digest"`
@@ -62,6 +63,13 @@ type CredentialsProfile struct {
 	EnvAllow            []string `json:"envAllow"`
 	Secrets             []Secret `json:"secrets"`
 	ServiceAccountToken bool     `json:"serviceAccountToken"`
+}
+
+// AuditProfile is what the trail records.
+type AuditProfile struct {
+	Process bool `json:"process"`
+	File    bool `json:"file"`
+	Network bool `json:"network"`
 }
 
 // LimitsProfile holds resource limits; 0 means no limit.
@@ -224,6 +232,16 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pickSlice(&m.Secrets, c.Secrets)
 		pick(&m.ServiceAccountToken, c.ServiceAccountToken)
 		out.Credentials = &m
+	}
+	if c := child.Audit; c != nil {
+		m := Audit{}
+		if parent.Audit != nil {
+			m = *parent.Audit
+		}
+		pick(&m.Process, c.Process)
+		pick(&m.File, c.File)
+		pick(&m.Network, c.Network)
+		out.Audit = &m
 	}
 	if c := child.Limits; c != nil {
 		m := Limits{}
@@ -412,6 +430,11 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	if p.Limits.WallClock, err = parseDuration(li.WallClock, DefaultWallClock); err != nil {
 		errs = append(errs, ferr("limits.wallClock", "%v", err))
 	}
+	au := Audit{}
+	if spec.Audit != nil {
+		au = *spec.Audit
+	}
+	p.Audit = AuditProfile{Process: deref(au.Process, true), File: deref(au.File, true), Network: deref(au.Network, true)}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

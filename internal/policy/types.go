@@ -59,6 +59,18 @@ type RoleSpec struct {
 	Process     *Process     `yaml:"process,omitempty"`
 	Credentials *Credentials `yaml:"credentials,omitempty"`
 	Limits      *Limits      `yaml:"limits,omitempty"`
+	Audit       *Audit       `yaml:"audit,omitempty"`
+}
+
+// Audit selects what the audit trail records (all by default). Container
+// starts and the shim's own decisions are always recorded.
+type Audit struct {
+	// Process: execve, clone, exit.
+	Process *bool `yaml:"process,omitempty"`
+	// File: open, openat, creat (with results), chdir.
+	File *bool `yaml:"file,omitempty"`
+	// Network: socket, connect, bind, listen, accept (with results).
+	Network *bool `yaml:"network,omitempty"`
 }
 
 // Filesystem scope.

@@ -1,0 +1,343 @@
+package audit
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+	"gvisor.dev/gvisor/pkg/sentry/seccheck/sinks/remote/wire"
+)
+
+// Bounds on what one record may carry from the sandbox.
+const (
+	MaxMessageSize = 1 << 20
+	maxArgs        = 256
+	maxStringLen   = 4096
+)
+
+// Message is one decoded message from the sandbox.
+type Message struct {
+	Type    pb.MessageType
+	Dropped uint32
+	Payload proto.Message
+}
+
+// ErrMalformed wraps every reason a message from the sandbox is rejected.
+var ErrMalformed = errors.New("malformed message")
+
+// DecodeMessage parses one message: an 8-byte little-endian header (header
+// size, message type, cumulative dropped count) and a protobuf payload. The
+// input is untrusted: every length is checked.
+func DecodeMessage(buf []byte) (Message, error) {
+	if len(buf) < wire.HeaderStructSize {
+		return Message{}, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrMalformed, len(buf), wire.HeaderStructSize)
+	}
+	hsize := int(binary.LittleEndian.Uint16(buf[0:2]))
+	m := Message{
+		Type:    pb.MessageType(binary.LittleEndian.Uint16(buf[2:4])),
+		Dropped: binary.LittleEndian.Uint32(buf[4:8]),
+	}
+	if hsize < wire.HeaderStructSize || hsize > len(buf) {
+		return m, fmt.Errorf("%w: header size %d outside [%d, %d]", ErrMalformed, hsize, wire.HeaderStructSize, len(buf))
+	}
+	payload := newPayload(m.Type)
+	if payload == nil {
+		return m, fmt.Errorf("%w: unknown message type %d", ErrMalformed, m.Type)
+	}
+	if err := proto.Unmarshal(buf[hsize:], payload); err != nil {
+		return m, fmt.Errorf("%w: type %s: %v", ErrMalformed, m.Type, err)
+	}
+	m.Payload = payload
+	return m, nil
+}
+
+func newPayload(t pb.MessageType) proto.Message {
+	switch t {
+	case pb.MessageType_MESSAGE_CONTAINER_START:
+		return &pb.Start{}
+	case pb.MessageType_MESSAGE_SENTRY_CLONE:
+		return &pb.CloneInfo{}
+	case pb.MessageType_MESSAGE_SENTRY_EXEC:
+		return &pb.ExecveInfo{}
+	case pb.MessageType_MESSAGE_SENTRY_TASK_EXIT:
+		return &pb.TaskExit{}
+	case pb.MessageType_MESSAGE_SYSCALL_OPEN:
+		return &pb.Open{}
+	case pb.MessageType_MESSAGE_SYSCALL_EXECVE:
+		return &pb.Execve{}
+	case pb.MessageType_MESSAGE_SYSCALL_CHDIR:
+		return &pb.Chdir{}
+	case pb.MessageType_MESSAGE_SYSCALL_SOCKET:
+		return &pb.Socket{}
+	case pb.MessageType_MESSAGE_SYSCALL_CONNECT:
+		return &pb.Connect{}
+	case pb.MessageType_MESSAGE_SYSCALL_BIND:
+		return &pb.Bind{}
+	case pb.MessageType_MESSAGE_SYSCALL_LISTEN:
+		return &pb.Listen{}
+	case pb.MessageType_MESSAGE_SYSCALL_ACCEPT:
+		return &pb.Accept{}
+	}
+	return nil
+}
+
+// Scrubber removes secrets from what a record carries.
+type Scrubber interface {
+	Env(env []string) []string
+	Args(argv []string) []string
+}
+
+// ToRecord maps a decoded payload to a record, scrubbed. It returns nil for
+// payloads that are deliberately not recorded (thread exits).
+func ToRecord(m Message, s Scrubber) *Record {
+	switch p := m.Payload.(type) {
+	case *pb.Start:
+		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "container/start")
+		r.Process.Argv = s.Args(clipList(p.GetArgs()))
+		r.Process.Env = s.Env(clipList(p.GetEnv()))
+		r.Process.Cwd = clip(p.GetCwd())
+		r.Container = clip(p.GetId())
+		return r
+	case *pb.ExecveInfo:
+		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/execve")
+		r.Process.Exe = clip(p.GetBinaryPath())
+		r.Process.Argv = s.Args(clipList(p.GetArgv()))
+		r.Process.Env = s.Env(clipList(p.GetEnv()))
+		r.Status = "Success"
+		return r
+	case *pb.Execve:
+		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "syscall/execve")
+		result(r, p.GetExit())
+		if r.Status == "Success" {
+			return nil // sentry/execve records the new image
+		}
+		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
+		r.Process.Argv = s.Args(clipList(p.GetArgv()))
+		r.Process.Env = s.Env(clipList(p.GetEnvv()))
+		return r
+	case *pb.CloneInfo:
+		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/clone")
+		r.Process.ChildPID = p.GetCreatedThreadGroupId()
+		if p.GetFlags()&0x10000 != 0 { // CLONE_THREAD: a thread, not a process
+			return nil
+		}
+		r.Status = "Success"
+		return r
+	case *pb.TaskExit:
+		cd := p.GetContextData()
+		if cd != nil && cd.GetThreadId() != cd.GetThreadGroupId() {
+			return nil // a thread, not the process
+		}
+		r := base(cd, ClassProcess, 2, "Terminate", "sentry/task_exit")
+		st := p.GetExitStatus()
+		r.Process.ExitSts = &st
+		return r
+	case *pb.Open:
+		r := base(p.GetContextData(), ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))
+		result(r, p.GetExit())
+		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd), Flags: openFlags(p.GetFlags()), Mode: p.GetMode()}
+		return r
+	case *pb.Chdir:
+		r := base(p.GetContextData(), ClassFileSystem, 99, "Chdir", "syscall/"+syscallName(p.GetSysno(), "chdir"))
+		result(r, p.GetExit())
+		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
+		return r
+	case *pb.Socket:
+		r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/socket")
+		result(r, p.GetExit())
+		r.Dst = &Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
+		return r
+	case *pb.Connect:
+		r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/connect")
+		result(r, p.GetExit())
+		r.Dst = sockaddr(p.GetAddress())
+		return r
+	case *pb.Bind:
+		r := base(p.GetContextData(), ClassNetwork, 99, "Bind", "syscall/bind")
+		result(r, p.GetExit())
+		r.Dst = sockaddr(p.GetAddress())
+		return r
+	case *pb.Listen:
+		r := base(p.GetContextData(), ClassNetwork, 7, "Listen", "syscall/listen")
+		result(r, p.GetExit())
+		r.Dst = sockaddr(p.GetAddress())
+		return r
+	case *pb.Accept:
+		r := base(p.GetContextData(), ClassNetwork, 99, "Accept", "syscall/"+syscallName(p.GetSysno(), "accept"))
+		result(r, p.GetExit())
+		r.Dst = sockaddr(p.GetAddress())
+		return r
+	}
+	return nil
+}
+
+func base(cd *pb.ContextData, class, activity int, name, event string) *Record {
+	t := time.Now()
+	if ns := cd.GetTimeNs(); ns > 0 {
+		t = time.Unix(0, ns)
+	}
+	r := newRecord(t, class, activity, name, event)
+	r.Process = &Process{
+		PID:  cd.GetThreadGroupId(),
+		TID:  cd.GetThreadId(),
+		PPID: cd.GetParentThreadGroupId(),
+		Name: clip(cd.GetProcessName()),
+		Cwd:  clip(cd.GetCwd()),
+	}
+	if c := cd.GetCredentials(); c != nil {
+		uid, gid := c.GetEffectiveUid(), c.GetEffectiveGid()
+		r.Process.UID, r.Process.GID = &uid, &gid
+	}
+	r.Container = clip(cd.GetContainerId())
+	return r
+}
+
+func result(r *Record, e *pb.Exit) {
+	if e == nil {
+		return
+	}
+	if e.GetErrorno() != 0 {
+		r.Status, r.Errno = "Failure", e.GetErrorno()
+		return
+	}
+	r.Status = "Success"
+	res := e.GetResult()
+	r.Result = &res
+}
+
+func clip(s string) string {
+	if len(s) > maxStringLen {
+		return s[:maxStringLen] + "...(truncated)"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+func clipList(l []string) []string {
+	n := len(l)
+	if n > maxArgs {
+		l = l[:maxArgs]
+	}
+	out := make([]string, 0, len(l)+1)
+	for _, s := range l {
+		out = append(out, clip(s))
+	}
+	if n > maxArgs {
+		out = append(out, fmt.Sprintf("...(%d more)", n-maxArgs))
+	}
+	return out
+}
+
+// resolve joins a path relative to a directory fd (or the cwd) the way the
+// kernel would, for the record only.
+func resolve(fdPath, p, cwd string) string {
+	p = clip(p)
+	if p == "" || path.IsAbs(p) {
+		return p
+	}
+	dir := fdPath
+	if dir == "" {
+		dir = cwd
+	}
+	if dir == "" {
+		return p
+	}
+	return path.Join(clip(dir), p)
+}
+
+var syscallNames = map[uint64]string{2: "open", 85: "creat", 257: "openat", 80: "chdir", 81: "fchdir", 43: "accept", 288: "accept4"}
+
+func syscallName(no uint64, fallback string) string {
+	if n, ok := syscallNames[no]; ok {
+		return n
+	}
+	return fallback
+}
+
+func openFlags(f uint32) string {
+	var parts []string
+	switch f & 3 {
+	case 0:
+		parts = append(parts, "O_RDONLY")
+	case 1:
+		parts = append(parts, "O_WRONLY")
+	case 2:
+		parts = append(parts, "O_RDWR")
+	}
+	for _, fl := range []struct {
+		bit  uint32
+		name string
+	}{{0x40, "O_CREAT"}, {0x80, "O_EXCL"}, {0x200, "O_TRUNC"}, {0x400, "O_APPEND"}, {0x800, "O_NONBLOCK"}, {0x10000, "O_DIRECTORY"}, {0x20000, "O_NOFOLLOW"}, {0x80000, "O_CLOEXEC"}, {0x200000, "O_PATH"}, {0x400000, "O_TMPFILE"}} {
+		if f&fl.bit != 0 {
+			parts = append(parts, fl.name)
+		}
+	}
+	return strings.Join(parts, "|")
+}
+
+func family(f uint16) string {
+	switch f {
+	case 1:
+		return "unix"
+	case 2:
+		return "inet"
+	case 10:
+		return "inet6"
+	case 16:
+		return "netlink"
+	case 17:
+		return "packet"
+	}
+	return fmt.Sprintf("af_%d", f)
+}
+
+func sockType(t int32) string {
+	switch t & 0xf {
+	case 1:
+		return "stream"
+	case 2:
+		return "dgram"
+	case 3:
+		return "raw"
+	case 5:
+		return "seqpacket"
+	}
+	return fmt.Sprintf("type_%d", t&0xf)
+}
+
+// sockaddr decodes a raw sockaddr from the sandbox, checking every length.
+func sockaddr(b []byte) *Endpoint {
+	if len(b) < 2 {
+		return nil
+	}
+	fam := binary.LittleEndian.Uint16(b[0:2])
+	e := &Endpoint{Family: family(fam)}
+	switch fam {
+	case 2:
+		if len(b) >= 8 {
+			e.Port = int(binary.BigEndian.Uint16(b[2:4]))
+			e.IP = net.IP(b[4:8]).String()
+		}
+	case 10:
+		if len(b) >= 24 {
+			e.Port = int(binary.BigEndian.Uint16(b[2:4]))
+			e.IP = net.IP(b[8:24]).String()
+		}
+	case 1:
+		p := b[2:]
+		if len(p) > 0 && p[0] == 0 {
+			e.Path = "@" + clip(strings.TrimRight(string(p[1:]), "\x00"))
+		} else {
+			if i := strings.IndexByte(string(p), 0); i >= 0 {
+				p = p[:i]
+			}
+			e.Path = clip(string(p))
+		}
+	}
+	return e
+}

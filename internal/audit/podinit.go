@@ -1,0 +1,113 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"gvisor.dev/gvisor/pkg/sentry/seccheck"
+)
+
+// Points selects the event families a role records.
+type Points struct {
+	Process bool
+	File    bool
+	Network bool
+}
+
+var contextFields = []string{"time", "thread_id", "group_id", "container_id", "credentials", "cwd", "process_name", "parent_thread_group_id"}
+
+type pointConfig struct {
+	Name           string   `json:"name"`
+	OptionalFields []string `json:"optional_fields,omitempty"`
+	ContextFields  []string `json:"context_fields,omitempty"`
+}
+
+// PointNames lists the gVisor points a selection enables.
+func (p Points) PointNames() []pointConfig {
+	var out []pointConfig
+	add := func(name string, optional ...string) {
+		out = append(out, pointConfig{Name: name, OptionalFields: optional, ContextFields: contextFields})
+	}
+	// Container start is always recorded: it is how a container's life in
+	// the trail begins.
+	add("container/start", "env")
+	if p.Process {
+		add("sentry/execve")
+		add("sentry/clone")
+		add("sentry/task_exit")
+		add("syscall/execve/exit", "envv")
+		add("syscall/execveat/exit", "envv")
+	}
+	if p.File {
+		for _, s := range []string{"openat", "creat", "fchdir"} {
+			add("syscall/"+s+"/exit", "fd_path")
+		}
+		add("syscall/open/exit")
+		add("syscall/chdir/exit")
+	}
+	if p.Network {
+		add("syscall/socket/exit")
+		for _, s := range []string{"connect", "bind", "accept", "accept4", "listen"} {
+			add("syscall/"+s+"/exit", "fd_path")
+		}
+	}
+	sort.SliceStable(out[1:], func(i, j int) bool { return out[1+i].Name < out[1+j].Name })
+	return out
+}
+
+// PodInitConfig renders runsc's --pod-init-config: one trace session named
+// Default whose remote sink is the receiver's socket. The sink's setup
+// error is not ignored: a sandbox whose receiver is not there does not
+// start.
+func PodInitConfig(p Points, socket string) ([]byte, error) {
+	points := p.PointNames()
+	if err := validatePoints(points); err != nil {
+		return nil, err
+	}
+	type sink struct {
+		Name   string         `json:"name"`
+		Config map[string]any `json:"config"`
+	}
+	cfg := map[string]any{
+		"trace_session": map[string]any{
+			"name":   "Default",
+			"points": points,
+			"sinks":  []sink{{Name: "remote", Config: map[string]any{"endpoint": socket}}},
+		},
+	}
+	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// validatePoints checks points and fields against gVisor's own registry
+// (the same gVisor version as runsc). runsc only warns about a session it
+// cannot configure and boots the sandbox unaudited; the shim refuses first.
+func validatePoints(points []pointConfig) error {
+	seccheck.Initialize()
+	for _, pc := range points {
+		desc, ok := seccheck.Points[pc.Name]
+		if !ok {
+			return fmt.Errorf("gVisor has no trace point %q", pc.Name)
+		}
+		for _, f := range pc.OptionalFields {
+			if !hasField(desc.OptionalFields, f) {
+				return fmt.Errorf("trace point %q has no optional field %q", pc.Name, f)
+			}
+		}
+		for _, f := range pc.ContextFields {
+			if !hasField(desc.ContextFields, f) {
+				return fmt.Errorf("trace point %q has no context field %q", pc.Name, f)
+			}
+		}
+	}
+	return nil
+}
+
+func hasField(fields []seccheck.FieldDesc, name string) bool {
+	for _, f := range fields {
+		if f.Name == name {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,152 @@
+package audit
+
+import (
+	"encoding/binary"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+)
+
+// frame builds a wire message: header then payload.
+func frame(t pb.MessageType, dropped uint32, payload proto.Message) []byte {
+	b, _ := proto.Marshal(payload)
+	h := make([]byte, 8)
+	binary.LittleEndian.PutUint16(h[0:], 8)
+	binary.LittleEndian.PutUint16(h[2:], uint16(t))
+	binary.LittleEndian.PutUint32(h[4:], dropped)
+	return append(h, b...)
+}
+
+type testTrail struct {
+	dir   string
+	trail *Trail
+}
+
+func newTestTrail(t *testing.T, sandbox string) *testTrail {
+	t.Helper()
+	dir := t.TempDir()
+	fs, err := NewFileSink(dir, sandbox, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testTrail{dir: dir, trail: NewTrail(Meta{Sandbox: sandbox, Role: "baseline", PolicyDigest: "sha256:x"}, fs)}
+}
+
+func (tt *testTrail) close(t *testing.T) []map[string]any {
+	t.Helper()
+	if err := tt.trail.Close(&Record{Event: EventSandboxEnd, ClassName: "Base Event"}); err != nil {
+		t.Fatal(err)
+	}
+	return readRecords(t, filepath.Join(tt.dir, "sb.jsonl"))
+}
+
+func readRecords(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	readLines(f, func(l []byte) {
+		var m map[string]any
+		if err := jsonUnmarshal(l, &m); err != nil {
+			t.Fatalf("bad line %q: %v", l, err)
+		}
+		out = append(out, m)
+	})
+	return out
+}
+
+func TestReceiverSession(t *testing.T) {
+	tt := newTestTrail(t, "sb")
+	sock := filepath.Join(t.TempDir(), "r.sock")
+	scrub, _ := NewScrubber(func(n string) bool { return n == "PATH" }, nil)
+	r, err := Listen(sock, tt.trail, scrub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, _ := proto.Marshal(&pb.Handshake{Version: 1})
+	c.Write(hs)
+	buf := make([]byte, 100)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(buf)
+	var reply pb.Handshake
+	if err != nil || proto.Unmarshal(buf[:n], &reply) != nil || reply.Version < 1 {
+		t.Fatalf("handshake reply: %v", err)
+	}
+	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 5, ThreadGroupId: 5, ContainerId: "c1", Cwd: "/work", ProcessName: "cat", Credentials: &pb.Credentials{EffectiveUid: 65532, EffectiveGid: 65532}}
+	c.Write(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: cd, Exit: &pb.Exit{Result: 3}, Sysno: 257, Pathname: "notes.txt", Flags: 0x241}))
+	c.Write(frame(pb.MessageType_MESSAGE_SENTRY_EXEC, 0, &pb.ExecveInfo{ContextData: cd, BinaryPath: "/bin/curl", Argv: []string{"curl", "-H", "Authorization: Bearer abc.def", "https://u:pw@host/?token=s3cr3t"}, Env: []string{"PATH=/bin", "AWS_SECRET_ACCESS_KEY=xyz"}}))
+	c.Write(frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 7, &pb.Connect{ContextData: cd, Exit: &pb.Exit{Errorno: 111}, Address: []byte{2, 0, 0x1f, 0x90, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}}))
+	c.Write([]byte{1, 2, 3})                                         // too short
+	c.Write(frame(pb.MessageType(999), 7, &pb.Exit{}))                // unknown type
+	c.Write(append(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 7, &pb.Open{}), 0xff, 0xff)) // bad protobuf
+	c.Close()
+	r.Close(2 * time.Second)
+	recs := tt.close(t)
+
+	byEvent := map[string]map[string]any{}
+	for _, rec := range recs {
+		byEvent[rec["event"].(string)] = rec
+	}
+	open := byEvent["syscall/openat"]
+	if open == nil || open["class_uid"].(float64) != ClassFileSystem || open["status"] != "Success" || open["role"] != "baseline" || open["container_id"] != "c1" {
+		t.Fatalf("open record: %v", open)
+	}
+	if f := open["file"].(map[string]any); f["path"] != "/work/notes.txt" || f["flags"] != "O_WRONLY|O_CREAT|O_TRUNC" {
+		t.Fatalf("open file: %v", f)
+	}
+	exec := byEvent["sentry/execve"]
+	line := strings.Join(toStrings(exec["process"].(map[string]any)["argv"]), " ")
+	if strings.Contains(line, "abc.def") || strings.Contains(line, "s3cr3t") || strings.Contains(line, ":pw@") {
+		t.Fatalf("secrets in argv: %s", line)
+	}
+	env := strings.Join(toStrings(exec["process"].(map[string]any)["env"]), " ")
+	if env != "PATH=/bin AWS_SECRET_ACCESS_KEY=<dropped>" {
+		t.Fatalf("env: %s", env)
+	}
+	conn := byEvent["syscall/connect"]
+	if d := conn["dst_endpoint"].(map[string]any); d["ip"] != "10.0.0.1" || d["port"].(float64) != 8080 || conn["errno"].(float64) != 111 {
+		t.Fatalf("connect: %v", conn)
+	}
+	gap := byEvent["agentbox/gap"]
+	if gap == nil || gap["counts"].(map[string]any)["gVisor dropped events (its socket to the shim was full)"].(float64) != 7 {
+		t.Fatalf("gap: %v", gap)
+	}
+	end := recs[len(recs)-1]
+	counts := end["counts"].(map[string]any)
+	if counts["received"].(float64) != 6 || counts["anomalies"].(float64) != 3 || counts["sentry_dropped"].(float64) != 7 {
+		t.Fatalf("end counts: %v", counts)
+	}
+	var anomalies int
+	for _, rec := range recs {
+		if rec["event"] == "agentbox/anomaly" {
+			anomalies++
+		}
+	}
+	if anomalies != 3 {
+		t.Fatalf("%d anomaly records, want 3", anomalies)
+	}
+	if res := VerifyTrail(TrailFiles{Sandbox: "sb", Files: []string{filepath.Join(tt.dir, "sb.jsonl")}}, false); res.Problem != nil {
+		t.Fatalf("trail does not verify: %v", res.Problem)
+	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}

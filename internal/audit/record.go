@@ -1,0 +1,150 @@
+// Package audit turns what gVisor's Sentry reports about a sandbox into a
+// tamper-evident audit trail: it receives the events over a per-sandbox
+// socket (untrusted input), decodes them, joins them with the pod, role and
+// policy, scrubs secrets, chains the records by hash and writes them to
+// sinks, recording every event it could not keep.
+package audit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// OCSF classes the records are shaped after.
+const (
+	ClassBase       = 0    // agentbox's own decisions, gaps and anomalies
+	ClassFileSystem = 1001 // File System Activity
+	ClassProcess    = 1007 // Process Activity
+	ClassNetwork    = 4001 // Network Activity
+)
+
+var classNames = map[int]string{
+	ClassBase:       "Base Event",
+	ClassFileSystem: "File System Activity",
+	ClassProcess:    "Process Activity",
+	ClassNetwork:    "Network Activity",
+}
+
+// Record is one audit record: one JSON object per line.
+type Record struct {
+	Time         string `json:"time"`
+	ClassUID     int    `json:"class_uid"`
+	ClassName    string `json:"class_name"`
+	ActivityID   int    `json:"activity_id"`
+	ActivityName string `json:"activity_name"`
+	// Status is Success or Failure; Errno is set on failure.
+	Status string `json:"status,omitempty"`
+	Errno  int64  `json:"errno,omitempty"`
+	// Result is a syscall's return value where it means something (an fd).
+	Result  *int64    `json:"result,omitempty"`
+	Process *Process  `json:"process,omitempty"`
+	File    *File     `json:"file,omitempty"`
+	Dst     *Endpoint `json:"dst_endpoint,omitempty"`
+	Message string    `json:"message,omitempty"`
+	// Event names the source: a gVisor point ("syscall/openat"), or the
+	// shim's own ("agentbox/role_resolved", "agentbox/gap", ...).
+	Event string `json:"event"`
+	// Counts carries numbers of gap and end records (received, written,
+	// dropped...).
+	Counts map[string]uint64 `json:"counts,omitempty"`
+	Detail map[string]string `json:"detail,omitempty"`
+
+	Sandbox      string `json:"sandbox_id"`
+	Container    string `json:"container_id,omitempty"`
+	PodNamespace string `json:"pod_namespace,omitempty"`
+	PodName      string `json:"pod_name,omitempty"`
+	Role         string `json:"role,omitempty"`
+	PolicyDigest string `json:"policy_digest,omitempty"`
+
+	Seq      uint64 `json:"seq"`
+	PrevHash string `json:"prev_hash"`
+}
+
+// Process is the actor.
+type Process struct {
+	PID     int32    `json:"pid,omitempty"`
+	TID     int32    `json:"tid,omitempty"`
+	PPID    int32    `json:"ppid,omitempty"`
+	Name    string   `json:"name,omitempty"`
+	Argv    []string `json:"argv,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	Exe     string   `json:"exe,omitempty"`
+	Cwd     string   `json:"cwd,omitempty"`
+	UID     *uint32  `json:"uid,omitempty"`
+	GID     *uint32  `json:"gid,omitempty"`
+	ExitSts *int32   `json:"exit_status,omitempty"`
+	// ChildPID is the new process or thread of a clone.
+	ChildPID int32 `json:"child_pid,omitempty"`
+}
+
+// File is the object of a file activity.
+type File struct {
+	Path  string `json:"path"`
+	Flags string `json:"flags,omitempty"`
+	Mode  uint32 `json:"mode,omitempty"`
+}
+
+// Endpoint is a network address.
+type Endpoint struct {
+	Family string `json:"family,omitempty"`
+	IP     string `json:"ip,omitempty"`
+	Port   int    `json:"port,omitempty"`
+	Path   string `json:"path,omitempty"`
+	// Type is the socket type for socket(2) (stream, dgram...).
+	Type string `json:"type,omitempty"`
+}
+
+func newRecord(t time.Time, class, activity int, activityName, event string) *Record {
+	return &Record{
+		Time:         t.UTC().Format(time.RFC3339Nano),
+		ClassUID:     class,
+		ClassName:    classNames[class],
+		ActivityID:   activity,
+		ActivityName: activityName,
+		Event:        event,
+	}
+}
+
+// Chain sequences records and links each to the previous one's hash. It is
+// not safe for concurrent use.
+type Chain struct {
+	seq  uint64
+	prev string
+}
+
+// Seal numbers r as the next record, links it to the last committed one,
+// and returns its JSON line (with a trailing newline) and hash. The line is
+// the record's JSON with "hash" appended as the last field; the hash is the
+// SHA-256 of the line without it. Seal does not advance the chain: Commit
+// does, once the line is written, so a record that could not be written
+// leaves no hole in the chain (a gap record accounts for it instead).
+func (c *Chain) Seal(r *Record) ([]byte, string, error) {
+	r.Seq = c.seq + 1
+	r.PrevHash = c.prev
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode audit record: %w", err)
+	}
+	sum := sha256.Sum256(body)
+	h := hex.EncodeToString(sum[:])
+	line := make([]byte, 0, len(body)+len(h)+12)
+	line = append(line, body[:len(body)-1]...)
+	line = append(line, `,"hash":"`...)
+	line = append(line, h...)
+	line = append(line, "\"}\n"...)
+	return line, h, nil
+}
+
+// Commit advances the chain past a sealed record.
+func (c *Chain) Commit(hash string) {
+	c.seq++
+	c.prev = hash
+}
+
+// Seq is the last sequence number sealed.
+func (c *Chain) Seq() uint64 { return c.seq }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

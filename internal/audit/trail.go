@@ -1,0 +1,258 @@
+package audit
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Meta is what every record of a sandbox is joined with.
+type Meta struct {
+	Sandbox      string
+	PodNamespace string
+	PodName      string
+	Role         string
+	PolicyDigest string
+}
+
+// Forwarder receives committed batches of lines (a network sink). It must
+// not block: it spools.
+type Forwarder interface {
+	Forward(lines []byte, n int) error
+	Close() error
+}
+
+// Counters of a trail. Every record the trail was given is either written
+// or lost; the end record states them.
+type Counters struct {
+	// Received counts messages read from the sandbox.
+	Received uint64
+	// SentryDropped counts events gVisor dropped (its socket was full).
+	SentryDropped uint64
+	// Anomalies counts malformed or out-of-order messages.
+	Anomalies uint64
+	// Written counts records in the file; Lost the records that could not
+	// be written (each loss is reported by a gap record once writing works
+	// again).
+	Written uint64
+	Lost    uint64
+	// ForwardLost counts records a forwarder could not take.
+	ForwardLost uint64
+}
+
+// Trail is one sandbox's audit trail: it seals records into the hash chain
+// in batches and writes them to the file sink, then to forwarders. Safe for
+// concurrent use.
+type Trail struct {
+	mu   sync.Mutex
+	meta Meta
+	file *FileSink
+	fwd  []Forwarder
+
+	chain Chain // committed: everything up to here is in the file
+	// pending is the batch sealed on top of chain but not yet written.
+	pending     []byte
+	pendingN    int
+	pendingHead Chain
+	// lost holds losses not yet reported by a gap record, by reason.
+	lost     map[string]uint64
+	counters Counters
+	closed   bool
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// BatchBytes is when a pending batch is written without waiting.
+const BatchBytes = 256 << 10
+
+// FlushInterval and SyncInterval are the trail's durability policy (see
+// FileSink).
+var (
+	FlushInterval = 100 * time.Millisecond
+	SyncInterval  = time.Second
+)
+
+// NewTrail starts a trail writing to file. It flushes every FlushInterval
+// and fsyncs every SyncInterval until Close.
+func NewTrail(meta Meta, file *FileSink, fwd ...Forwarder) *Trail {
+	t := &Trail{meta: meta, file: file, fwd: fwd, lost: map[string]uint64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go t.loop()
+	return t
+}
+
+func (t *Trail) loop() {
+	defer close(t.done)
+	flush := time.NewTicker(FlushInterval)
+	sync := time.NewTicker(SyncInterval)
+	defer flush.Stop()
+	defer sync.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-flush.C:
+			t.mu.Lock()
+			t.flushLocked()
+			t.mu.Unlock()
+		case <-sync.C:
+			t.mu.Lock()
+			t.flushLocked()
+			t.file.Sync()
+			t.mu.Unlock()
+		}
+	}
+}
+
+// SetMeta updates what later records are joined with.
+func (t *Trail) SetMeta(m Meta) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.meta = m
+}
+
+// Emit joins r with the sandbox's metadata, seals it into the chain and
+// queues it. Records of the shim's own (urgent) are written at once.
+func (t *Trail) Emit(r *Record, urgent bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.emitLocked(r)
+	if urgent || len(t.pending) >= BatchBytes {
+		t.flushLocked()
+	}
+}
+
+func (t *Trail) emitLocked(r *Record) {
+	if t.closed {
+		t.counters.Lost++
+		return
+	}
+	r.Sandbox = t.meta.Sandbox
+	r.PodNamespace, r.PodName = t.meta.PodNamespace, t.meta.PodName
+	r.Role, r.PolicyDigest = t.meta.Role, t.meta.PolicyDigest
+	if t.pendingN == 0 {
+		t.pendingHead = t.chain
+	}
+	line, hash, err := t.pendingHead.Seal(r)
+	if err != nil {
+		t.lost["encode: "+err.Error()]++
+		return
+	}
+	t.pendingHead.Commit(hash)
+	t.pending = append(t.pending, line...)
+	t.pendingN++
+}
+
+// Gap records a loss that happened elsewhere (gVisor's dropped events);
+// a gap record is emitted at once.
+func (t *Trail) Gap(reason string, n uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lost[reason] += n
+	t.flushLocked()
+}
+
+// Count updates counters under the trail's lock.
+func (t *Trail) Count(fn func(*Counters)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fn(&t.counters)
+}
+
+// Flush writes the pending batch.
+func (t *Trail) Flush() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.flushLocked()
+}
+
+// flushLocked writes the pending batch; a batch that fails is accounted as
+// lost and the chain stays where the file is. Pending losses are then
+// reported by a gap record.
+func (t *Trail) flushLocked() {
+	t.writePendingLocked()
+	if len(t.lost) == 0 || t.closed {
+		return
+	}
+	reasons := make([]string, 0, len(t.lost))
+	var total uint64
+	counts := map[string]uint64{}
+	for r, n := range t.lost {
+		reasons = append(reasons, r)
+		counts[r] = n
+		total += n
+	}
+	sort.Strings(reasons)
+	g := newRecord(time.Now(), ClassBase, 99, "Gap", "agentbox/gap")
+	g.Status = "Failure"
+	g.Message = fmt.Sprintf("%d event(s) not recorded: %v", total, reasons)
+	g.Counts = counts
+	t.emitLocked(g)
+	if t.writePendingLocked() {
+		t.lost = map[string]uint64{}
+	}
+}
+
+// writePendingLocked writes the pending batch and reports success.
+func (t *Trail) writePendingLocked() bool {
+	if t.pendingN == 0 {
+		return true
+	}
+	batch, n := t.pending, t.pendingN
+	t.pending, t.pendingN = t.pending[:0], 0
+	if err := t.file.WriteBatch(batch); err != nil {
+		t.lost["file sink: "+err.Error()] += uint64(n)
+		t.counters.Lost += uint64(n)
+		return false
+	}
+	t.chain = t.pendingHead
+	t.counters.Written += uint64(n)
+	for _, f := range t.fwd {
+		if err := f.Forward(batch, n); err != nil {
+			t.counters.ForwardLost += uint64(n)
+			t.lost["forwarder: "+err.Error()] += uint64(n)
+		}
+	}
+	t.pending = make([]byte, 0, len(batch))
+	return true
+}
+
+// Counters returns a snapshot.
+func (t *Trail) Counters() Counters {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.counters
+}
+
+// Close writes the end record with the totals, syncs and closes the sinks.
+// What could not be written is returned as an error (the end record says
+// it too, if it could be written).
+func (t *Trail) Close(r *Record) error {
+	close(t.stop)
+	<-t.done
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.flushLocked()
+	c := t.counters
+	r.Counts = map[string]uint64{
+		"received": c.Received, "sentry_dropped": c.SentryDropped, "anomalies": c.Anomalies,
+		"written": c.Written + 1, "lost": c.Lost, "forward_lost": c.ForwardLost,
+	}
+	t.emitLocked(r)
+	ok := t.writePendingLocked()
+	t.closed = true
+	err := t.file.Close()
+	for _, f := range t.fwd {
+		if ferr := f.Close(); err == nil {
+			err = ferr
+		}
+	}
+	if !ok {
+		return fmt.Errorf("audit end record of %s not written; %d record(s) lost", t.meta.Sandbox, t.counters.Lost)
+	}
+	return err
+}

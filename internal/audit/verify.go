@@ -1,0 +1,228 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// EventSandboxEnd is the record that closes a sandbox's trail.
+const EventSandboxEnd = "agentbox/sandbox_end"
+
+// VerifyResult is the outcome of verifying one sandbox's trail.
+type VerifyResult struct {
+	Sandbox string
+	Files   []string
+	Records uint64
+	// Ended is set when the trail closes with an end record.
+	Ended bool
+	// FirstBad is the sequence number of the first record that is not
+	// where the chain says it should be (0 when the trail is intact).
+	FirstBad uint64
+	// Problem says what is wrong; nil when the trail is intact.
+	Problem error
+}
+
+// Verifier checks a trail line by line. Feed it the lines of a sandbox's
+// segments in order, then call Finish.
+type Verifier struct {
+	res     VerifyResult
+	seq     uint64
+	prev    string
+	lineNo  int
+	file    string
+	stopped bool
+}
+
+var hashSuffix = regexp.MustCompile(`,"hash":"([0-9a-f]{64})"\}$`)
+
+// Line checks the next line of the trail.
+func (v *Verifier) Line(file string, line []byte) {
+	if v.stopped {
+		return
+	}
+	v.lineNo++
+	if file != v.file {
+		v.file, v.lineNo = file, 1
+	}
+	line = bytes.TrimRight(line, "\r\n")
+	if len(line) == 0 {
+		v.fail(v.seq+1, "%s:%d: empty line", file, v.lineNo)
+		return
+	}
+	m := hashSuffix.FindSubmatchIndex(line)
+	if m == nil {
+		v.fail(v.seq+1, "%s:%d: no hash: the record was modified or cut", file, v.lineNo)
+		return
+	}
+	hash := string(line[m[2]:m[3]])
+	body := append(append([]byte(nil), line[:m[0]]...), '}')
+	sum := sha256.Sum256(body)
+	var r struct {
+		Seq      *uint64 `json:"seq"`
+		PrevHash *string `json:"prev_hash"`
+		Sandbox  string  `json:"sandbox_id"`
+		Event    string  `json:"event"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil || r.Seq == nil || r.PrevHash == nil {
+		v.fail(v.seq+1, "%s:%d: not an audit record: the record was modified", file, v.lineNo)
+		return
+	}
+	if hex.EncodeToString(sum[:]) != hash {
+		v.fail(*r.Seq, "%s:%d: seq %d: content does not match its hash: the record was modified", file, v.lineNo, *r.Seq)
+		return
+	}
+	if v.res.Sandbox == "" {
+		v.res.Sandbox = r.Sandbox
+	} else if r.Sandbox != v.res.Sandbox {
+		v.fail(*r.Seq, "%s:%d: seq %d belongs to sandbox %q, not %q: records were inserted", file, v.lineNo, *r.Seq, r.Sandbox, v.res.Sandbox)
+		return
+	}
+	want := v.seq + 1
+	switch {
+	case v.res.Ended:
+		v.fail(*r.Seq, "%s:%d: seq %d follows the sandbox's end record: records were appended", file, v.lineNo, *r.Seq)
+		return
+	case *r.Seq > want:
+		what := "deleted"
+		if want == 1 {
+			what = "deleted from the start (or the first segments are missing)"
+		}
+		v.fail(want, "%s:%d: seq %d where %d was expected: records %d..%d were %s", file, v.lineNo, *r.Seq, want, want, *r.Seq-1, what)
+		return
+	case *r.Seq < want:
+		v.fail(*r.Seq, "%s:%d: seq %d where %d was expected: records were reordered or inserted", file, v.lineNo, *r.Seq, want)
+		return
+	case *r.PrevHash != v.prev:
+		v.fail(*r.Seq, "%s:%d: seq %d does not link to the record before it: records were inserted or replaced", file, v.lineNo, *r.Seq)
+		return
+	}
+	v.seq, v.prev = *r.Seq, hash
+	v.res.Records++
+	if r.Event == EventSandboxEnd {
+		v.res.Ended = true
+	}
+}
+
+func (v *Verifier) fail(seq uint64, format string, args ...any) {
+	v.res.FirstBad = seq
+	v.res.Problem = fmt.Errorf(format, args...)
+	v.stopped = true
+}
+
+// Finish returns the result. A trail with no end record is truncated,
+// unless open says the sandbox may still be running.
+func (v *Verifier) Finish(open bool) VerifyResult {
+	if v.res.Problem == nil && !v.res.Ended && !open {
+		v.res.FirstBad = v.seq + 1
+		if v.seq == 0 {
+			v.res.Problem = fmt.Errorf("empty trail")
+		} else {
+			v.res.Problem = fmt.Errorf("truncated: the trail stops at seq %d without the sandbox's end record (pass --open for a sandbox still running)", v.seq)
+		}
+	}
+	return v.res
+}
+
+// TrailFiles is one sandbox's files, in chain order.
+type TrailFiles struct {
+	Sandbox string
+	Files   []string
+}
+
+var segmentRE = regexp.MustCompile(`^(.+)\.([0-9]{6})\.jsonl$`)
+
+// FileName is the active file of a sandbox's trail; SegmentName a rotated
+// one. Segments come before the active file, in index order.
+func FileName(sandbox string) string { return sandbox + ".jsonl" }
+
+// SegmentName names the n-th rotated segment.
+func SegmentName(sandbox string, n int) string { return fmt.Sprintf("%s.%06d.jsonl", sandbox, n) }
+
+// FindTrails groups the *.jsonl files named (or found in named
+// directories) by sandbox, each in chain order.
+func FindTrails(paths ...string) ([]TrailFiles, error) {
+	type seg struct {
+		file string
+		n    int // -1 for the active file: it sorts last
+	}
+	bySandbox := map[string][]seg{}
+	add := func(file string) {
+		base := filepath.Base(file)
+		if m := segmentRE.FindStringSubmatch(base); m != nil {
+			n, _ := strconv.Atoi(m[2])
+			bySandbox[m[1]] = append(bySandbox[m[1]], seg{file, n})
+			return
+		}
+		bySandbox[strings.TrimSuffix(base, ".jsonl")] = append(bySandbox[strings.TrimSuffix(base, ".jsonl")], seg{file, 1 << 30})
+	}
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			add(p)
+			continue
+		}
+		matches, _ := filepath.Glob(filepath.Join(p, "*.jsonl"))
+		for _, m := range matches {
+			add(m)
+		}
+	}
+	var out []TrailFiles
+	for sb, segs := range bySandbox {
+		sort.Slice(segs, func(i, j int) bool { return segs[i].n < segs[j].n })
+		t := TrailFiles{Sandbox: sb}
+		for _, s := range segs {
+			t.Files = append(t.Files, s.file)
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })
+	return out, nil
+}
+
+// VerifyTrail verifies a sandbox's files in order.
+func VerifyTrail(t TrailFiles, open bool) VerifyResult {
+	var v Verifier
+	for _, f := range t.Files {
+		fh, err := os.Open(f)
+		if err != nil {
+			v.fail(v.seq+1, "%v", err)
+			break
+		}
+		readLines(fh, func(line []byte) { v.Line(f, line) })
+		fh.Close()
+	}
+	res := v.Finish(open)
+	res.Files = t.Files
+	if res.Sandbox == "" {
+		res.Sandbox = t.Sandbox
+	}
+	return res
+}
+
+// readLines calls fn for each line, whatever its length.
+func readLines(r io.Reader, fn func([]byte)) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	for {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			fn(line)
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,262 @@
+package cli
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/config"
+)
+
+func auditCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "audit",
+		Usage: "read and verify audit trails",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "tail",
+				Usage:     "print audit records, optionally following new ones",
+				ArgsUsage: "[DIR or FILE...] (default: the config's audit.dir)",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing records as they are written"},
+					&cli.StringFlag{Name: "pod", Usage: "only records of this pod (NAME or NAMESPACE/NAME)"},
+					&cli.StringFlag{Name: "role", Usage: "only records under this role"},
+					&cli.StringFlag{Name: "class", Usage: "only this class: file, process, network, agentbox (or a class_uid)"},
+					&cli.StringFlag{Name: "sandbox", Usage: "only this sandbox id"},
+					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json (the records as written)"},
+					&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config (for audit.dir)"},
+				},
+				Action: auditTail,
+			},
+			{
+				Name:      "verify",
+				Usage:     "check trails for modified, deleted, inserted, reordered and truncated records",
+				ArgsUsage: "PATH... (trail files, or directories of them)",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "open", Usage: "accept trails without an end record (sandboxes still running)"},
+				},
+				Action: auditVerify,
+			},
+		},
+	}
+}
+
+func auditVerify(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return cli.Exit("usage: agentbox audit verify PATH...", 2)
+	}
+	trails, err := audit.FindTrails(c.Args().Slice()...)
+	if err != nil {
+		return cli.Exit(err, 2)
+	}
+	if len(trails) == 0 {
+		return cli.Exit("no *.jsonl trail found", 2)
+	}
+	bad := 0
+	for _, t := range trails {
+		res := audit.VerifyTrail(t, c.Bool("open"))
+		if res.Problem != nil {
+			bad++
+			fmt.Fprintf(c.App.Writer, "FAIL  %s: first bad seq %d: %v\n", res.Sandbox, res.FirstBad, res.Problem)
+			continue
+		}
+		state := "ended"
+		if !res.Ended {
+			state = "open"
+		}
+		fmt.Fprintf(c.App.Writer, "OK    %s: %d records, chain intact, %s (%d file(s))\n", res.Sandbox, res.Records, state, len(res.Files))
+	}
+	if bad > 0 {
+		return cli.Exit(fmt.Sprintf("%d of %d trail(s) failed verification", bad, len(trails)), 1)
+	}
+	return nil
+}
+
+// tailFilter selects records.
+type tailFilter struct {
+	pod, role, sandbox string
+	class              int
+}
+
+func parseClass(s string) (int, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return -1, nil
+	case "file":
+		return audit.ClassFileSystem, nil
+	case "process":
+		return audit.ClassProcess, nil
+	case "network":
+		return audit.ClassNetwork, nil
+	case "agentbox", "base":
+		return audit.ClassBase, nil
+	}
+	var n int
+	if _, err := fmt.Sscanf(s, "%d", &n); err != nil {
+		return 0, fmt.Errorf("--class %q: want file, process, network, agentbox or a class_uid", s)
+	}
+	return n, nil
+}
+
+func (f tailFilter) match(r *audit.Record) bool {
+	if f.class >= 0 && r.ClassUID != f.class {
+		return false
+	}
+	if f.role != "" && r.Role != f.role {
+		return false
+	}
+	if f.sandbox != "" && r.Sandbox != f.sandbox {
+		return false
+	}
+	if f.pod != "" {
+		ns, name, ok := strings.Cut(f.pod, "/")
+		if !ok {
+			name, ns = ns, ""
+		}
+		if r.PodName != name || (ns != "" && r.PodNamespace != ns) {
+			return false
+		}
+	}
+	return true
+}
+
+func auditTail(c *cli.Context) error {
+	class, err := parseClass(c.String("class"))
+	if err != nil {
+		return cli.Exit(err, 2)
+	}
+	f := tailFilter{pod: c.String("pod"), role: c.String("role"), sandbox: c.String("sandbox"), class: class}
+	paths := c.Args().Slice()
+	if len(paths) == 0 {
+		cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+		if err != nil {
+			return cli.Exit(err, 1)
+		}
+		paths = []string{cfg.Audit.Dir}
+	}
+	asJSON := c.String("output") == "json"
+	offsets := map[string]int64{}
+	for {
+		trails, err := audit.FindTrails(paths...)
+		if err != nil {
+			return cli.Exit(err, 1)
+		}
+		for _, t := range trails {
+			for _, file := range t.Files {
+				off, err := tailFile(c.App.Writer, file, offsets[file], f, asJSON)
+				if err != nil {
+					return cli.Exit(err, 1)
+				}
+				offsets[file] = off
+			}
+		}
+		if !c.Bool("follow") {
+			return nil
+		}
+		select {
+		case <-c.Context.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// tailFile prints whole lines from off and returns the new offset. A
+// rotated file keeps its name's content, so offsets stay valid.
+func tailFile(w io.Writer, file string, off int64, f tailFilter, asJSON bool) (int64, error) {
+	fh, err := os.Open(file)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return off, nil // rotated away: its segment is listed next time
+		}
+		return off, err
+	}
+	defer fh.Close()
+	if _, err := fh.Seek(off, io.SeekStart); err != nil {
+		return off, err
+	}
+	br := bufio.NewReaderSize(fh, 1<<16)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return off, nil // a partial line waits for its end
+		}
+		off += int64(len(line))
+		var r audit.Record
+		if json.Unmarshal(line, &r) != nil {
+			fmt.Fprintf(w, "%s: unreadable record at byte %d\n", filepath.Base(file), off-int64(len(line)))
+			continue
+		}
+		if !f.match(&r) {
+			continue
+		}
+		if asJSON {
+			w.Write(line)
+			continue
+		}
+		fmt.Fprintln(w, formatRecord(&r))
+	}
+}
+
+func formatRecord(r *audit.Record) string {
+	var b strings.Builder
+	t := r.Time
+	if len(t) > 23 {
+		t = t[11:23]
+	}
+	fmt.Fprintf(&b, "%s %s #%d %-26s", t, r.Sandbox, r.Seq, r.Event)
+	if r.Role != "" {
+		fmt.Fprintf(&b, " role=%s", r.Role)
+	}
+	if r.PodName != "" {
+		fmt.Fprintf(&b, " pod=%s/%s", r.PodNamespace, r.PodName)
+	}
+	if p := r.Process; p != nil {
+		if p.PID != 0 {
+			fmt.Fprintf(&b, " pid=%d", p.PID)
+		}
+		if p.Name != "" {
+			fmt.Fprintf(&b, " comm=%s", p.Name)
+		}
+		if len(p.Argv) > 0 {
+			fmt.Fprintf(&b, " argv=%q", p.Argv)
+		}
+		if p.ExitSts != nil {
+			fmt.Fprintf(&b, " exit=%d", *p.ExitSts)
+		}
+	}
+	if r.File != nil {
+		fmt.Fprintf(&b, " path=%s", r.File.Path)
+		if r.File.Flags != "" {
+			fmt.Fprintf(&b, " flags=%s", r.File.Flags)
+		}
+	}
+	if d := r.Dst; d != nil {
+		switch {
+		case d.IP != "":
+			fmt.Fprintf(&b, " dst=%s:%d", d.IP, d.Port)
+		case d.Path != "":
+			fmt.Fprintf(&b, " dst=%s", d.Path)
+		default:
+			fmt.Fprintf(&b, " family=%s type=%s", d.Family, d.Type)
+		}
+	}
+	if r.Status != "" {
+		fmt.Fprintf(&b, " %s", r.Status)
+		if r.Errno != 0 {
+			fmt.Fprintf(&b, "(errno %d)", r.Errno)
+		}
+	}
+	if r.Message != "" {
+		fmt.Fprintf(&b, " %q", r.Message)
+	}
+	return b.String()
+}

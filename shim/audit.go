@@ -1,0 +1,150 @@
+package shim
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/api/events"
+	cdevents "github.com/containerd/containerd/v2/core/events"
+	cdshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/log"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// podInitFile is the runsc --pod-init-config the shim writes per sandbox.
+const podInitFile = "agentbox-pod-init.json"
+
+// receiverDrain is how long a deleted sandbox's receiver keeps reading what
+// the sandbox already sent.
+const receiverDrain = 2 * time.Second
+
+// sandboxAudit is a sandbox's trail and the receiver that feeds it.
+type sandboxAudit struct {
+	trail    *audit.Trail
+	receiver *audit.Receiver
+}
+
+// openTrail starts the trail of a sandbox root. Failing to start it refuses
+// the container: nothing runs unaudited.
+func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, error) {
+	file, err := audit.NewFileSink(cfg.Audit.Dir, id, cfg.Audit.MaxFileBytes)
+	if err != nil {
+		return nil, fmt.Errorf("audit trail: %w", err)
+	}
+	var fwd []audit.Forwarder
+	if cfg.Audit.Webhook.URL != "" {
+		w, err := audit.NewWebhook(webhookConfig(cfg), id)
+		if err != nil {
+			file.Close()
+			os.Remove(file.Path())
+			return nil, fmt.Errorf("audit webhook: %w", err)
+		}
+		fwd = append(fwd, w)
+	}
+	return audit.NewTrail(meta, file, fwd...), nil
+}
+
+func webhookConfig(cfg *config.Config) audit.WebhookConfig {
+	w := cfg.Audit.Webhook
+	spool := w.SpoolDir
+	if spool == "" {
+		spool = filepath.Join(cfg.Audit.Dir, "spool")
+	}
+	return audit.WebhookConfig{URL: w.URL, SpoolDir: spool, MaxSpoolBytes: w.MaxSpoolBytes, BatchRecords: w.BatchRecords}
+}
+
+// socketPath is a sandbox's audit socket: short, since unix socket paths
+// are, and distinct per containerd instance.
+func socketPath(cfg *config.Config, containerdAddress, id string) string {
+	sum := sha256.Sum256([]byte(containerdAddress + "\x00" + id))
+	return filepath.Join(cfg.Audit.SocketDir, hex.EncodeToString(sum[:8])+".sock")
+}
+
+// startReceiver listens on the sandbox's socket and writes runsc's
+// --pod-init-config pointing at it.
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, trail *audit.Trail) (*audit.Receiver, string, error) {
+	scrub, err := audit.NewScrubber(p.EnvAllowed, cfg.Audit.Redact)
+	if err != nil {
+		return nil, "", err
+	}
+	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), trail, scrub)
+	if err != nil {
+		return nil, "", fmt.Errorf("audit receiver: %w", err)
+	}
+	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path())
+	if err == nil {
+		err = os.WriteFile(filepath.Join(bundle, podInitFile), b, 0o600)
+	}
+	if err != nil {
+		rcv.Close(0)
+		return nil, "", fmt.Errorf("audit: pod init config: %w", err)
+	}
+	return rcv, filepath.Join(bundle, podInitFile), nil
+}
+
+// decision is a record of the shim's own.
+func decision(event, activity, status, msg string, detail map[string]string) *audit.Record {
+	r := &audit.Record{
+		Time: time.Now().UTC().Format(time.RFC3339Nano), ClassUID: audit.ClassBase, ClassName: "Base Event",
+		ActivityID: 99, ActivityName: activity, Event: event, Status: status, Message: msg, Detail: detail,
+	}
+	return r
+}
+
+// closeAudit ends a sandbox's trail: the receiver drains, then the end
+// record states the totals.
+func closeAudit(ctx context.Context, a *sandboxAudit, status string) {
+	if a == nil {
+		return
+	}
+	if a.receiver != nil {
+		a.receiver.Close(receiverDrain)
+	}
+	end := decision(audit.EventSandboxEnd, "Sandbox End", "Success", "sandbox ended: "+status, nil)
+	if err := a.trail.Close(end); err != nil {
+		log.G(ctx).WithError(err).Error("agentbox: audit trail closed with losses")
+	}
+}
+
+// auditingPublisher records the task events the shim publishes that the
+// audit trail needs (exits, OOM kills), then forwards them.
+type auditingPublisher struct {
+	cdshim.Publisher
+	s *service
+}
+
+func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cdevents.Event) error {
+	switch e := event.(type) {
+	case *events.TaskOOM:
+		p.s.record(e.ContainerID, decision("agentbox/limit", "Limit Hit", "Failure", "out of memory: the container was OOM-killed", map[string]string{"limit": "memory", "container_id": e.ContainerID}), true)
+	case *events.TaskExit:
+		if e.ID == e.ContainerID {
+			p.s.record(e.ContainerID, decision("agentbox/container_exit", "Container Exit", "Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
+				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
+		}
+	}
+	return p.Publisher.Publish(ctx, topic, event)
+}
+
+// record writes a shim record to the trail of the container's sandbox.
+func (s *service) record(containerID string, r *audit.Record, urgent bool) {
+	sb, ok := s.sandboxes.of(containerID)
+	if !ok || sb.audit == nil {
+		return
+	}
+	if r.Container == "" {
+		r.Container = containerID
+	}
+	sb.audit.trail.Emit(r, urgent)
+}
+
+func joinChanges(changes []string) string { return strings.Join(changes, "; ") }

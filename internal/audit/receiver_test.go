@@ -89,8 +89,8 @@ func TestReceiverSession(t *testing.T) {
 	c.Write(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: cd, Exit: &pb.Exit{Result: 3}, Sysno: 257, Pathname: "notes.txt", Flags: 0x241}))
 	c.Write(frame(pb.MessageType_MESSAGE_SENTRY_EXEC, 0, &pb.ExecveInfo{ContextData: cd, BinaryPath: "/bin/curl", Argv: []string{"curl", "-H", "Authorization: Bearer abc.def", "https://u:pw@host/?token=s3cr3t"}, Env: []string{"PATH=/bin", "AWS_SECRET_ACCESS_KEY=xyz"}}))
 	c.Write(frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 7, &pb.Connect{ContextData: cd, Exit: &pb.Exit{Errorno: 111}, Address: []byte{2, 0, 0x1f, 0x90, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}}))
-	c.Write([]byte{1, 2, 3})                                         // too short
-	c.Write(frame(pb.MessageType(999), 7, &pb.Exit{}))                // unknown type
+	c.Write([]byte{1, 2, 3})                                                               // too short
+	c.Write(frame(pb.MessageType(999), 7, &pb.Exit{}))                                     // unknown type
 	c.Write(append(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 7, &pb.Open{}), 0xff, 0xff)) // bad protobuf
 	c.Close()
 	r.Close(2 * time.Second)

@@ -55,8 +55,10 @@ type Trail struct {
 	pending     []byte
 	pendingN    int
 	pendingHead Chain
-	// lost holds losses not yet reported by a gap record, by reason.
-	lost     map[string]uint64
+	// lost holds losses not yet reported by a written gap record, by
+	// reason; gapPending is set while such a record is in the batch.
+	lost       map[string]uint64
+	gapPending bool
 	counters Counters
 	closed   bool
 
@@ -128,6 +130,11 @@ func (t *Trail) emitLocked(r *Record) {
 		t.counters.Lost++
 		return
 	}
+	if len(t.lost) > 0 && !t.gapPending {
+		// Report the losses before what comes after them.
+		t.gapPending = true
+		t.emitLocked(t.gapRecordLocked())
+	}
 	r.Sandbox = t.meta.Sandbox
 	r.PodNamespace, r.PodName = t.meta.PodNamespace, t.meta.PodName
 	r.Role, r.PolicyDigest = t.meta.Role, t.meta.PolicyDigest
@@ -167,14 +174,17 @@ func (t *Trail) Flush() {
 	t.flushLocked()
 }
 
-// flushLocked writes the pending batch; a batch that fails is accounted as
-// lost and the chain stays where the file is. Pending losses are then
-// reported by a gap record.
+// flushLocked writes the pending batch, reporting pending losses first.
 func (t *Trail) flushLocked() {
-	t.writePendingLocked()
-	if len(t.lost) == 0 || t.closed {
-		return
+	if len(t.lost) > 0 && !t.gapPending && !t.closed {
+		t.gapPending = true
+		t.emitLocked(t.gapRecordLocked())
 	}
+	t.writePendingLocked()
+}
+
+// gapRecordLocked describes the losses not yet reported.
+func (t *Trail) gapRecordLocked() *Record {
 	reasons := make([]string, 0, len(t.lost))
 	var total uint64
 	counts := map[string]uint64{}
@@ -188,10 +198,7 @@ func (t *Trail) flushLocked() {
 	g.Status = "Failure"
 	g.Message = fmt.Sprintf("%d event(s) not recorded: %v", total, reasons)
 	g.Counts = counts
-	t.emitLocked(g)
-	if t.writePendingLocked() {
-		t.lost = map[string]uint64{}
-	}
+	return g
 }
 
 // writePendingLocked writes the pending batch and reports success.
@@ -201,10 +208,15 @@ func (t *Trail) writePendingLocked() bool {
 	}
 	batch, n := t.pending, t.pendingN
 	t.pending, t.pendingN = t.pending[:0], 0
+	gap := t.gapPending
+	t.gapPending = false
 	if err := t.file.WriteBatch(batch); err != nil {
 		t.lost["file sink: "+err.Error()] += uint64(n)
 		t.counters.Lost += uint64(n)
 		return false
+	}
+	if gap {
+		t.lost = map[string]uint64{}
 	}
 	t.chain = t.pendingHead
 	t.counters.Written += uint64(n)

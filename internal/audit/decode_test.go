@@ -1,0 +1,152 @@
+package audit
+
+import (
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+)
+
+func TestDecodeMessage(t *testing.T) {
+	good := frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 3, &pb.Open{Pathname: "/etc/passwd"})
+	bigHeader := append([]byte(nil), good...)
+	binary.LittleEndian.PutUint16(bigHeader[0:], 500)
+	cases := []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"good", good, ""},
+		{"empty", nil, "shorter than the 8-byte header"},
+		{"short", []byte{8, 0, 7}, "shorter than the 8-byte header"},
+		{"header size beyond message", bigHeader, "header size 500"},
+		{"header size too small", append([]byte{4, 0}, good[2:]...), "header size 4"},
+		{"unknown type", frame(pb.MessageType(4242), 0, &pb.Open{}), "unknown message type 4242"},
+		{"garbage payload", append(frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 0, &pb.Connect{}), 0x0a, 0xff, 0xff, 0xff), "type MESSAGE_SYSCALL_CONNECT"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := DecodeMessage(tc.in)
+			if tc.want == "" {
+				if err != nil || m.Dropped != 3 || m.Payload.(*pb.Open).Pathname != "/etc/passwd" {
+					t.Fatalf("%+v %v", m, err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+func TestSockaddr(t *testing.T) {
+	cases := []struct {
+		in   []byte
+		want Endpoint
+	}{
+		{[]byte{2, 0, 0, 80, 127, 0, 0, 1}, Endpoint{Family: "inet", IP: "127.0.0.1", Port: 80}},
+		{[]byte{2, 0, 0, 80, 127}, Endpoint{Family: "inet"}}, // short: no address
+		{append([]byte{10, 0, 1, 187, 0, 0, 0, 0}, append(make([]byte, 15), 1)...), Endpoint{Family: "inet6", IP: "::1", Port: 443}},
+		{[]byte{1, 0, '/', 'r', 'u', 'n', 0, 'x'}, Endpoint{Family: "unix", Path: "/run"}},
+		{[]byte{1, 0, 0, 'a', 'b'}, Endpoint{Family: "unix", Path: "@ab"}},
+		{[]byte{99, 0}, Endpoint{Family: "af_99"}},
+	}
+	for _, tc := range cases {
+		if got := sockaddr(tc.in); got == nil || *got != tc.want {
+			t.Errorf("%v: got %+v want %+v", tc.in, got, tc.want)
+		}
+	}
+	if sockaddr([]byte{2}) != nil {
+		t.Error("1 byte is no sockaddr")
+	}
+}
+
+func TestRecordBounds(t *testing.T) {
+	args := make([]string, 1000)
+	for i := range args {
+		args[i] = strings.Repeat("a", 10000)
+	}
+	s, _ := NewScrubber(nil, nil)
+	r := ToRecord(Message{Payload: &pb.ExecveInfo{Argv: args, BinaryPath: "/bin/\xff\xfe"}}, s)
+	if len(r.Process.Argv) != maxArgs+1 || len(r.Process.Argv[0]) > maxStringLen+20 || !strings.Contains(r.Process.Argv[maxArgs], "744 more") {
+		t.Fatalf("argv not bounded: %d entries", len(r.Process.Argv))
+	}
+	if !strings.Contains(r.Process.Exe, "\uFFFD") {
+		t.Fatalf("invalid UTF-8 kept: %q", r.Process.Exe)
+	}
+}
+
+func TestScrubber(t *testing.T) {
+	s, err := NewScrubber(func(n string) bool { return n == "PATH" || strings.HasPrefix(n, "AGENT_") }, []string{`(internal-)\w+`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := s.Args([]string{"curl", "--password=hunter2", "-H", "Authorization: Bearer eyJabc.def", "AKIAABCDEFGHIJKLMNOP", "https://bob:pw@host/x", "internal-codename", "ghp_abcdefghijklmnopqrstuvwxyz123456"})
+	joined := strings.Join(argv, " ")
+	for _, secret := range []string{"hunter2", "eyJabc.def", "AKIAABCDEFGHIJKLMNOP", ":pw@", "codename", "ghp_abc"} {
+		if strings.Contains(joined, secret) {
+			t.Errorf("%q survived: %s", secret, joined)
+		}
+	}
+	if !strings.Contains(joined, "--password=<redacted>") || !strings.Contains(joined, "https://bob:<redacted>@host/x") || !strings.Contains(joined, "internal-<redacted>") {
+		t.Errorf("redaction keeps context: %s", joined)
+	}
+	env := s.Env([]string{"PATH=/bin", "AGENT_TOKEN=token=abc", "HOME=/root", "BROKEN"})
+	if strings.Join(env, " ") != "PATH=/bin AGENT_TOKEN=<redacted> HOME=<dropped> BROKEN=<dropped>" {
+		t.Errorf("env: %v", env)
+	}
+	if _, err := NewScrubber(nil, []string{"("}); err == nil {
+		t.Error("a bad pattern must be an error")
+	}
+}
+
+func TestPodInitConfigValidatesAgainstGVisor(t *testing.T) {
+	for _, p := range []Points{{}, {Process: true}, {File: true}, {Network: true}, {true, true, true}} {
+		if _, err := PodInitConfig(p, "/run/x.sock"); err != nil {
+			t.Fatalf("%+v: %v", p, err)
+		}
+	}
+	bad := []pointConfig{{Name: "syscall/open/exit", OptionalFields: []string{"fd_path"}}}
+	if err := validatePoints(bad); err == nil || !strings.Contains(err.Error(), "no optional field \"fd_path\"") {
+		t.Fatalf("runsc would boot this session unaudited; it must be refused: %v", err)
+	}
+	if err := validatePoints([]pointConfig{{Name: "syscall/nope/exit"}}); err == nil {
+		t.Fatal("unknown point accepted")
+	}
+}
+
+// FuzzDecode: arbitrary bytes from the sandbox never panic the decoder or
+// the record mapping, and what maps encodes as a sealed line.
+//
+//	go test ./internal/audit -run '^$' -fuzz FuzzDecode -fuzztime 60s
+func FuzzDecode(f *testing.F) {
+	cd := &pb.ContextData{TimeNs: 1, ThreadId: 1, ThreadGroupId: 1, Cwd: "/", ContainerId: "c"}
+	f.Add(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: cd, Pathname: "x", Exit: &pb.Exit{Result: 3}}))
+	f.Add(frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 1, &pb.Connect{ContextData: cd, Address: []byte{2, 0, 0, 80, 1, 2, 3, 4}, Exit: &pb.Exit{Errorno: 111}}))
+	f.Add(frame(pb.MessageType_MESSAGE_SENTRY_EXEC, 0, &pb.ExecveInfo{ContextData: cd, Argv: []string{"a", "token=x"}, Env: []string{"A=b"}}))
+	f.Add(frame(pb.MessageType_MESSAGE_CONTAINER_START, 0, &pb.Start{ContextData: cd, Args: []string{"sh"}}))
+	f.Add(frame(pb.MessageType_MESSAGE_SENTRY_TASK_EXIT, 0, &pb.TaskExit{ContextData: cd, ExitStatus: 9}))
+	f.Add(frame(pb.MessageType_MESSAGE_SYSCALL_ACCEPT, 0, &pb.Accept{ContextData: cd, Address: []byte{1, 0, 0}}))
+	f.Add([]byte{8, 0, 7, 0, 0, 0, 0, 0})
+	scrub, _ := NewScrubber(func(string) bool { return false }, nil)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeMessage(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error not marked malformed: %v", err)
+			}
+			return
+		}
+		r := ToRecord(m, scrub)
+		if r == nil {
+			return
+		}
+		var c Chain
+		if _, _, err := c.Seal(r); err != nil {
+			t.Fatalf("a decoded record does not encode: %v", err)
+		}
+	})
+}

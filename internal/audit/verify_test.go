@@ -1,0 +1,151 @@
+package audit
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeTrail writes n event records and an end record for sandbox sb.
+func writeTrail(t *testing.T, n int) (string, [][]byte) {
+	t.Helper()
+	tt := newTestTrail(t, "sb")
+	for i := 0; i < n; i++ {
+		r := newRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat")
+		r.File = &File{Path: "/tmp/f" + string(rune('a'+i))}
+		tt.trail.Emit(r, false)
+	}
+	tt.close(t)
+	path := filepath.Join(tt.dir, "sb.jsonl")
+	b, _ := os.ReadFile(path)
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	return path, lines[:len(lines)-1]
+}
+
+func TestVerifyDetectsTampering(t *testing.T) {
+	path, lines := writeTrail(t, 6) // seq 1..6 events, 7 end
+	if res := VerifyTrail(TrailFiles{Files: []string{path}}, false); res.Problem != nil || res.Records != 7 || !res.Ended {
+		t.Fatalf("intact trail: %+v", res)
+	}
+	join := func(ls ...[]byte) []byte { return bytes.Join(ls, nil) }
+	cases := []struct {
+		name      string
+		content   []byte
+		firstBad  uint64
+		wantWords string
+	}{
+		{"modified", join(lines[0], lines[1], bytes.Replace(lines[2], []byte("/tmp/fc"), []byte("/tmp/xx"), 1), lines[3], lines[4], lines[5], lines[6]), 3, "modified"},
+		{"modified hash", join(lines[0], bytes.Replace(lines[1], []byte(`"hash":"`), []byte(`"hash":"0`), 1)[:len(lines[1])], lines[2]), 2, "modified"},
+		{"deleted", join(lines[0], lines[1], lines[3], lines[4], lines[5], lines[6]), 3, "deleted"},
+		{"deleted first", join(lines[1], lines[2], lines[3], lines[4], lines[5], lines[6]), 1, "deleted from the start"},
+		{"inserted", join(lines[0], lines[1], lines[1], lines[2], lines[3], lines[4], lines[5], lines[6]), 2, "reordered or inserted"},
+		{"reordered", join(lines[0], lines[2], lines[1], lines[3], lines[4], lines[5], lines[6]), 2, "records 2..2 were deleted"},
+		{"truncated", join(lines[0], lines[1], lines[2], lines[3]), 5, "truncated"},
+		{"cut mid-line", join(lines[0], lines[1], lines[2][:40]), 3, "no hash"},
+		{"appended after end", join(lines[0], lines[1], lines[2], lines[3], lines[4], lines[5], lines[6], lines[6]), 7, "appended"},
+		{"empty", nil, 1, "empty trail"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "sb.jsonl")
+			os.WriteFile(p, tc.content, 0o644)
+			res := VerifyTrail(TrailFiles{Files: []string{p}}, false)
+			if res.Problem == nil {
+				t.Fatal("tampering not detected")
+			}
+			if res.FirstBad != tc.firstBad || !strings.Contains(res.Problem.Error(), tc.wantWords) {
+				t.Fatalf("first bad %d (want %d): %v", res.FirstBad, tc.firstBad, res.Problem)
+			}
+		})
+	}
+	// A sandbox still running: no end record is fine with open.
+	p := filepath.Join(t.TempDir(), "sb.jsonl")
+	os.WriteFile(p, join(lines[0], lines[1]), 0o644)
+	if res := VerifyTrail(TrailFiles{Files: []string{p}}, true); res.Problem != nil || res.Ended {
+		t.Fatalf("open trail: %+v", res)
+	}
+}
+
+// A sink that fails (a full disk) loses records without breaking the
+// chain, and a gap record says how many once writing works again.
+func TestTrailSurvivesFailingSink(t *testing.T) {
+	tt := newTestTrail(t, "sb")
+	good := tt.trail.file.f
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("/dev/full:", err)
+	}
+	tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "before"), true)
+	tt.trail.mu.Lock()
+	tt.trail.file.f = full
+	tt.trail.mu.Unlock()
+	for i := 0; i < 5; i++ {
+		tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "lost"), true)
+	}
+	tt.trail.mu.Lock()
+	tt.trail.file.f = good
+	tt.trail.mu.Unlock()
+	full.Close()
+	tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "after"), true)
+	recs := tt.close(t)
+	var events []string
+	for _, r := range recs {
+		events = append(events, r["event"].(string))
+	}
+	got := strings.Join(events, ",")
+	if got != "before,agentbox/gap,after,"+EventSandboxEnd {
+		t.Fatalf("events %s", got)
+	}
+	gap := recs[1]
+	var lost float64
+	for _, v := range gap["counts"].(map[string]any) {
+		lost += v.(float64)
+	}
+	if lost < 5 {
+		t.Fatalf("gap accounts for %v records, want at least the 5 lost: %v", lost, gap)
+	}
+	if recs[3]["counts"].(map[string]any)["lost"].(float64) < 5 {
+		t.Fatalf("end record: %v", recs[3]["counts"])
+	}
+	if res := VerifyTrail(TrailFiles{Files: []string{filepath.Join(tt.dir, "sb.jsonl")}}, false); res.Problem != nil {
+		t.Fatalf("chain broken by the failure: %v", res.Problem)
+	}
+}
+
+func TestRotationKeepsTheChain(t *testing.T) {
+	dir := t.TempDir()
+	fs, _ := NewFileSink(dir, "sb", 4096)
+	tr := NewTrail(Meta{Sandbox: "sb"}, fs)
+	for i := 0; i < 200; i++ {
+		tr.Emit(newRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat"), i%10 == 0)
+	}
+	tr.Close(&Record{Event: EventSandboxEnd})
+	trails, err := FindTrails(dir)
+	if err != nil || len(trails) != 1 || len(trails[0].Files) < 3 {
+		t.Fatalf("want several segments: %+v %v", trails, err)
+	}
+	if res := VerifyTrail(trails[0], false); res.Problem != nil || res.Records != 201 {
+		t.Fatalf("rotated trail: %+v", res)
+	}
+	// Dropping a middle segment is caught.
+	os.Remove(trails[0].Files[1])
+	trails, _ = FindTrails(dir)
+	if res := VerifyTrail(trails[0], false); res.Problem == nil || !strings.Contains(res.Problem.Error(), "deleted") {
+		t.Fatalf("missing segment: %+v", res)
+	}
+}
+
+func TestFileSinkRefusesExistingTrail(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := NewFileSink(dir, "sb", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.Close()
+	if _, err := NewFileSink(dir, "sb", 1<<20); err == nil {
+		t.Fatal("a second trail for the same sandbox id must be refused")
+	}
+}

@@ -59,8 +59,8 @@ type Trail struct {
 	// reason; gapPending is set while such a record is in the batch.
 	lost       map[string]uint64
 	gapPending bool
-	counters Counters
-	closed   bool
+	counters   Counters
+	closed     bool
 
 	stop chan struct{}
 	done chan struct{}

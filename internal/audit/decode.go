@@ -135,8 +135,14 @@ func ToRecord(m Message, s Scrubber) *Record {
 			return nil // a thread, not the process
 		}
 		r := base(cd, ClassProcess, 2, "Terminate", "sentry/task_exit")
-		st := p.GetExitStatus()
-		r.Process.ExitSts = &st
+		// A wait status: the exit code in bits 8-15, or the signal in 0-6.
+		if ws := p.GetExitStatus(); ws&0x7f == 0 {
+			code := (ws >> 8) & 0xff
+			r.Process.ExitSts = &code
+		} else {
+			sig := ws & 0x7f
+			r.Process.ExitSignal = &sig
+		}
 		return r
 	case *pb.Open:
 		r := base(p.GetContextData(), ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))

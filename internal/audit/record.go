@@ -76,6 +76,8 @@ type Process struct {
 	UID     *uint32  `json:"uid,omitempty"`
 	GID     *uint32  `json:"gid,omitempty"`
 	ExitSts *int32   `json:"exit_status,omitempty"`
+	// ExitSignal is the signal that killed the process.
+	ExitSignal *int32 `json:"exit_signal,omitempty"`
 	// ChildPID is the new process or thread of a clone.
 	ChildPID int32 `json:"child_pid,omitempty"`
 }

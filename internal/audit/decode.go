@@ -35,6 +35,33 @@ var ErrMalformed = errors.New("malformed message")
 // size, message type, cumulative dropped count) and a protobuf payload. The
 // input is untrusted: every length is checked.
 func DecodeMessage(buf []byte) (Message, error) {
+	return decodeInto(buf, newPayload)
+}
+
+// Decoder decodes messages reusing one payload per message type: a
+// payload is valid only until the next Decode. Not safe for concurrent use.
+type Decoder struct {
+	cache map[pb.MessageType]proto.Message
+}
+
+// Decode is DecodeMessage without allocating a payload per message.
+func (d *Decoder) Decode(buf []byte) (Message, error) {
+	return decodeInto(buf, func(t pb.MessageType) proto.Message {
+		if m, ok := d.cache[t]; ok {
+			return m
+		}
+		m := newPayload(t)
+		if m != nil {
+			if d.cache == nil {
+				d.cache = map[pb.MessageType]proto.Message{}
+			}
+			d.cache[t] = m
+		}
+		return m
+	})
+}
+
+func decodeInto(buf []byte, payloadFor func(pb.MessageType) proto.Message) (Message, error) {
 	if len(buf) < wire.HeaderStructSize {
 		return Message{}, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrMalformed, len(buf), wire.HeaderStructSize)
 	}
@@ -46,7 +73,7 @@ func DecodeMessage(buf []byte) (Message, error) {
 	if hsize < wire.HeaderStructSize || hsize > len(buf) {
 		return m, fmt.Errorf("%w: header size %d outside [%d, %d]", ErrMalformed, hsize, wire.HeaderStructSize, len(buf))
 	}
-	payload := newPayload(m.Type)
+	payload := payloadFor(m.Type)
 	if payload == nil {
 		return m, fmt.Errorf("%w: unknown message type %d", ErrMalformed, m.Type)
 	}
@@ -98,22 +125,22 @@ type Scrubber interface {
 func ToRecord(m Message, s Scrubber) *Record {
 	switch p := m.Payload.(type) {
 	case *pb.Start:
-		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "container/start")
+		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "container/start")
 		r.Process.Argv = s.Args(clipList(p.GetArgs()))
 		r.Process.Env = s.Env(clipList(p.GetEnv()))
 		r.Process.Cwd = clip(p.GetCwd())
 		r.Container = clip(p.GetId())
 		return r
 	case *pb.ExecveInfo:
-		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/execve")
+		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/execve")
 		r.Process.Exe = clip(p.GetBinaryPath())
 		r.Process.Argv = s.Args(clipList(p.GetArgv()))
 		r.Process.Env = s.Env(clipList(p.GetEnv()))
 		r.Status = "Success"
 		return r
 	case *pb.Execve:
-		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "syscall/execve")
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "syscall/execve")
+		e.setResult(p.GetExit())
 		if r.Status == "Success" {
 			return nil // sentry/execve records the new image
 		}
@@ -122,7 +149,7 @@ func ToRecord(m Message, s Scrubber) *Record {
 		r.Process.Env = s.Env(clipList(p.GetEnvv()))
 		return r
 	case *pb.CloneInfo:
-		r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/clone")
+		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/clone")
 		r.Process.ChildPID = p.GetCreatedThreadGroupId()
 		if p.GetFlags()&0x10000 != 0 { // CLONE_THREAD: a thread, not a process
 			return nil
@@ -134,7 +161,7 @@ func ToRecord(m Message, s Scrubber) *Record {
 		if cd != nil && cd.GetThreadId() != cd.GetThreadGroupId() {
 			return nil // a thread, not the process
 		}
-		r := base(cd, ClassProcess, 2, "Terminate", "sentry/task_exit")
+		_, r := base(cd, ClassProcess, 2, "Terminate", "sentry/task_exit")
 		// A wait status: the exit code in bits 8-15, or the signal in 0-6.
 		if ws := p.GetExitStatus(); ws&0x7f == 0 {
 			code := (ws >> 8) & 0xff
@@ -145,83 +172,104 @@ func ToRecord(m Message, s Scrubber) *Record {
 		}
 		return r
 	case *pb.Open:
-		r := base(p.GetContextData(), ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))
-		result(r, p.GetExit())
-		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd), Flags: openFlags(p.GetFlags()), Mode: p.GetMode()}
+		e, r := base(p.GetContextData(), ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))
+		e.setResult(p.GetExit())
+		f := &e.file
+		*f = File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd), Flags: openFlags(p.GetFlags()), Mode: p.GetMode()}
+		r.File = f
 		return r
 	case *pb.Chdir:
-		r := base(p.GetContextData(), ClassFileSystem, 99, "Chdir", "syscall/"+syscallName(p.GetSysno(), "chdir"))
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassFileSystem, 99, "Chdir", "syscall/"+syscallName(p.GetSysno(), "chdir"))
+		e.setResult(p.GetExit())
 		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
 		return r
 	case *pb.Socket:
-		r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/socket")
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/socket")
+		e.setResult(p.GetExit())
 		r.Dst = &Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
 		return r
 	case *pb.Connect:
-		r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/connect")
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/connect")
+		e.setResult(p.GetExit())
 		r.Dst = sockaddr(p.GetAddress())
 		return r
 	case *pb.Bind:
-		r := base(p.GetContextData(), ClassNetwork, 99, "Bind", "syscall/bind")
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassNetwork, 99, "Bind", "syscall/bind")
+		e.setResult(p.GetExit())
 		r.Dst = sockaddr(p.GetAddress())
 		return r
 	case *pb.Listen:
-		r := base(p.GetContextData(), ClassNetwork, 7, "Listen", "syscall/listen")
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassNetwork, 7, "Listen", "syscall/listen")
+		e.setResult(p.GetExit())
 		r.Dst = sockaddr(p.GetAddress())
 		return r
 	case *pb.Accept:
-		r := base(p.GetContextData(), ClassNetwork, 99, "Accept", "syscall/"+syscallName(p.GetSysno(), "accept"))
-		result(r, p.GetExit())
+		e, r := base(p.GetContextData(), ClassNetwork, 99, "Accept", "syscall/"+syscallName(p.GetSysno(), "accept"))
+		e.setResult(p.GetExit())
 		r.Dst = sockaddr(p.GetAddress())
 		return r
 	}
 	return nil
 }
 
-func base(cd *pb.ContextData, class, activity int, name, event string) *Record {
+// eventRecord is a record of a sandbox event with its parts, allocated in
+// one piece (the receiver's hot path).
+type eventRecord struct {
+	rec      Record
+	proc     Process
+	file     File
+	dst      Endpoint
+	uid, gid uint32
+	result   int64
+}
+
+func base(cd *pb.ContextData, class, activity int, name, event string) (*eventRecord, *Record) {
 	t := time.Now()
 	if ns := cd.GetTimeNs(); ns > 0 {
 		t = time.Unix(0, ns)
 	}
-	r := newRecord(t, class, activity, name, event)
-	r.Process = &Process{
-		PID:  cd.GetThreadGroupId(),
-		TID:  cd.GetThreadId(),
-		PPID: cd.GetParentThreadGroupId(),
-		Name: clip(cd.GetProcessName()),
-		Cwd:  clip(cd.GetCwd()),
+	e := &eventRecord{
+		rec: Record{at: t, ClassUID: class, ClassName: classNames[class], ActivityID: activity, ActivityName: name, Event: event},
+		proc: Process{
+			PID:  cd.GetThreadGroupId(),
+			TID:  cd.GetThreadId(),
+			PPID: cd.GetParentThreadGroupId(),
+			Name: clip(cd.GetProcessName()),
+			Cwd:  clip(cd.GetCwd()),
+		},
 	}
+	r := &e.rec
+	r.Process = &e.proc
 	if c := cd.GetCredentials(); c != nil {
-		uid, gid := c.GetEffectiveUid(), c.GetEffectiveGid()
-		r.Process.UID, r.Process.GID = &uid, &gid
+		e.uid, e.gid = c.GetEffectiveUid(), c.GetEffectiveGid()
+		e.proc.UID, e.proc.GID = &e.uid, &e.gid
 	}
 	r.Container = clip(cd.GetContainerId())
-	return r
+	return e, r
 }
 
-func result(r *Record, e *pb.Exit) {
-	if e == nil {
+// setResult records a syscall's outcome.
+func (e *eventRecord) setResult(x *pb.Exit) {
+	if x == nil {
 		return
 	}
-	if e.GetErrorno() != 0 {
-		r.Status, r.Errno = "Failure", e.GetErrorno()
+	r := &e.rec
+	if x.GetErrorno() != 0 {
+		r.Status, r.Errno = "Failure", x.GetErrorno()
 		return
 	}
 	r.Status = "Success"
-	res := e.GetResult()
-	r.Result = &res
+	e.result = x.GetResult()
+	r.Result = &e.result
 }
 
+// clip bounds a string from the sandbox. Invalid UTF-8 is replaced when
+// the record is encoded.
 func clip(s string) string {
 	if len(s) > maxStringLen {
 		return s[:maxStringLen] + "...(truncated)"
 	}
-	return strings.ToValidUTF8(s, "\uFFFD")
+	return s
 }
 
 func clipList(l []string) []string {

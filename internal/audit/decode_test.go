@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 )
@@ -74,8 +75,8 @@ func TestRecordBounds(t *testing.T) {
 	if len(r.Process.Argv) != maxArgs+1 || len(r.Process.Argv[0]) > maxStringLen+20 || !strings.Contains(r.Process.Argv[maxArgs], "744 more") {
 		t.Fatalf("argv not bounded: %d entries", len(r.Process.Argv))
 	}
-	if !strings.Contains(r.Process.Exe, "\uFFFD") {
-		t.Fatalf("invalid UTF-8 kept: %q", r.Process.Exe)
+	if line, _, _ := (&Chain{}).Seal(r); !strings.Contains(string(line), `\ufffd`) || !utf8.Valid(line) {
+		t.Fatalf("invalid UTF-8 must be replaced in the record: %q", line)
 	}
 }
 

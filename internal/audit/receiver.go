@@ -48,6 +48,7 @@ type Receiver struct {
 	connected, ended atomic.Bool
 
 	// Owned by the serving goroutine.
+	dec         Decoder
 	lastDropped uint32
 	lastTime    time.Time
 	anomalies   int
@@ -148,7 +149,7 @@ func (r *Receiver) handle(c *net.UnixConn) {
 
 // Process handles one message from the sandbox.
 func (r *Receiver) Process(b []byte) {
-	m, err := DecodeMessage(b)
+	m, err := r.dec.Decode(b)
 	if len(b) >= wire.HeaderStructSize {
 		// The dropped count is cumulative and wraps at 2^32.
 		if d := m.Dropped - r.lastDropped; d != 0 && d < 1<<31 {
@@ -165,7 +166,7 @@ func (r *Receiver) Process(b []byte) {
 	if rec == nil {
 		return
 	}
-	if t, err := time.Parse(time.RFC3339Nano, rec.Time); err == nil {
+	if t := rec.at; !t.IsZero() {
 		if !r.lastTime.IsZero() && t.Before(r.lastTime.Add(-outOfOrderSlack)) {
 			r.anomaly(fmt.Sprintf("out of order: %s event at %s, after one at %s", rec.Event, rec.Time, r.lastTime.UTC().Format(time.RFC3339Nano)), nil)
 		}

@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -61,6 +60,9 @@ type Record struct {
 
 	Seq      uint64 `json:"seq"`
 	PrevHash string `json:"prev_hash"`
+
+	// at is Time before formatting (for ordering checks).
+	at time.Time
 }
 
 // Process is the actor.
@@ -101,7 +103,7 @@ type Endpoint struct {
 
 func newRecord(t time.Time, class, activity int, activityName, event string) *Record {
 	return &Record{
-		Time:         t.UTC().Format(time.RFC3339Nano),
+		at:           t, // Time is formatted when the record is encoded
 		ClassUID:     class,
 		ClassName:    classNames[class],
 		ActivityID:   activity,
@@ -124,20 +126,24 @@ type Chain struct {
 // does, once the line is written, so a record that could not be written
 // leaves no hole in the chain (a gap record accounts for it instead).
 func (c *Chain) Seal(r *Record) ([]byte, string, error) {
+	line, hash := c.SealAppend(nil, r)
+	return line, hash, nil
+}
+
+// SealAppend is Seal appending the line to dst.
+func (c *Chain) SealAppend(dst []byte, r *Record) ([]byte, string) {
 	r.Seq = c.seq + 1
 	r.PrevHash = c.prev
-	body, err := json.Marshal(r)
-	if err != nil {
-		return nil, "", fmt.Errorf("encode audit record: %w", err)
-	}
-	sum := sha256.Sum256(body)
-	h := hex.EncodeToString(sum[:])
-	line := make([]byte, 0, len(body)+len(h)+12)
-	line = append(line, body[:len(body)-1]...)
-	line = append(line, `,"hash":"`...)
-	line = append(line, h...)
-	line = append(line, "\"}\n"...)
-	return line, h, nil
+	start := len(dst)
+	dst = r.appendJSON(dst)
+	sum := sha256.Sum256(dst[start:])
+	dst = dst[:len(dst)-1] // reopen the object for the hash
+	dst = append(dst, `,"hash":"`...)
+	var h [64]byte
+	hex.Encode(h[:], sum[:])
+	dst = append(dst, h[:]...)
+	dst = append(dst, "\"}\n"...)
+	return dst, string(h[:])
 }
 
 // Commit advances the chain past a sealed record.

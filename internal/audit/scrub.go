@@ -29,18 +29,39 @@ const EnvDropped = "<dropped>"
 type RoleScrubber struct {
 	// EnvAllowed reports whether the role lets a variable through.
 	EnvAllowed func(name string) bool
-	patterns   []*regexp.Regexp
+	patterns   []redaction
+}
+
+// redaction is a pattern and a cheap test that it could match at all.
+type redaction struct {
+	re       *regexp.Regexp
+	mayMatch func(string) bool
+}
+
+// defaultHints are prefilters for DefaultRedactions, in order: a regexp
+// runs only on values that could match it.
+var defaultHints = []func(string) bool{
+	func(s string) bool { return strings.ContainsAny(s, "=:") },
+	func(s string) bool { return containsFold(s, "bearer") },
+	func(s string) bool { return containsFold(s, "bearer") },
+	func(s string) bool { return strings.Contains(s, "AKIA") },
+	func(s string) bool { return strings.Contains(s, "gh") },
+	func(s string) bool { return strings.Contains(s, "://") },
 }
 
 // NewScrubber compiles the default redactions and extra ones.
 func NewScrubber(envAllowed func(string) bool, extra []string) (*RoleScrubber, error) {
 	s := &RoleScrubber{EnvAllowed: envAllowed}
-	for _, p := range append(append([]string(nil), DefaultRedactions...), extra...) {
+	for i, p := range append(append([]string(nil), DefaultRedactions...), extra...) {
 		re, err := regexp.Compile(p)
 		if err != nil {
 			return nil, fmt.Errorf("redaction pattern %q: %w", p, err)
 		}
-		s.patterns = append(s.patterns, re)
+		hint := func(string) bool { return true }
+		if i < len(defaultHints) {
+			hint = defaultHints[i]
+		}
+		s.patterns = append(s.patterns, redaction{re: re, mayMatch: hint})
 	}
 	return s, nil
 }
@@ -75,7 +96,11 @@ func (s *RoleScrubber) Args(argv []string) []string {
 }
 
 func (s *RoleScrubber) redact(v string) string {
-	for _, re := range s.patterns {
+	for _, p := range s.patterns {
+		if !p.mayMatch(v) {
+			continue
+		}
+		re := p.re
 		if re.NumSubexp() == 0 {
 			v = re.ReplaceAllString(v, Redacted)
 			continue
@@ -90,4 +115,25 @@ func (s *RoleScrubber) redact(v string) string {
 		})
 	}
 	return v
+}
+
+// containsFold is a case-insensitive strings.Contains for an ASCII
+// lower-case needle, without allocating.
+func containsFold(s, lower string) bool {
+	for i := 0; i+len(lower) <= len(s); i++ {
+		j := 0
+		for ; j < len(lower); j++ {
+			c := s[i+j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != lower[j] {
+				break
+			}
+		}
+		if j == len(lower) {
+			return true
+		}
+	}
+	return false
 }

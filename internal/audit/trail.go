@@ -141,13 +141,9 @@ func (t *Trail) emitLocked(r *Record) {
 	if t.pendingN == 0 {
 		t.pendingHead = t.chain
 	}
-	line, hash, err := t.pendingHead.Seal(r)
-	if err != nil {
-		t.lost["encode: "+err.Error()]++
-		return
-	}
+	var hash string
+	t.pending, hash = t.pendingHead.SealAppend(t.pending, r)
 	t.pendingHead.Commit(hash)
-	t.pending = append(t.pending, line...)
 	t.pendingN++
 }
 

@@ -10,6 +10,6 @@ mkdir -p "$REPO_ROOT/_output"
 step "benchmark: ${AGENTBOX_BENCH_ROUNDS:-30} rounds x 3 runtimes"
 cd "$REPO_ROOT"
 AGENTBOX_BENCH=1 AGENTBOX_BENCH_OUT="$REPO_ROOT/_output/bench-start.txt" \
-  go test -tags e2e -count=1 -timeout 30m -run '^TestBenchmarkStartToExit$' ./internal/e2e >/dev/null \
+  go test -tags e2e -count=1 -timeout 30m -run "^TestBenchmark" ./internal/e2e >/dev/null \
   || { echo "benchmark failed; rerun with -v: go test -tags e2e -run TestBenchmarkStartToExit -v ./internal/e2e" >&2; exit 1; }
 cat "$REPO_ROOT/_output/bench-start.txt"

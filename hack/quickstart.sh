@@ -18,6 +18,9 @@ ctrq --address "$sock" run --rm --runtime io.containerd.agentbox.v1 --annotation
 rc=$?
 set -e
 echo "----- agent exited with status $rc -----"
+step "its audit trail ($AGENTBOX_DEV/audit/$id.jsonl):"
+agentbox audit tail --sandbox "$id" "$AGENTBOX_DEV/audit" | cut -c1-160
+agentbox audit verify "$AGENTBOX_DEV/audit/$id.jsonl"
 cat <<EOT
 
 The private containerd keeps running. Use it with:

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/api/events"
@@ -27,6 +28,8 @@ const podInitFile = "agentbox-pod-init.json"
 // the sandbox already sent.
 const receiverDrain = 2 * time.Second
 
+var resumeOnce sync.Once
+
 // sandboxAudit is a sandbox's trail and the receiver that feeds it.
 type sandboxAudit struct {
 	trail    *audit.Trail
@@ -42,6 +45,12 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 	}
 	var fwd []audit.Forwarder
 	if cfg.Audit.Webhook.URL != "" {
+		resumeOnce.Do(func() {
+			// Spools left by shims that are gone are delivered from here.
+			if n := audit.ResumeSpools(webhookConfig(cfg)); n > 0 {
+				log.L.Infof("agentbox: delivering %d audit spool(s) left by earlier shims", n)
+			}
+		})
 		w, err := audit.NewWebhook(webhookConfig(cfg), id)
 		if err != nil {
 			file.Close()
@@ -80,7 +89,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
-	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path())
+	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(bundle, podInitFile), b, 0o600)
 	}

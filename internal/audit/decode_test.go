@@ -106,7 +106,7 @@ func TestScrubber(t *testing.T) {
 
 func TestPodInitConfigValidatesAgainstGVisor(t *testing.T) {
 	for _, p := range []Points{{}, {Process: true}, {File: true}, {Network: true}, {true, true, true}} {
-		if _, err := PodInitConfig(p, "/run/x.sock"); err != nil {
+		if _, err := PodInitConfig(p, "/run/x.sock", 10); err != nil {
 			t.Fatalf("%+v: %v", p, err)
 		}
 	}

@@ -60,7 +60,11 @@ func (p Points) PointNames() []pointConfig {
 // Default whose remote sink is the receiver's socket. The sink's setup
 // error is not ignored: a sandbox whose receiver is not there does not
 // start.
-func PodInitConfig(p Points, socket string) ([]byte, error) {
+//
+// retries is how often gVisor retries (with exponential backoff from 25µs,
+// at most 10ms apart) to write an event to a full socket before it drops
+// it: a sandbox in an event storm is slowed down rather than leaving gaps.
+func PodInitConfig(p Points, socket string, retries int) ([]byte, error) {
 	points := p.PointNames()
 	if err := validatePoints(points); err != nil {
 		return nil, err
@@ -73,7 +77,7 @@ func PodInitConfig(p Points, socket string) ([]byte, error) {
 		"trace_session": map[string]any{
 			"name":   "Default",
 			"points": points,
-			"sinks":  []sink{{Name: "remote", Config: map[string]any{"endpoint": socket}}},
+			"sinks":  []sink{{Name: "remote", Config: map[string]any{"endpoint": socket, "retries": retries}}},
 		},
 	}
 	return json.MarshalIndent(cfg, "", "  ")

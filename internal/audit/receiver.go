@@ -21,6 +21,9 @@ import (
 // the rest are counted (the end record has the total).
 const MaxAnomalyRecords = 100
 
+// SocketBuffer is the receive buffer of an audit socket.
+const SocketBuffer = 8 << 20
+
 // outOfOrderSlack is how far an event's time may go back before it counts
 // as out of order (threads report concurrently).
 const outOfOrderSlack = time.Second
@@ -126,6 +129,9 @@ func (r *Receiver) handle(c *net.UnixConn) {
 		return
 	}
 	r.connected.Store(true)
+	// A large receive buffer lets events queue while the shim is busy
+	// (gVisor never blocks: a full buffer means dropped events).
+	c.SetReadBuffer(SocketBuffer)
 	for {
 		n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
 		if err != nil {

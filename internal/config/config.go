@@ -103,6 +103,9 @@ type Audit struct {
 	SocketDir string `toml:"socket_dir"`
 	// MaxFileBytes rotates a trail file when it would pass this size.
 	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// SentryRetries is how often gVisor retries writing an event to a full
+	// audit socket (backing off from 25µs to 10ms) before dropping it.
+	SentryRetries int `toml:"sentry_retries"`
 	// Redact are extra regular expressions redacted from argv in records
 	// (a first capture group, if any, is kept).
 	Redact []string `toml:"redact"`
@@ -130,7 +133,7 @@ func Default() *Config {
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
 		Shim:    Shim{LogLevel: "info"},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
-		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20,
+		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
 			Webhook: Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512}},
 	}
 }
@@ -243,6 +246,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Audit.SocketDir) > 60 {
 		errs = append(errs, fmt.Errorf("audit.socket_dir: %q is too long for unix socket paths (at most 60 characters)", c.Audit.SocketDir))
+	}
+	if c.Audit.SentryRetries < 0 || c.Audit.SentryRetries > 30 {
+		errs = append(errs, fmt.Errorf("audit.sentry_retries: %d is not between 0 and 30", c.Audit.SentryRetries))
 	}
 	if c.Audit.MaxFileBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("audit.max_file_bytes: %d is below 1 MiB", c.Audit.MaxFileBytes))

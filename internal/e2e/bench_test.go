@@ -109,3 +109,64 @@ func stats(s []time.Duration) summary {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
+
+// auditWorkloads are file-heavy loops: the find/stat loop the goal is set
+// for, and a mixed one whose `ls -la` opens /etc/localtime once per file
+// listed (static glibc), an event storm.
+var auditWorkloads = []struct{ name, script string }{
+	{"find-stat", `i=0; while [ $i -lt 60 ]; do find / -xdev >/dev/null 2>&1; find /bin /etc -name 'p*' -exec stat {} + >/dev/null; i=$((i+1)); done`},
+	{"mixed", `i=0; while [ $i -lt 100 ]; do find /bin /etc -name 'p*' >/dev/null; stat /etc/passwd /bin/sh >/dev/null; cat /etc/passwd /etc/group >/dev/null; ls -la /bin >/dev/null; i=$((i+1)); done`},
+}
+
+// TestBenchmarkAuditOverhead runs each workload under baseline (auditing
+// process, file and network events) and under a role that audits none of
+// them, interleaved, and reports the ratio of medians. It checks that the
+// audited runs dropped no event. AGENTBOX_BENCH=1 only (hack/bench.sh).
+func TestBenchmarkAuditOverhead(t *testing.T) {
+	requireEnv(t)
+	if os.Getenv("AGENTBOX_BENCH") != "1" {
+		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
+	}
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_AUDIT_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "audit overhead, %d interleaved rounds per workload (on: baseline audits process, file, network; off: no event points)\n", rounds)
+	for _, w := range auditWorkloads {
+		samples := map[string][]time.Duration{}
+		var events, written, dropped, lost int
+		for i := 0; i < rounds; i++ {
+			for _, role := range []string{"baseline", "e2e-audit-off"} {
+				id := uniqueID("auditbench-" + w.name)
+				start := time.Now()
+				r := dev.runAgent(t, id, []string{"--annotation", "agentbox.dev/role=" + role}, "sh", "-c", w.script)
+				samples[role] = append(samples[role], time.Since(start))
+				if r.code != 0 {
+					t.Fatalf("%s/%s: %v", w.name, role, r)
+				}
+				if role == "baseline" {
+					recs := readTrail(t, id)
+					end := recs[len(recs)-1]
+					events += end.Counts["received"]
+					written += end.Counts["written"]
+					dropped += end.Counts["sentry_dropped"]
+					lost += end.Counts["lost"]
+				}
+			}
+		}
+		on, off := stats(samples["baseline"]).median, stats(samples["e2e-audit-off"]).median
+		fmt.Fprintf(&b, "%-10s on %9s  off %9s  ratio %.3fx  (%d events/run, %d dropped, %d lost)\n",
+			w.name, ms(on), ms(off), float64(on)/float64(off), events/rounds, dropped, lost)
+		if dropped != 0 || lost != 0 {
+			t.Errorf("%s: events were dropped (%d) or lost (%d) at default settings", w.name, dropped, lost)
+		}
+	}
+	fmt.Fprintf(&b, "goal: find-stat ratio <= 1.15x with zero dropped events\n")
+	t.Log("\n" + b.String())
+	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
+		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		f.WriteString("\n" + b.String())
+		f.Close()
+	}
+}

@@ -165,6 +165,20 @@ metadata: {name: e2e-unbound}
 spec: {inherits: baseline}
 ---
 apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-audit-off}
+spec:
+  inherits: baseline
+  audit: {process: false, file: false, network: false}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-audit-off}
+spec:
+  role: e2e-audit-off
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
 kind: RoleBinding
 metadata: {name: e2e-ctr}
 spec:
@@ -301,7 +315,7 @@ func uniqueID(prefix string) string {
 // leaks lists what of d is still alive: shim and runsc processes, mounts
 // under its directories, runsc container state, and network namespaces and
 // container cgroups that were not there before.
-func (d *daemon) leaks(netnsBefore, cgroupsBefore map[string]bool) []string {
+func (d *daemon) leaks(netnsBefore, cgroupsBefore, socketsBefore map[string]bool) []string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
@@ -343,12 +357,27 @@ func (d *daemon) leaks(netnsBefore, cgroupsBefore map[string]bool) []string {
 			out = append(out, "netns: "+ns)
 		}
 	}
+	for s := range socketSet() {
+		if !socketsBefore[s] {
+			out = append(out, "audit socket: "+s)
+		}
+	}
 	for cg := range cgroupSet() {
 		if !cgroupsBefore[cg] {
 			out = append(out, "cgroup: "+cg)
 		}
 	}
 	return out
+}
+
+// socketSet lists the audit sockets (shared by all daemons on the node).
+func socketSet() map[string]bool {
+	m := map[string]bool{}
+	socks, _ := filepath.Glob("/run/agentbox/audit/*.sock")
+	for _, s := range socks {
+		m[s] = true
+	}
+	return m
 }
 
 // cgroupSet lists the containerd-namespace cgroups of containers (the
@@ -384,12 +413,12 @@ func netnsSet() map[string]bool {
 // that fails the test when anything of d outlives it.
 func expectNoLeaks(t *testing.T, d *daemon) {
 	t.Helper()
-	before, cgBefore := netnsSet(), cgroupSet()
+	before, cgBefore, sockBefore := netnsSet(), cgroupSet(), socketSet()
 	t.Cleanup(func() {
 		var left []string
 		// Teardown is asynchronous in places (shim exit after delete).
 		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			if left = d.leaks(before, cgBefore); len(left) == 0 {
+			if left = d.leaks(before, cgBefore, sockBefore); len(left) == 0 {
 				return
 			}
 		}

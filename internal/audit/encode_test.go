@@ -13,7 +13,7 @@ func sampleRecords() []*Record {
 		{Time: "t", ClassName: "Base Event", Event: "agentbox/gap", Counts: map[string]uint64{"b": 2, "a": 1}, Detail: map[string]string{"z": "<&>", "y": "\u2028"}},
 		{Time: "t", ClassUID: 1001, ClassName: "File System Activity", ActivityID: 14, ActivityName: "Open", Status: "Success", Result: &res,
 			Process: &Process{PID: 1, TID: 2, PPID: 0, Name: "cat\x00\x1f", Argv: []string{"a\"b", "c\\d", "\xff\xfe"}, Env: []string{"A=b"}, Cwd: "/", UID: &uid, GID: &uid, ExitSts: &st, ExitSignal: &sig, ChildPID: 4},
-			File: &File{Path: "/etc/passwd", Flags: "O_RDONLY", Mode: 0o644}, Dst: &Endpoint{Family: "inet", IP: "10.0.0.1", Port: 80, Path: "", Type: "stream"},
+			File:    &File{Path: "/etc/passwd", Flags: "O_RDONLY", Mode: 0o644}, Dst: &Endpoint{Family: "inet", IP: "10.0.0.1", Port: 80, Path: "", Type: "stream"},
 			Message: "tab\there\nnewline", Event: "syscall/openat", Sandbox: "sb", Container: "c", PodNamespace: "ns", PodName: "p", Role: "r", PolicyDigest: "d", Seq: 7, PrevHash: "abc"},
 		{Process: &Process{}, Dst: &Endpoint{}, File: &File{}},
 	}

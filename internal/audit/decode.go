@@ -189,25 +189,13 @@ func ToRecord(m Message, s Scrubber) *Record {
 		r.Dst = &Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
 		return r
 	case *pb.Connect:
-		e, r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/connect")
-		e.setResult(p.GetExit())
-		r.Dst = sockaddr(p.GetAddress())
-		return r
+		return addressed(p, 1, "Open", "syscall/connect")
 	case *pb.Bind:
-		e, r := base(p.GetContextData(), ClassNetwork, 99, "Bind", "syscall/bind")
-		e.setResult(p.GetExit())
-		r.Dst = sockaddr(p.GetAddress())
-		return r
+		return addressed(p, 99, "Bind", "syscall/bind")
 	case *pb.Listen:
-		e, r := base(p.GetContextData(), ClassNetwork, 7, "Listen", "syscall/listen")
-		e.setResult(p.GetExit())
-		r.Dst = sockaddr(p.GetAddress())
-		return r
+		return addressed(p, 7, "Listen", "syscall/listen")
 	case *pb.Accept:
-		e, r := base(p.GetContextData(), ClassNetwork, 99, "Accept", "syscall/"+syscallName(p.GetSysno(), "accept"))
-		e.setResult(p.GetExit())
-		r.Dst = sockaddr(p.GetAddress())
-		return r
+		return addressed(p, 99, "Accept", "syscall/"+syscallName(p.GetSysno(), "accept"))
 	}
 	return nil
 }
@@ -221,6 +209,20 @@ type eventRecord struct {
 	dst      Endpoint
 	uid, gid uint32
 	result   int64
+}
+
+// addressedSyscall is a network syscall that carries a socket address.
+type addressedSyscall interface {
+	GetContextData() *pb.ContextData
+	GetExit() *pb.Exit
+	GetAddress() []byte
+}
+
+func addressed(p addressedSyscall, activity int, name, event string) *Record {
+	e, r := base(p.GetContextData(), ClassNetwork, activity, name, event)
+	e.setResult(p.GetExit())
+	r.Dst = sockaddr(p.GetAddress())
+	return r
 }
 
 func base(cd *pb.ContextData, class, activity int, name, event string) (*eventRecord, *Record) {

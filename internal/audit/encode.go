@@ -98,30 +98,8 @@ func (r *Record) appendJSON(b []byte) []byte {
 	}
 	b = append(b, `,"event":`...)
 	b = appendString(b, r.Event)
-	if len(r.Counts) > 0 {
-		b = append(b, `,"counts":{`...)
-		for i, k := range sortedKeys(r.Counts) {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, k)
-			b = append(b, ':')
-			b = strconv.AppendUint(b, r.Counts[k], 10)
-		}
-		b = append(b, '}')
-	}
-	if len(r.Detail) > 0 {
-		b = append(b, `,"detail":{`...)
-		for i, k := range sortedKeys(r.Detail) {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, k)
-			b = append(b, ':')
-			b = appendString(b, r.Detail[k])
-		}
-		b = append(b, '}')
-	}
+	b = appendMap(b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })
+	b = appendMap(b, "detail", r.Detail, appendString)
 	b = append(b, `,"sandbox_id":`...)
 	b = appendString(b, r.Sandbox)
 	for _, kv := range [...][2]string{{"container_id", r.Container}, {"pod_namespace", r.PodNamespace}, {"pod_name", r.PodName}, {"role", r.Role}, {"policy_digest", r.PolicyDigest}} {
@@ -136,6 +114,26 @@ func (r *Record) appendJSON(b []byte) []byte {
 	b = strconv.AppendUint(b, r.Seq, 10)
 	b = append(b, `,"prev_hash":`...)
 	b = appendString(b, r.PrevHash)
+	return append(b, '}')
+}
+
+// appendMap appends ,"name":{...} with sorted keys, as encoding/json
+// encodes a map; nothing for an empty map (omitempty).
+func appendMap[V any](b []byte, name string, m map[string]V, appendValue func([]byte, V) []byte) []byte {
+	if len(m) == 0 {
+		return b
+	}
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':', '{')
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, k)
+		b = append(b, ':')
+		b = appendValue(b, m[k])
+	}
 	return append(b, '}')
 }
 

@@ -180,22 +180,7 @@ func TestAuditTrail(t *testing.T) {
 func TestAuditNetworkAndPod(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	ln, err := net.Listen("tcp4", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hello\n"))
-			c.Close()
-		}
-	}()
-	gw, port := bridgeGateway(t), ln.Addr().(*net.TCPAddr).Port
+	gw, port := bridgeGateway(t), testServer(t, "hello\n")
 	// A closed port next to it (bound and closed again: nothing listens).
 	probe, _ := net.Listen("tcp4", "0.0.0.0:0")
 	closed := probe.Addr().(*net.TCPAddr).Port

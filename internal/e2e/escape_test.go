@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,17 +193,11 @@ func TestEscapeWallClock(t *testing.T) {
 func TestEscapeNetworkNone(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	ln, err := net.Listen("tcp4", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "reached-test-server") })}
-	go srv.Serve(ln)
-	defer srv.Close()
+	port := testServer(t, "HTTP/1.0 200 OK\r\n\r\nreached-test-server")
 	// busybox's wget segfaults under gVisor (its static glibc resolver);
 	// nc speaks HTTP well enough.
 	script := fmt.Sprintf("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %d; s=$?; echo; echo wget-status=$s; sleep 600",
-		bridgeGateway(t), ln.Addr().(*net.TCPAddr).Port)
+		bridgeGateway(t), port)
 
 	// baseline (egress none) in a CNI pod: no route anywhere.
 	p := newPodIn(t, "net-none", "agents", nil)
@@ -220,6 +213,29 @@ func TestEscapeNetworkNone(t *testing.T) {
 	if !strings.Contains(logs.stdout, "reached-test-server") {
 		t.Fatalf("egress open did not reach the test server on the bridge: %v", logs)
 	}
+}
+
+// testServer listens on every host address (the pods reach it at the CNI
+// bridge's gateway), answers each connection with reply and closes it. It
+// returns the port; the server stops with the test.
+func testServer(t *testing.T, reply string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte(reply))
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // bridgeGateway is the host's address on the private containerd's CNI

@@ -5,10 +5,13 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -229,5 +232,90 @@ func TestAuditRefusalRecorded(t *testing.T) {
 	recs := readTrail(t, id)
 	if len(recs) != 2 || recs[0].Event != "agentbox/refused" || !strings.Contains(recs[0].Message, `role "coder" is not bound`) {
 		t.Fatalf("refusal trail: %+v", recs)
+	}
+}
+
+// TestAuditWebhookOutage: with a webhook configured, the shim ships every
+// record. The endpoint is down while a first container runs (its shim
+// exits with the records still spooled), then comes back; the next shim
+// delivers the spool left behind along with its own records. Every record
+// of both trails arrives, in order.
+func TestAuditWebhookOutage(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	// Reserve a loopback port, and leave it closed: the endpoint is down.
+	probe, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`version = 1
+[runsc]
+binary = %q
+[policy]
+dir = %q
+handler = "agentbox"
+[audit]
+dir = %q
+[audit.webhook]
+url = "http://%s/ingest"
+spool_dir = %q
+`, filepath.Join(cacheDir(), "bin", "runsc"), filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"), addr, filepath.Join(dir, "spool"))), 0o644)
+
+	first := uniqueID("hook1")
+	if r := dev.runAgent(t, first, []string{"--runtime-config-path", cfg}, "cat", "/etc/passwd"); r.code != 0 {
+		t.Fatalf("first: %v", r)
+	}
+	spools, _ := filepath.Glob(filepath.Join(dir, "spool", "*.spool"))
+	if len(spools) != 1 {
+		t.Fatalf("the first trail must be spooled while the endpoint is down: %v", spools)
+	}
+
+	// The endpoint comes back.
+	var mu sync.Mutex
+	got := map[string][]string{}
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
+			var rec record
+			if json.Unmarshal([]byte(l), &rec) == nil {
+				got[rec.Sandbox] = append(got[rec.Sandbox], l)
+			}
+		}
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	second := uniqueID("hook2")
+	if r := dev.runAgent(t, second, []string{"--runtime-config-path", cfg, "--annotation", "agentbox.dev/wall-clock=1m"}, "sh", "-c", "sleep 2; cat /etc/group"); r.code != 0 {
+		t.Fatalf("second: %v", r)
+	}
+	for _, id := range []string{first, second} {
+		file, err := os.ReadFile(filepath.Join(dir, "audit", id+".jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Split(strings.TrimSpace(string(file)), "\n")
+		var have []string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			mu.Lock()
+			have = append([]string(nil), got[id]...)
+			mu.Unlock()
+			if len(have) >= len(want) {
+				break
+			}
+		}
+		if strings.Join(have, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("%s: the endpoint got %d of %d records (or out of order)", id, len(have), len(want))
+		}
 	}
 }

@@ -386,6 +386,11 @@ func TestExecGetsTheProfile(t *testing.T) {
 		strings.Contains(e.stdout, "hunter2") || !strings.Contains(e.stdout, "etc-read-only") || !strings.Contains(e.stdout, "tmp-ok") {
 		t.Fatalf("exec must run under the container's profile: %v", e)
 	}
+	// The exec request is in the container's audit trail.
+	b, err := os.ReadFile(filepath.Join(dev.dir, "audit", id+".jsonl"))
+	if err != nil || !strings.Contains(string(b), `"event":"agentbox/exec"`) || !strings.Contains(string(b), `"exec_id":"x1"`) {
+		t.Fatalf("exec request not audited: %v", err)
+	}
 }
 
 // unescape undoes crictl's quoting of the runtime's error message.

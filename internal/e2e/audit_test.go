@@ -319,3 +319,29 @@ spool_dir = %q
 		}
 	}
 }
+
+// TestAuditFailClosed: when the audit trail cannot be written or the
+// receiver cannot listen, the container does not start.
+func TestAuditFailClosed(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	dir := t.TempDir()
+	notADir := filepath.Join(dir, "file")
+	os.WriteFile(notADir, nil, 0o644)
+	for _, tc := range []struct{ name, audit, want string }{
+		{"trail", fmt.Sprintf("dir = %q", filepath.Join(notADir, "audit")), "audit dir"},
+		{"receiver", fmt.Sprintf("dir = %q\nsocket_dir = %q", filepath.Join(dir, "audit"), filepath.Join(notADir, "sock")), "audit socket dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(dir, tc.name+".toml")
+			os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\n[audit]\n%s\n",
+				filepath.Join(cacheDir(), "bin", "runsc"), filepath.Join(dev.dir, "agentbox", "policies"), tc.audit)), 0o644)
+			id := uniqueID("failclosed")
+			defer dev.removeContainer(id)
+			r := dev.runAgent(t, id, []string{"--runtime-config-path", cfg}, "echo", "should-not-run")
+			if r.code == 0 || strings.Contains(r.stdout, "should-not-run") || !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("want the container refused (%q): %v", tc.want, r)
+			}
+		})
+	}
+}

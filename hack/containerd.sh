@@ -14,11 +14,30 @@ SOCK=$DIR/containerd.sock
 PIDFILE=$DIR/containerd.pid
 # One bridge per instance; distinct names let two instances coexist.
 BRIDGE=${AGENTBOX_BRIDGE:-abx$(printf '%s' "$DIR" | sha256sum | cut -c1-8)}
-SUBNET_OCTET=$(( 0x$(printf '%s' "$DIR" | sha256sum | cut -c1-2) % 200 + 20 ))
-SUBNET=10.203.$SUBNET_OCTET.0/24
+
+# pick_subnet chooses a 10.203.X.0/24 that no interface routes yet (two
+# instances must never share one), starting from a hash of the directory.
+pick_subnet() {
+  local o=$(( 0x$(printf '%s' "$DIR" | sha256sum | cut -c1-2) % 200 + 20 )) i
+  for i in $(seq 0 199); do
+    local cand=$(( (o - 20 + i) % 200 + 20 ))
+    if [ -z "$(ip -4 route show "10.203.$cand.0/24" 2>/dev/null)" ]; then
+      echo "$cand"; return
+    fi
+  done
+  die "no free 10.203.X.0/24 for the CNI bridge"
+}
 
 write_configs() {
   mkdir -p "$DIR"/{root,state,cni/net.d,cni/ipam,agentbox/policies,runsc-stock,logs}
+  # Create the bridge with its gateway address now, so the subnet is taken
+  # before any other instance looks (the CNI bridge plugin reuses it).
+  ip link del "$BRIDGE" >/dev/null 2>&1 || true
+  local octet; octet=$(pick_subnet)
+  SUBNET=10.203.$octet.0/24
+  ip link add "$BRIDGE" type bridge
+  ip addr add "10.203.$octet.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
   # The shipped roles and bindings; edit them here, they are reread on the
   # next container start.
   cp "$REPO_ROOT"/policies/*.yaml "$DIR/agentbox/policies/"

@@ -34,6 +34,9 @@ var resumeOnce sync.Once
 type sandboxAudit struct {
 	trail    *audit.Trail
 	receiver *audit.Receiver
+	// scrub is the sandbox's scrubber (its role's env allowlist and the
+	// config's redactions), for exec records too.
+	scrub *audit.RoleScrubber
 }
 
 // openTrail starts the trail of a sandbox root. Failing to start it refuses
@@ -80,12 +83,13 @@ func socketPath(cfg *config.Config, containerdAddress, id string) string {
 
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
-func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, trail *audit.Trail) (*audit.Receiver, string, error) {
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, a *sandboxAudit) (*audit.Receiver, string, error) {
 	scrub, err := audit.NewScrubber(p.EnvAllowed, cfg.Audit.Redact)
 	if err != nil {
 		return nil, "", err
 	}
-	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), trail, scrub)
+	a.scrub = scrub
+	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}

@@ -268,7 +268,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		flags[k] = v
 	}
 	if plan.audit != nil {
-		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit.trail)
+		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit)
 		if err != nil {
 			return nil, err
 		}
@@ -412,11 +412,14 @@ func (s *service) prepareExec(r *task.ExecProcessRequest) ([]string, error) {
 		return nil, err
 	}
 	r.Spec.Value = b
-	argv := proc.Args
-	if sc, err := audit.NewScrubber(sb.profile.EnvAllowed, nil); err == nil {
-		argv = sc.Args(argv)
+	if sb.audit != nil && sb.audit.scrub != nil {
+		return sb.audit.scrub.Args(proc.Args), nil
 	}
-	return argv, nil
+	sc, err := audit.NewScrubber(sb.profile.EnvAllowed, nil)
+	if err != nil {
+		return nil, err
+	}
+	return sc.Args(proc.Args), nil
 }
 
 // configPathOf returns the config file containerd named for this container,

@@ -2,7 +2,9 @@
 # Starts or stops a private containerd: its own root, state and socket under
 # $AGENTBOX_DEV (default /tmp/agentbox-dev), CRI on, runtime handler
 # `agentbox` mapped to the agentbox shim with agentbox.dev/* annotations
-# forwarded, a CNI bridge network whose pods have no route off the bridge.
+# forwarded, a CNI bridge network whose pods have no route off the bridge
+# (only one to the metadata address through it, which the e2e tests answer
+# themselves on the bridge, so a broken egress rule reaches no real service).
 #
 #   hack/containerd.sh start   # idempotent; prints the socket path
 #   hack/containerd.sh stop    # stops it and removes every trace
@@ -77,7 +79,8 @@ EOT
       "ipam": {
         "type": "host-local",
         "dataDir": "$DIR/cni/ipam",
-        "ranges": [[{"subnet": "$SUBNET"}]]
+        "ranges": [[{"subnet": "$SUBNET"}]],
+        "routes": [{"dst": "169.254.169.254/32"}]
       }
     },
     {"type": "loopback"}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -83,7 +85,7 @@ func socketPath(cfg *config.Config, containerdAddress, id string) string {
 
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
-func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, a *sandboxAudit) (*audit.Receiver, string, error) {
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, a *sandboxAudit, egress *netpolicy.Plan) (*audit.Receiver, string, error) {
 	scrub, err := audit.NewScrubber(p.EnvAllowed, cfg.Audit.Redact)
 	if err != nil {
 		return nil, "", err
@@ -92,6 +94,9 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *
 	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
+	}
+	if egress != nil && egress.Enforced {
+		rcv.Annotate = egressDecision(egress)
 	}
 	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {
@@ -102,6 +107,26 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *
 		return nil, "", fmt.Errorf("audit: pod init config: %w", err)
 	}
 	return rcv, filepath.Join(bundle, podInitFile), nil
+}
+
+// egressDecision adds to each connect record what the egress rules do with
+// its destination, and which rule decides.
+func egressDecision(pl *netpolicy.Plan) func(*audit.Record) {
+	return func(r *audit.Record) {
+		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
+			return
+		}
+		addr, err := netip.ParseAddr(r.Dst.IP)
+		if err != nil {
+			return
+		}
+		allow, rule := pl.Decide(addr, r.Dst.Port)
+		if r.Detail == nil {
+			r.Detail = map[string]string{}
+		}
+		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
+		r.Detail["egress_rule"] = rule
+	}
 }
 
 // decision is a record of the shim's own.

@@ -21,6 +21,8 @@ type sandboxState struct {
 	expired bool
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
+	// netns holds the egress rules the shim loaded ("" when none).
+	netns string
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.

@@ -35,6 +35,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/policy"
@@ -129,6 +130,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 				log.G(ctx).WithError(cerr).Warn("agentbox: cleaning up the failed sandbox's cgroup")
 			}
 			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
+			removeEgress(ctx, plan.sandbox)
 			closeAudit(ctx, plan.sandbox.audit, "failed to start")
 		} else {
 			s.record(plan.joins, decision("agentbox/container_failed", "Container Failed", "Failure", err.Error(), map[string]string{"container_id": r.ID}), true)
@@ -142,6 +144,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			err := fmt.Errorf("agentbox: container %s refused: gVisor's audit session is not established (see runsc's log)", r.ID)
 			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
 			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
+			removeEgress(ctx, plan.sandbox)
 			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
 			closeAudit(ctx, plan.sandbox.audit, "audit session failed")
 			return nil, errgrpc.ToGRPC(err)
@@ -167,6 +170,8 @@ type createPlan struct {
 	cgroupsPath string
 	// audit is the new sandbox's trail (sandbox roots only).
 	audit *sandboxAudit
+	// egress is the compiled egress policy (sandbox roots only).
+	egress *netpolicy.Plan
 }
 
 // prepare does the agentbox part of Create. For a sandbox root it opens the
@@ -267,8 +272,13 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	for k, v := range plan.profile.RunscFlags() { // the role wins over the config
 		flags[k] = v
 	}
+	if plan.sandbox != nil {
+		if err := s.applyEgress(ctx, plan, spec); err != nil {
+			return nil, err
+		}
+	}
 	if plan.audit != nil {
-		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit)
+		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit, plan.egress)
 		if err != nil {
 			return nil, err
 		}
@@ -289,6 +299,53 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	}
 	r.Options = any
 	return plan, nil
+}
+
+// applyEgress loads the role's egress rules into the pod's network
+// namespace before runsc takes the interface over. A sandbox with a new,
+// empty namespace has nothing to filter.
+func (s *service) applyEgress(ctx context.Context, plan *createPlan, spec *specs.Spec) error {
+	pl, err := netpolicy.Compile(plan.profile)
+	if err != nil {
+		return err
+	}
+	plan.egress = pl
+	ns := netnsPath(spec)
+	if !pl.Enforced || ns == "" {
+		return nil
+	}
+	iface, err := netpolicy.Apply(ns, pl)
+	if err != nil {
+		return err
+	}
+	if iface == "" {
+		return nil
+	}
+	plan.sandbox.netns = ns
+	detail := map[string]string{"netns": ns, "interface": iface}
+	if len(pl.Unresolved) > 0 {
+		detail["unresolved_hosts"] = strings.Join(pl.Unresolved, ", ")
+	}
+	var denied []string
+	for _, a := range pl.Denied {
+		denied = append(denied, a.String())
+	}
+	detail["metadata_denied"] = strings.Join(denied, ", ")
+	plan.audit.trail.Emit(decision("agentbox/egress_applied", "Egress Rules Applied", "Success",
+		fmt.Sprintf("egress %s: %d allow rule(s), default %s", plan.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)
+	return nil
+}
+
+func netnsPath(spec *specs.Spec) string {
+	if spec.Linux == nil {
+		return ""
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
 }
 
 // agentboxAnnotations returns the agentbox.dev/* annotations.
@@ -479,7 +536,8 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	if err == nil && r.ExecID == "" {
 		s.exits.forget(r.ID)
 		if sb, ok := s.sandboxes.sandbox(r.ID); ok {
-			// The sandbox root is gone: its trail ends.
+			// The sandbox root is gone: its rules go, its trail ends.
+			removeEgress(ctx, sb)
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
 		} else {
 			s.record(r.ID, decision("agentbox/container_deleted", "Container Deleted", "Success",
@@ -560,6 +618,19 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	}
 	s.sd.Shutdown()
 	return resp, nil
+}
+
+// removeEgress deletes the sandbox's egress rules, recording the outcome.
+func removeEgress(ctx context.Context, sb *sandboxState) {
+	if sb.netns == "" {
+		return
+	}
+	if err := netpolicy.Remove(sb.netns); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
+		sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Failure", err.Error(), nil), true)
+		return
+	}
+	sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Success", "egress rules removed from "+sb.netns, nil), true)
 }
 
 func describeRequest(r policy.Request) string {

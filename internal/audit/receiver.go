@@ -34,6 +34,11 @@ const outOfOrderSlack = time.Second
 // oversized or out-of-order messages become anomaly records, never a crash
 // or a stall of the shim.
 type Receiver struct {
+	// Annotate, when set, may add to each event record before it is
+	// sealed (the shim adds egress decisions). Set it before the sandbox
+	// connects.
+	Annotate func(*Record)
+
 	path  string
 	ln    *net.UnixListener
 	trail *Trail
@@ -179,6 +184,9 @@ func (r *Receiver) Process(b []byte) {
 		if t.After(r.lastTime) {
 			r.lastTime = t
 		}
+	}
+	if r.Annotate != nil {
+		r.Annotate(rec)
 	}
 	r.trail.Emit(rec, false)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -174,6 +175,13 @@ func writeExplanation(w io.Writer, ex explanation) {
 	fmt.Fprintf(w, "\nfilesystem:  rootfs %s; writable %v (noexec %v); host mounts %s; masked %v\n",
 		p.Filesystem.Rootfs, p.Filesystem.Writable, p.Filesystem.NoExecWritable, hostMounts(p.Filesystem.HostMounts), p.Filesystem.MaskedPaths)
 	fmt.Fprintf(w, "network:     egress %s%s\n", p.Network.Egress, egressRules(p.Network.Allow))
+	if pl, err := netpolicy.Compile(p); err == nil && pl.Enforced {
+		var denied []string
+		for _, a := range pl.Denied {
+			denied = append(denied, a.String())
+		}
+		fmt.Fprintf(w, "             nftables on the pod interface; metadata addresses denied: %s\n", strings.Join(denied, ", "))
+	}
 	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; denied syscalls %v; no_new_privs\n",
 		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses, p.Process.DeniedSyscalls)
 	var secrets []string
@@ -239,5 +247,5 @@ func egressRules(rules []policy.EgressRule) string {
 		}
 		parts = append(parts, dst)
 	}
-	return " to " + strings.Join(parts, "; ") + " (allowlists are not enforced yet: no network until they are)"
+	return " to " + strings.Join(parts, "; ") + " (host-name rules allow nothing until names are resolved for the pod)"
 }

@@ -65,7 +65,7 @@ func TestPolicyExplain(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ex); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if ex.Profile.Role != "coder" || !strings.HasPrefix(ex.Profile.Digest, "sha256:") || !ex.Spec.Root.Readonly || ex.RunscFlags["network"] != "none" {
+	if ex.Profile.Role != "coder" || !strings.HasPrefix(ex.Profile.Digest, "sha256:") || !ex.Spec.Root.Readonly || ex.RunscFlags["network"] != "" || ex.RunscFlags["oci-seccomp"] != "true" {
 		t.Fatalf("explain json: %+v", ex)
 	}
 	for _, kv := range ex.Spec.Process.Env {
@@ -74,7 +74,7 @@ func TestPolicyExplain(t *testing.T) {
 		}
 	}
 	text, _, err := run(t, "policy", "explain", "--policy-dir", "../../policies", "--role", "coder", "--namespace", "agents")
-	if err != nil || !strings.Contains(text, "role coder (chain coder -> baseline)") || !strings.Contains(text, "--network=none") {
+	if err != nil || !strings.Contains(text, "role coder (chain coder -> baseline)") || !strings.Contains(text, "--oci-seccomp=true") || !strings.Contains(text, "metadata addresses denied") {
 		t.Fatalf("explain text: %v\n%s", err, text)
 	}
 	if _, _, err := run(t, "policy", "explain", "--policy-dir", "../../policies", "--role", "coder", "--namespace", "default"); err == nil || !strings.Contains(err.Error(), "not bound") {

@@ -45,7 +45,8 @@ type record struct {
 		IP   string `json:"ip"`
 		Port int    `json:"port"`
 	} `json:"dst_endpoint"`
-	Counts map[string]int `json:"counts"`
+	Counts map[string]int    `json:"counts"`
+	Detail map[string]string `json:"detail"`
 }
 
 func readTrail(t *testing.T, sandbox string) []record {

@@ -92,6 +92,9 @@ func TestMain(m *testing.M) {
 	}
 	dev, err = startDaemon(dir)
 	if err == nil {
+		err = startEgressServers(dev)
+	}
+	if err == nil {
 		err = writeTestPolicies(dev)
 	}
 	if err != nil {
@@ -179,6 +182,22 @@ spec:
   subjects: [{containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-allow}
+spec:
+  inherits: baseline
+  network:
+    egress: allowlist
+    allow: [{cidr: %s/32, ports: [%d]}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-allow}
+spec:
+  role: e2e-allow
+  subjects: [{namespace: e2e-allow}]
+---
+apiVersion: agentbox.dev/v1
 kind: RoleBinding
 metadata: {name: e2e-ctr}
 spec:
@@ -205,7 +224,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, secret, shared)
+`, secret, shared, egress.gateway, egress.allowed.port)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

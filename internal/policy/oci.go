@@ -48,9 +48,9 @@ func (p *Profile) SpecRewrites(secrets map[string]string) []ocispec.Rewrite {
 // RunscFlags are the runsc flags the profile needs, for the sandbox.
 func (p *Profile) RunscFlags() map[string]string {
 	f := map[string]string{}
-	// Until allowlists are enforced outside the sandbox, an allowlist role
-	// gets no network at all: fail closed, never open.
-	if p.Network.Egress != EgressOpen {
+	// allowlist and open keep gVisor's netstack on the pod interface; the
+	// shim filters it with nftables outside the sandbox (netpolicy).
+	if p.Network.Egress == EgressNone {
 		f["network"] = "none"
 	}
 	if p.Filesystem.Rootfs == RootfsOverlay {

@@ -1,0 +1,241 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// countingServer answers every connection and counts them by the local
+// address they reached.
+type countingServer struct {
+	ln   net.Listener
+	port int
+	mu   sync.Mutex
+	hits map[string]int
+}
+
+func serve(addr, reply string) (*countingServer, error) {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &countingServer{ln: ln, port: ln.Addr().(*net.TCPAddr).Port, hits: map[string]int{}}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			local, _, _ := net.SplitHostPort(c.LocalAddr().String())
+			s.mu.Lock()
+			s.hits[local]++
+			s.mu.Unlock()
+			c.Write([]byte(reply))
+			c.Close()
+		}
+	}()
+	return s, nil
+}
+
+func (s *countingServer) count(addr string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hits[addr]
+}
+
+// egress holds the test servers every destination of the egress tests
+// resolves to: all on this machine, on the private containerd's bridge.
+var egress struct {
+	gateway, other string
+	metadata       string
+	allowed        *countingServer // gateway:port allowed by e2e-allow (listens everywhere)
+	denied         *countingServer // another port, same address
+	meta           *countingServer // 169.254.169.254:80, bound on the bridge
+}
+
+func startEgressServers(d *daemon) error {
+	gw, bridge, err := bridgeOf(d)
+	if err != nil {
+		return err
+	}
+	egress.gateway = gw
+	egress.other = strings.TrimSuffix(gw, ".1") + ".254"
+	egress.metadata = "169.254.169.254"
+	// The "other" and metadata addresses live on the private bridge only,
+	// which hack/containerd.sh stop deletes.
+	for _, a := range []string{egress.other + "/32", egress.metadata + "/32"} {
+		if out, err := exec.Command("ip", "addr", "add", a, "dev", bridge).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip addr add %s dev %s: %v: %s", a, bridge, err, out)
+		}
+	}
+	if egress.allowed, err = serve("0.0.0.0:0", "allowed-server\n"); err != nil {
+		return err
+	}
+	if egress.denied, err = serve("0.0.0.0:0", "denied-server\n"); err != nil {
+		return err
+	}
+	egress.meta, err = serve(egress.metadata+":80", "metadata-server\n")
+	return err
+}
+
+// bridgeOf reads the gateway address and bridge name from the daemon's CNI
+// config.
+func bridgeOf(d *daemon) (gw, bridge string, err error) {
+	b, err := os.ReadFile(filepath.Join(d.dir, "cni", "net.d", "10-agentbox.conflist"))
+	if err != nil {
+		return "", "", err
+	}
+	var conf struct {
+		Plugins []struct {
+			Bridge string `json:"bridge"`
+			IPAM   struct {
+				Ranges [][]struct{ Subnet string } `json:"ranges"`
+			} `json:"ipam"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &conf); err != nil {
+		return "", "", err
+	}
+	_, n, err := net.ParseCIDR(conf.Plugins[0].IPAM.Ranges[0][0].Subnet)
+	if err != nil {
+		return "", "", err
+	}
+	ip := n.IP.To4()
+	ip[3]++
+	return ip.String(), conf.Plugins[0].Bridge, nil
+}
+
+func probeScript(targets ...string) string {
+	var b strings.Builder
+	for _, t := range targets {
+		host, port, _ := net.SplitHostPort(t)
+		fmt.Fprintf(&b, "r=$(nc -w 3 %s %s </dev/null 2>&1); echo \"probe %s: $r\"; ", host, port, t)
+	}
+	b.WriteString("echo probes-done; sleep 600")
+	return b.String()
+}
+
+// TestEgressAllowlist: under an allowlist role the allowed address and
+// port connect; another port on the same host, another address and the
+// metadata address are refused by nftables in the pod's network namespace,
+// and each attempt is audited with the rule that decided. After the pod is
+// gone, so are its rules.
+func TestEgressAllowlist(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	gwAllowed := net.JoinHostPort(egress.gateway, fmt.Sprint(egress.allowed.port))
+	gwDenied := net.JoinHostPort(egress.gateway, fmt.Sprint(egress.denied.port))
+	otherAddr := net.JoinHostPort(egress.other, fmt.Sprint(egress.allowed.port))
+	meta := net.JoinHostPort(egress.metadata, "80")
+	beforeOther, beforeMeta := egress.allowed.count(egress.other), egress.meta.count(egress.metadata)
+	beforeDenied := egress.denied.count(egress.gateway)
+
+	p := newPodIn(t, "egress", "e2e-allow", map[string]string{"agentbox.dev/role": "e2e-allow"})
+	id := p.container(t, "c", "sh", "-c", probeScript(gwAllowed, gwDenied, otherAddr, meta))
+	logs := waitLogs(t, id, "probes-done")
+	if !strings.Contains(logs.stdout, "probe "+gwAllowed+": allowed-server") {
+		t.Fatalf("the allowed host and port must connect: %v", logs)
+	}
+	for _, blocked := range []string{gwDenied, otherAddr, meta} {
+		if !strings.Contains(logs.stdout, "probe "+blocked+": nc: timed out") {
+			t.Errorf("%s must be refused: %v", blocked, logs)
+		}
+	}
+	if n := egress.denied.count(egress.gateway) - beforeDenied; n != 0 {
+		t.Errorf("the other port was reached %d time(s)", n)
+	}
+	if n := egress.allowed.count(egress.other) - beforeOther; n != 0 {
+		t.Errorf("the other address was reached %d time(s)", n)
+	}
+	if n := egress.meta.count(egress.metadata) - beforeMeta; n != 0 {
+		t.Errorf("the metadata address was reached %d time(s)", n)
+	}
+	// The rules are in the pod's namespace, outside the sandbox.
+	r := dev.crictl(30*time.Second, "inspectp", p.id)
+	var insp struct {
+		Info struct {
+			RuntimeSpec struct {
+				Linux struct {
+					Namespaces []struct{ Type, Path string } `json:"namespaces"`
+				} `json:"linux"`
+			} `json:"runtimeSpec"`
+		} `json:"info"`
+	}
+	json.Unmarshal([]byte(r.stdout), &insp)
+	var netns string
+	for _, ns := range insp.Info.RuntimeSpec.Linux.Namespaces {
+		if ns.Type == "network" {
+			netns = ns.Path
+		}
+	}
+	out, err := exec.Command("nsenter", "--net="+netns, "nft", "list", "table", "netdev", "agentbox").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "hook egress") {
+		t.Fatalf("no agentbox table in %s: %v: %s", netns, err, out)
+	}
+	dev.crictl(60*time.Second, "stopp", p.id)
+	dev.crictl(60*time.Second, "rmp", p.id)
+	p.released = true
+
+	// Every attempt is in the trail with its destination and the rule.
+	recs := readTrail(t, p.id)
+	want := map[string]string{
+		gwAllowed: "allow allow[0] " + egress.gateway + "/32 ports [" + fmt.Sprint(egress.allowed.port) + "]",
+		gwDenied:  "deny default deny",
+		otherAddr: "deny default deny",
+		meta:      "deny metadata address",
+	}
+	seen := map[string]bool{}
+	var applied, removed bool
+	for _, rec := range recs {
+		switch rec.Event {
+		case "agentbox/egress_applied":
+			applied = true
+		case "agentbox/egress_removed":
+			removed = rec.Status == "Success"
+		case "syscall/connect":
+			if rec.Dst == nil {
+				continue
+			}
+			dst := net.JoinHostPort(rec.Dst.IP, fmt.Sprint(rec.Dst.Port))
+			if w, ok := want[dst]; ok {
+				got := rec.Detail["egress"] + " " + rec.Detail["egress_rule"]
+				if got != w {
+					t.Errorf("%s: recorded %q, want %q", dst, got, w)
+				}
+				seen[dst] = true
+			}
+		}
+	}
+	if !applied || !removed || len(seen) != len(want) {
+		t.Fatalf("trail: applied %v removed %v, connects seen %v", applied, removed, seen)
+	}
+}
+
+// TestEgressOpenDeniesMetadata: open egress reaches the bridge, but not the
+// metadata address.
+func TestEgressOpenDeniesMetadata(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	before := egress.meta.count(egress.metadata)
+	gwDenied := net.JoinHostPort(egress.gateway, fmt.Sprint(egress.denied.port))
+	meta := net.JoinHostPort(egress.metadata, "80")
+	p := newPodIn(t, "open", "e2e-net", map[string]string{"agentbox.dev/role": "e2e-open"})
+	id := p.container(t, "c", "sh", "-c", probeScript(gwDenied, meta))
+	logs := waitLogs(t, id, "probes-done")
+	if !strings.Contains(logs.stdout, "probe "+gwDenied+": denied-server") {
+		t.Fatalf("open egress must reach the bridge: %v", logs)
+	}
+	if !strings.Contains(logs.stdout, "probe "+meta+": nc: timed out") || egress.meta.count(egress.metadata) != before {
+		t.Fatalf("the metadata address must stay denied under open egress: %v", logs)
+	}
+}

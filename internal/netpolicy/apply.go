@@ -1,0 +1,76 @@
+package netpolicy
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// Apply loads the plan into the network namespace at netns (a path like
+// /var/run/netns/cni-...) on its one non-loopback interface, which it
+// returns. A namespace with no interface but loopback needs no rules.
+func Apply(netns string, pl *Plan) (string, error) {
+	out, err := inNetns(netns, nil, "ip", "-o", "link", "show")
+	if err != nil {
+		return "", fmt.Errorf("list interfaces in %s: %w", netns, err)
+	}
+	var ifaces []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		if name != "lo" {
+			ifaces = append(ifaces, name)
+		}
+	}
+	switch len(ifaces) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", fmt.Errorf("network namespace %s has %d interfaces (%v): egress policy covers one", netns, len(ifaces), ifaces)
+	}
+	if _, err := inNetns(netns, strings.NewReader(pl.Ruleset(ifaces[0])), "nft", "-f", "-"); err != nil {
+		return "", fmt.Errorf("load egress rules into %s: %w", netns, err)
+	}
+	return ifaces[0], nil
+}
+
+// Remove deletes agentbox's table from netns. A namespace that is already
+// gone took the table with it.
+func Remove(netns string) error {
+	if _, err := os.Stat(netns); os.IsNotExist(err) {
+		return nil
+	}
+	_, err := inNetns(netns, nil, "nft", "delete", "table", "netdev", Table)
+	if err != nil && (strings.Contains(err.Error(), "No such file") || strings.Contains(err.Error(), "does not exist")) {
+		return nil
+	}
+	return err
+}
+
+// Rules lists agentbox's table in netns ("" when there is none).
+func Rules(netns string) (string, error) {
+	out, err := inNetns(netns, nil, "nft", "list", "table", "netdev", Table)
+	if err != nil && strings.Contains(err.Error(), "No such file") {
+		return "", nil
+	}
+	return out, err
+}
+
+func inNetns(netns string, stdin *strings.Reader, name string, args ...string) (string, error) {
+	cmd := exec.Command("nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		return so.String(), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(se.String()))
+	}
+	return so.String(), nil
+}

@@ -170,3 +170,56 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 		f.Close()
 	}
 }
+
+// TestBenchmarkEgress compares an allowlist role (nftables default deny
+// with one allowed address) with open egress: per-connection cycle time
+// (nc spawn, connect, close; measured between the server's accepts) and bulk
+// throughput (bytes from first to last at the sink), interleaved.
+// AGENTBOX_BENCH=1 only (hack/bench.sh).
+func TestBenchmarkEgress(t *testing.T) {
+	requireEnv(t)
+	if os.Getenv("AGENTBOX_BENCH") != "1" {
+		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
+	}
+	const conns, mib = 40, 256
+	roles := []struct{ role, ns string }{{"e2e-allow", "e2e-allow"}, {"e2e-open", "e2e-net"}}
+	cycle := map[string][]time.Duration{}
+	tput := map[string][]float64{}
+	for round := 0; round < 3; round++ {
+		for _, r := range roles {
+			p := newPodIn(t, "bench", r.ns, map[string]string{"agentbox.dev/role": r.role})
+			start, sinkRuns := len(egress.allowed.snapshot()), egress.sink.count()
+			script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do nc -w 2 %s %d </dev/null >/dev/null; i=$((i+1)); done; `+
+				`dd if=/dev/zero bs=64k count=%d 2>/dev/null | nc -w 5 %s %d; echo bench-done; sleep 600`,
+				conns, egress.gateway, egress.allowed.port, mib*16, egress.gateway, egress.sink.port)
+			id := p.container(t, "c", "sh", "-c", script)
+			waitLogs(t, id, "bench-done")
+			acc := egress.allowed.snapshot()[start:]
+			if len(acc) != conns {
+				t.Fatalf("%s: %d of %d connections accepted", r.role, len(acc), conns)
+			}
+			cycle[r.role] = append(cycle[r.role], acc[len(acc)-1].Sub(acc[0])/time.Duration(conns-1))
+			run := egress.sink.run(sinkRuns)
+			if run.bytes != mib<<20 {
+				t.Fatalf("%s: sink got %d bytes, want %d", r.role, run.bytes, mib<<20)
+			}
+			tput[r.role] = append(tput[r.role], float64(run.bytes)/(1<<20)/run.took.Seconds())
+			dev.crictl(60*time.Second, "stopp", p.id)
+			dev.crictl(60*time.Second, "rmp", p.id)
+			p.released = true
+		}
+	}
+	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+	cy := func(role string) time.Duration { return stats(cycle[role]).median }
+	var b strings.Builder
+	fmt.Fprintf(&b, "egress allowlist (nftables, default deny) vs open, 3 interleaved rounds\n")
+	fmt.Fprintf(&b, "connection cycle (nc, connect, close): allowlist %s, open %s, ratio %.3fx\n", ms(cy("e2e-allow")), ms(cy("e2e-open")), float64(cy("e2e-allow"))/float64(cy("e2e-open")))
+	a, o := med(tput["e2e-allow"]), med(tput["e2e-open"])
+	fmt.Fprintf(&b, "bulk throughput (%d MiB): allowlist %.0f MiB/s, open %.0f MiB/s, ratio %.3fx  (goal >= 0.95x)\n", mib, a, o, a/o)
+	t.Log("\n" + b.String())
+	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
+		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		f.WriteString("\n" + b.String())
+		f.Close()
+	}
+}

@@ -18,10 +18,11 @@ import (
 // countingServer answers every connection and counts them by the local
 // address they reached.
 type countingServer struct {
-	ln   net.Listener
-	port int
-	mu   sync.Mutex
-	hits map[string]int
+	ln      net.Listener
+	port    int
+	mu      sync.Mutex
+	hits    map[string]int
+	accepts []time.Time
 }
 
 func serve(addr, reply string) (*countingServer, error) {
@@ -39,6 +40,7 @@ func serve(addr, reply string) (*countingServer, error) {
 			local, _, _ := net.SplitHostPort(c.LocalAddr().String())
 			s.mu.Lock()
 			s.hits[local]++
+			s.accepts = append(s.accepts, time.Now())
 			s.mu.Unlock()
 			c.Write([]byte(reply))
 			c.Close()
@@ -61,6 +63,56 @@ var egress struct {
 	allowed        *countingServer // gateway:port allowed by e2e-allow (listens everywhere)
 	denied         *countingServer // another port, same address
 	meta           *countingServer // 169.254.169.254:80, bound on the bridge
+	sink           *sinkServer     // gateway:port allowed by e2e-allow, for throughput
+}
+
+// sinkServer reads each connection to the end and records its bytes and
+// the time from its first byte to its end.
+type sinkServer struct {
+	port int
+	mu   sync.Mutex
+	runs []sinkRun
+}
+
+type sinkRun struct {
+	bytes int64
+	took  time.Duration
+}
+
+func newSink() (*sinkServer, error) {
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &sinkServer{port: ln.Addr().(*net.TCPAddr).Port}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 256<<10)
+				var n int64
+				var first time.Time
+				for {
+					k, err := c.Read(buf)
+					if k > 0 && first.IsZero() {
+						first = time.Now()
+					}
+					n += int64(k)
+					if err != nil {
+						break
+					}
+				}
+				s.mu.Lock()
+				s.runs = append(s.runs, sinkRun{n, time.Since(first)})
+				s.mu.Unlock()
+			}()
+		}
+	}()
+	return s, nil
 }
 
 func startEgressServers(d *daemon) error {
@@ -84,7 +136,10 @@ func startEgressServers(d *daemon) error {
 	if egress.denied, err = serve("0.0.0.0:0", "denied-server\n"); err != nil {
 		return err
 	}
-	egress.meta, err = serve(egress.metadata+":80", "metadata-server\n")
+	if egress.meta, err = serve(egress.metadata+":80", "metadata-server\n"); err != nil {
+		return err
+	}
+	egress.sink, err = newSink()
 	return err
 }
 
@@ -189,7 +244,7 @@ func TestEgressAllowlist(t *testing.T) {
 	// Every attempt is in the trail with its destination and the rule.
 	recs := readTrail(t, p.id)
 	want := map[string]string{
-		gwAllowed: "allow allow[0] " + egress.gateway + "/32 ports [" + fmt.Sprint(egress.allowed.port) + "]",
+		gwAllowed: fmt.Sprintf("allow allow[0] %s/32 ports %v", egress.gateway, sortedPorts(egress.allowed.port, egress.sink.port)),
 		gwDenied:  "deny default deny",
 		otherAddr: "deny default deny",
 		meta:      "deny metadata address",
@@ -238,4 +293,38 @@ func TestEgressOpenDeniesMetadata(t *testing.T) {
 	if !strings.Contains(logs.stdout, "probe "+meta+": nc: timed out") || egress.meta.count(egress.metadata) != before {
 		t.Fatalf("the metadata address must stay denied under open egress: %v", logs)
 	}
+}
+
+func sortedPorts(a, b int) []int {
+	if a > b {
+		a, b = b, a
+	}
+	return []int{a, b}
+}
+
+func (s *countingServer) snapshot() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.accepts...)
+}
+
+func (s *sinkServer) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.runs)
+}
+
+// run waits (up to 10s) for the n-th run to end and returns it.
+func (s *sinkServer) run(n int) sinkRun {
+	for i := 0; i < 200; i++ {
+		s.mu.Lock()
+		if len(s.runs) > n {
+			r := s.runs[n]
+			s.mu.Unlock()
+			return r
+		}
+		s.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	return sinkRun{}
 }

@@ -188,7 +188,7 @@ spec:
   inherits: baseline
   network:
     egress: allowlist
-    allow: [{cidr: %s/32, ports: [%d]}]
+    allow: [{cidr: %s/32, ports: [%d, %d]}]
 ---
 apiVersion: agentbox.dev/v1
 kind: RoleBinding
@@ -224,7 +224,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, secret, shared, egress.gateway, egress.allowed.port)
+`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

@@ -328,3 +328,49 @@ func (s *sinkServer) run(n int) sinkRun {
 	}
 	return sinkRun{}
 }
+
+// TestEgressCtrNetns: a ctr container given a network namespace (a veth on
+// the private bridge) gets the same rules, and they are removed from the
+// namespace, which outlives the container, when it is deleted.
+func TestEgressCtrNetns(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	_, bridge, err := bridgeOf(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("abx-e2e-%d", os.Getpid())
+	host := fmt.Sprintf("abxv%d", os.Getpid()%100000)
+	ip := strings.TrimSuffix(egress.gateway, ".1") + ".200/24"
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	run("ip", "netns", "add", ns)
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	defer exec.Command("ip", "link", "del", host).Run()
+	run("ip", "link", "set", host, "master", bridge, "up")
+	run("ip", "netns", "exec", ns, "ip", "addr", "add", ip, "dev", "eth0")
+	run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+	run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+	id := uniqueID("ctrnet")
+	gwAllowed := net.JoinHostPort(egress.gateway, fmt.Sprint(egress.allowed.port))
+	gwDenied := net.JoinHostPort(egress.gateway, fmt.Sprint(egress.denied.port))
+	before := egress.denied.count(egress.gateway)
+	r := dev.runAgent(t, id, []string{"--with-ns", "network:/var/run/netns/" + ns, "--annotation", "agentbox.dev/role=e2e-allow"},
+		"sh", "-c", strings.Replace(probeScript(gwAllowed, gwDenied), "; sleep 600", "", 1))
+	if r.code != 0 || !strings.Contains(r.stdout, "probe "+gwAllowed+": allowed-server") || !strings.Contains(r.stdout, "probe "+gwDenied+": nc: timed out") {
+		t.Fatalf("ctr container in a given netns: %v", r)
+	}
+	if egress.denied.count(egress.gateway) != before {
+		t.Fatal("the denied port was reached")
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "tables").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "agentbox") {
+		t.Fatalf("rules left in the namespace after the container: %v %s", err, out)
+	}
+}

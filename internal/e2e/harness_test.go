@@ -195,7 +195,7 @@ kind: RoleBinding
 metadata: {name: e2e-allow}
 spec:
   role: e2e-allow
-  subjects: [{namespace: e2e-allow}]
+  subjects: [{namespace: e2e-allow}, {containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
 kind: RoleBinding

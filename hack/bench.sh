@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Start-to-exit latency: agentbox vs the stock gVisor shim vs runc, in one
-# interleaved run against a fresh private containerd. Prints medians and
-# ratios; also writes them to _output/bench-start.txt.
+# The end-to-end benchmarks against a fresh private containerd, each
+# interleaved: start-to-exit latency (agentbox vs the stock gVisor shim vs
+# runc), audit overhead (on vs off), egress (allowlist vs open). Prints
+# medians and ratios; also writes them to _output/bench-start.txt.
 #   AGENTBOX_BENCH_ROUNDS=30 hack/bench.sh
 source "$(dirname "$0")/lib.sh"
 need_root
@@ -11,5 +12,5 @@ step "benchmark: ${AGENTBOX_BENCH_ROUNDS:-30} rounds x 3 runtimes"
 cd "$REPO_ROOT"
 AGENTBOX_BENCH=1 AGENTBOX_BENCH_OUT="$REPO_ROOT/_output/bench-start.txt" \
   go test -tags e2e -count=1 -timeout 30m -run "^TestBenchmark" ./internal/e2e >/dev/null \
-  || { echo "benchmark failed; rerun with -v: go test -tags e2e -run TestBenchmarkStartToExit -v ./internal/e2e" >&2; exit 1; }
+  || { echo "benchmark failed; rerun with -v: AGENTBOX_BENCH=1 go test -tags e2e -run TestBenchmark -v ./internal/e2e" >&2; exit 1; }
 cat "$REPO_ROOT/_output/bench-start.txt"

@@ -53,15 +53,6 @@ func Remove(netns string) error {
 	return err
 }
 
-// Rules lists agentbox's table in netns ("" when there is none).
-func Rules(netns string) (string, error) {
-	out, err := inNetns(netns, nil, "nft", "list", "table", "netdev", Table)
-	if err != nil && strings.Contains(err.Error(), "No such file") {
-		return "", nil
-	}
-	return out, err
-}
-
 func inNetns(netns string, stdin *strings.Reader, name string, args ...string) (string, error) {
 	cmd := exec.Command("nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
 	if stdin != nil {

@@ -131,10 +131,8 @@ func egressDecision(pl *netpolicy.Plan) func(*audit.Record) {
 
 // decision is a record of the shim's own.
 func decision(event, activity, status, msg string, detail map[string]string) *audit.Record {
-	r := &audit.Record{
-		Time: time.Now().UTC().Format(time.RFC3339Nano), ClassUID: audit.ClassBase, ClassName: "Base Event",
-		ActivityID: 99, ActivityName: activity, Event: event, Status: status, Message: msg, Detail: detail,
-	}
+	r := audit.NewRecord(time.Now(), audit.ClassBase, 99, activity, event)
+	r.Status, r.Message, r.Detail = status, msg, detail
 	return r
 }
 

@@ -197,7 +197,7 @@ func (r *Receiver) anomaly(msg string, detail map[string]string) {
 	if r.anomalies > MaxAnomalyRecords {
 		return
 	}
-	a := newRecord(time.Now(), ClassBase, 99, "Anomaly", "agentbox/anomaly")
+	a := NewRecord(time.Now(), ClassBase, 99, "Anomaly", "agentbox/anomaly")
 	a.Status = "Failure"
 	a.Message = msg
 	a.Detail = detail

@@ -101,7 +101,9 @@ type Endpoint struct {
 	Type string `json:"type,omitempty"`
 }
 
-func newRecord(t time.Time, class, activity int, activityName, event string) *Record {
+// NewRecord starts a record of a class at t; its time is formatted when it
+// is encoded.
+func NewRecord(t time.Time, class, activity int, activityName, event string) *Record {
 	return &Record{
 		at:           t, // Time is formatted when the record is encoded
 		ClassUID:     class,

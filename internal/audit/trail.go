@@ -190,7 +190,7 @@ func (t *Trail) gapRecordLocked() *Record {
 		total += n
 	}
 	sort.Strings(reasons)
-	g := newRecord(time.Now(), ClassBase, 99, "Gap", "agentbox/gap")
+	g := NewRecord(time.Now(), ClassBase, 99, "Gap", "agentbox/gap")
 	g.Status = "Failure"
 	g.Message = fmt.Sprintf("%d event(s) not recorded: %v", total, reasons)
 	g.Counts = counts

@@ -14,7 +14,7 @@ func writeTrail(t *testing.T, n int) (string, [][]byte) {
 	t.Helper()
 	tt := newTestTrail(t, "sb")
 	for i := 0; i < n; i++ {
-		r := newRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat")
+		r := NewRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat")
 		r.File = &File{Path: "/tmp/f" + string(rune('a'+i))}
 		tt.trail.Emit(r, false)
 	}
@@ -78,18 +78,18 @@ func TestTrailSurvivesFailingSink(t *testing.T) {
 	if err != nil {
 		t.Skip("/dev/full:", err)
 	}
-	tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "before"), true)
+	tt.trail.Emit(NewRecord(time.Now(), ClassProcess, 1, "Launch", "before"), true)
 	tt.trail.mu.Lock()
 	tt.trail.file.f = full
 	tt.trail.mu.Unlock()
 	for i := 0; i < 5; i++ {
-		tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "lost"), true)
+		tt.trail.Emit(NewRecord(time.Now(), ClassProcess, 1, "Launch", "lost"), true)
 	}
 	tt.trail.mu.Lock()
 	tt.trail.file.f = good
 	tt.trail.mu.Unlock()
 	full.Close()
-	tt.trail.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "after"), true)
+	tt.trail.Emit(NewRecord(time.Now(), ClassProcess, 1, "Launch", "after"), true)
 	recs := tt.close(t)
 	var events []string
 	for _, r := range recs {
@@ -120,7 +120,7 @@ func TestRotationKeepsTheChain(t *testing.T) {
 	fs, _ := NewFileSink(dir, "sb", 4096)
 	tr := NewTrail(Meta{Sandbox: "sb"}, fs)
 	for i := 0; i < 200; i++ {
-		tr.Emit(newRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat"), i%10 == 0)
+		tr.Emit(NewRecord(time.Now(), ClassFileSystem, 14, "Open", "syscall/openat"), i%10 == 0)
 	}
 	tr.Close(&Record{Event: EventSandboxEnd})
 	trails, err := FindTrails(dir)

@@ -80,7 +80,7 @@ func TestWebhookOutage(t *testing.T) {
 	tr := NewTrail(Meta{Sandbox: "sb"}, fs, w)
 	emit := func(n int) {
 		for i := 0; i < n; i++ {
-			tr.Emit(newRecord(time.Now(), ClassProcess, 1, "Launch", "e"), i%5 == 0)
+			tr.Emit(NewRecord(time.Now(), ClassProcess, 1, "Launch", "e"), i%5 == 0)
 		}
 		tr.Flush()
 	}

@@ -31,7 +31,7 @@ func policyCommand() *cli.Command {
 					}
 					set, err := policy.LoadPaths(c.Args().Slice()...)
 					if err != nil {
-						errs := flatten(err)
+						errs := policy.Errors(err)
 						for _, e := range errs {
 							fmt.Fprintln(c.App.ErrWriter, e)
 						}
@@ -60,17 +60,6 @@ func policyCommand() *cli.Command {
 	}
 }
 
-func flatten(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []error
-		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
-		}
-		return out
-	}
-	return []error{err}
-}
-
 // explanation is `policy explain`'s JSON output.
 type explanation struct {
 	Request    policy.Request    `json:"request"`
@@ -91,7 +80,7 @@ func explain(c *cli.Context) error {
 	}
 	set, err := policy.LoadPaths(dir)
 	if err != nil {
-		for _, e := range flatten(err) {
+		for _, e := range policy.Errors(err) {
 			fmt.Fprintln(c.App.ErrWriter, e)
 		}
 		return cli.Exit("the policy does not load", 1)

@@ -184,7 +184,7 @@ func TestAuditTrail(t *testing.T) {
 func TestAuditNetworkAndPod(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	gw, port := bridgeGateway(t), testServer(t, "hello\n")
+	gw, port := egress.gateway, testServer(t, "hello\n")
 	// A closed port next to it (bound and closed again: nothing listens).
 	probe, _ := net.Listen("tcp4", "0.0.0.0:0")
 	closed := probe.Addr().(*net.TCPAddr).Port

@@ -205,13 +205,7 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 // countSandboxes counts runsc sandbox processes under d's runsc root.
 func countSandboxes(d *daemon) int {
 	n := 0
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, pth := range procs {
-		b, err := os.ReadFile(pth)
-		if err != nil {
-			continue
-		}
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+	for _, cmd := range cmdlines() {
 		if strings.HasPrefix(cmd, "runsc-sandbox") && strings.Contains(cmd, fmt.Sprintf("--root=%s/", d.runscRoot())) {
 			n++
 		}

@@ -3,9 +3,7 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -197,7 +195,7 @@ func TestEscapeNetworkNone(t *testing.T) {
 	// busybox's wget segfaults under gVisor (its static glibc resolver);
 	// nc speaks HTTP well enough.
 	script := fmt.Sprintf("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %d; s=$?; echo; echo wget-status=$s; sleep 600",
-		bridgeGateway(t), port)
+		egress.gateway, port)
 
 	// baseline (egress none) in a CNI pod: no route anywhere.
 	p := newPodIn(t, "net-none", "agents", nil)
@@ -215,54 +213,16 @@ func TestEscapeNetworkNone(t *testing.T) {
 	}
 }
 
-// testServer listens on every host address (the pods reach it at the CNI
-// bridge's gateway), answers each connection with reply and closes it. It
-// returns the port; the server stops with the test.
+// testServer answers each connection with reply (see serve) until the test
+// ends, and returns its port. Pods reach it at the bridge's gateway.
 func testServer(t *testing.T, reply string) int {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	s, err := serve("0.0.0.0:0", reply)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte(reply))
-			c.Close()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// bridgeGateway is the host's address on the private containerd's CNI
-// bridge (the first address of its subnet).
-func bridgeGateway(t *testing.T) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dev.dir, "cni", "net.d", "10-agentbox.conflist"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conf struct {
-		Plugins []struct {
-			IPAM struct {
-				Ranges [][]struct{ Subnet string } `json:"ranges"`
-			} `json:"ipam"`
-		} `json:"plugins"`
-	}
-	if err := json.Unmarshal(b, &conf); err != nil || len(conf.Plugins) == 0 || len(conf.Plugins[0].IPAM.Ranges) == 0 {
-		t.Fatalf("CNI config: %v", err)
-	}
-	_, n, err := net.ParseCIDR(conf.Plugins[0].IPAM.Ranges[0][0].Subnet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := n.IP.To4()
-	gw[3]++
-	return gw.String()
+	t.Cleanup(func() { s.ln.Close() })
+	return s.port
 }
 
 func TestEscapeUnboundRole(t *testing.T) {
@@ -338,10 +298,7 @@ func TestEscapeHostileGVisorAnnotation(t *testing.T) {
 // container.
 func sandboxCmdlines(id string) []string {
 	var out []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+	for _, cmd := range cmdlines() {
 		if strings.HasPrefix(cmd, "runsc") && strings.Contains(cmd, id) {
 			out = append(out, cmd)
 		}

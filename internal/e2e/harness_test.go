@@ -336,13 +336,7 @@ func uniqueID(prefix string) string {
 // container cgroups that were not there before.
 func (d *daemon) leaks(netnsBefore, cgroupsBefore, socketsBefore map[string]bool) []string {
 	var out []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+	for _, cmd := range cmdlines() {
 		isShim := strings.Contains(cmd, "containerd-shim") && strings.Contains(cmd, d.sock)
 		isRunsc := strings.HasPrefix(cmd, "runsc") && strings.Contains(cmd, d.runscRoot())
 		if isShim || isRunsc {
@@ -410,6 +404,19 @@ func cgroupSet() map[string]bool {
 		}
 	}
 	return m
+}
+
+// cmdlines returns the command lines of the processes running now, their
+// arguments joined by spaces.
+func cmdlines() []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
+			out = append(out, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
 }
 
 func clipLine(s string) string {

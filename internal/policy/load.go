@@ -379,7 +379,7 @@ func assemble(docs []parsed) (*Set, []error) {
 				continue
 			}
 			if _, err := set.Profile(d.role.Metadata.Name); err != nil {
-				for _, e := range joinedErrors(err) {
+				for _, e := range Errors(err) {
 					var fe fieldError
 					if errors.As(e, &fe) {
 						at(d, "spec."+fe.path, fe.msg+" (after inheritance)")
@@ -393,9 +393,15 @@ func assemble(docs []parsed) (*Set, []error) {
 	return set, problems
 }
 
-func joinedErrors(err error) []error {
+// Errors lists the problems in an error returned by this package: the
+// errors joined in it, recursively, or the error itself.
+func Errors(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, Errors(e)...)
+		}
+		return out
 	}
 	return []error{err}
 }

@@ -19,8 +19,8 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/netpolicy"
-	"agentbox.dev/agentbox/internal/policy"
 )
 
 // podInitFile is the runsc --pod-init-config the shim writes per sandbox.
@@ -85,7 +85,8 @@ func socketPath(cfg *config.Config, containerdAddress, id string) string {
 
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
-func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *policy.Profile, a *sandboxAudit, egress *netpolicy.Plan) (*audit.Receiver, string, error) {
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan) (*audit.Receiver, string, error) {
+	p, a := sb.profile, sb.audit
 	scrub, err := audit.NewScrubber(p.EnvAllowed, cfg.Audit.Redact)
 	if err != nil {
 		return nil, "", err
@@ -96,7 +97,11 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
 	if egress != nil && egress.Enforced {
-		rcv.Annotate = egressDecision(egress)
+		var resolved netpolicy.Resolved
+		if sb.resolved != nil {
+			resolved = sb.resolved.Has
+		}
+		rcv.Annotate = egressDecision(egress, resolved, sb.dnsAddr)
 	}
 	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {
@@ -110,8 +115,9 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, p *
 }
 
 // egressDecision adds to each connect record what the egress rules do with
-// its destination, and which rule decides.
-func egressDecision(pl *netpolicy.Plan) func(*audit.Record) {
+// its destination, and which rule decides. DNS to the pod's resolver
+// (dnsAddr) does not pass the rules: it has a link of its own.
+func egressDecision(pl *netpolicy.Plan, resolved netpolicy.Resolved, dnsAddr netip.Addr) func(*audit.Record) {
 	return func(r *audit.Record) {
 		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
 			return
@@ -120,13 +126,56 @@ func egressDecision(pl *netpolicy.Plan) func(*audit.Record) {
 		if err != nil {
 			return
 		}
-		allow, rule := pl.Decide(addr, r.Dst.Port)
+		allow, rule := pl.Decide(addr, r.Dst.Port, resolved)
+		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr && r.Dst.Port == netpolicy.DNSPort {
+			allow, rule = true, "pod resolver"
+		}
 		if r.Detail == nil {
 			r.Detail = map[string]string{}
 		}
 		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
 		r.Detail["egress_rule"] = rule
 	}
+}
+
+// dnsRecord turns a resolver decision into a record. The name comes from
+// the sandbox: it is scrubbed like argv.
+func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
+	name := d.Name
+	if scrub != nil {
+		name = scrub.Args([]string{name})[0]
+	}
+	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
+		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
+	status, event, activity := "Failure", "agentbox/dns_"+string(d.Outcome), "DNS "+strings.ToUpper(string(d.Outcome[:1]))+string(d.Outcome[1:])
+	var msg string
+	switch d.Outcome {
+	case dnsproxy.Answered:
+		status = "Success"
+		var addrs []string
+		for _, a := range d.Addrs {
+			addrs = append(addrs, a.String())
+		}
+		detail["addresses"] = strings.Join(addrs, ", ")
+		if d.TTL > 0 {
+			detail["allowed_for"] = d.TTL.String()
+		}
+		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
+	case dnsproxy.Refused:
+		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
+	default:
+		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
+	}
+	for k, v := range detail {
+		if v == "" {
+			delete(detail, k)
+		}
+	}
+	if d.Err != nil {
+		detail["error"] = d.Err.Error()
+		msg += ": " + d.Err.Error()
+	}
+	return decision(event, activity, status, msg, detail)
 }
 
 // decision is a record of the shim's own.

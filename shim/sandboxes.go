@@ -1,9 +1,12 @@
 package shim
 
 import (
+	"net/netip"
 	"sync"
 	"time"
 
+	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -23,6 +26,12 @@ type sandboxState struct {
 	audit *sandboxAudit
 	// netns holds the egress rules the shim loaded ("" when none).
 	netns string
+	// resolver is the pod's DNS resolver (allowlist egress), at dnsAddr,
+	// asking upstreams; resolved mirrors what it let through.
+	resolver  *dnsproxy.Resolver
+	dnsAddr   netip.Addr
+	upstreams []netip.AddrPort
+	resolved  *netpolicy.Resolutions
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.

@@ -9,9 +9,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -35,6 +38,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
@@ -240,6 +244,11 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), describeRequest(req)),
 			map[string]string{"tightened": strings.Join(plan.profile.Tightened, ", ")}), true)
 		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit}
+		defer func() {
+			if retErr != nil {
+				removeEgress(ctx, plan.sandbox)
+			}
+		}()
 	}
 	secrets, err := readSecrets(plan.profile)
 	if err != nil {
@@ -250,6 +259,29 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		rewrites = append(rewrites, ocispec.RaiseOOMScoreAdj(adj.Floor))
 	}
 	rewrites = append(rewrites, plan.profile.SpecRewrites(secrets)...)
+	if plan.sandbox != nil {
+		// Egress rules and the resolver go in before runsc takes the pod's
+		// interfaces over.
+		if err := s.applyEgress(ctx, cfg, plan, spec); err != nil {
+			return nil, err
+		}
+	}
+	if sb := plan.sandbox; sb == nil {
+		sb, _ = s.sandboxes.sandbox(plan.joins)
+		if sb != nil && sb.dnsAddr.IsValid() {
+			rw, err := resolvConfFor(r.Bundle, spec, sb.dnsAddr)
+			if err != nil {
+				return nil, err
+			}
+			rewrites = append(rewrites, rw)
+		}
+	} else if sb.dnsAddr.IsValid() {
+		rw, err := resolvConfFor(r.Bundle, spec, sb.dnsAddr)
+		if err != nil {
+			return nil, err
+		}
+		rewrites = append(rewrites, rw)
+	}
 	changes, err := ocispec.Apply(spec, rewrites...)
 	if err != nil {
 		return nil, err
@@ -272,13 +304,8 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	for k, v := range plan.profile.RunscFlags() { // the role wins over the config
 		flags[k] = v
 	}
-	if plan.sandbox != nil {
-		if err := s.applyEgress(ctx, plan, spec); err != nil {
-			return nil, err
-		}
-	}
 	if plan.audit != nil {
-		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.profile, plan.audit, plan.egress)
+		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.sandbox, plan.egress)
 		if err != nil {
 			return nil, err
 		}
@@ -302,9 +329,10 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 }
 
 // applyEgress loads the role's egress rules into the pod's network
-// namespace before runsc takes the interface over. A sandbox with a new,
-// empty namespace has nothing to filter.
-func (s *service) applyEgress(ctx context.Context, plan *createPlan, spec *specs.Spec) error {
+// namespace and, under an allowlist, starts the pod's DNS resolver, before
+// runsc takes the interfaces over. A sandbox with a new, empty namespace
+// has nothing to filter.
+func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *createPlan, spec *specs.Spec) error {
 	pl, err := netpolicy.Compile(plan.profile)
 	if err != nil {
 		return err
@@ -314,27 +342,98 @@ func (s *service) applyEgress(ctx context.Context, plan *createPlan, spec *specs
 	if !pl.Enforced || ns == "" {
 		return nil
 	}
-	iface, err := netpolicy.Apply(ns, pl)
+	iface, err := netpolicy.Apply(ns, pl, dnsproxy.PodLink)
 	if err != nil {
 		return err
 	}
 	if iface == "" {
 		return nil
 	}
-	plan.sandbox.netns = ns
+	sb := plan.sandbox
+	sb.netns = ns
 	detail := map[string]string{"netns": ns, "interface": iface}
-	if len(pl.Unresolved) > 0 {
-		detail["unresolved_hosts"] = strings.Join(pl.Unresolved, ", ")
-	}
 	var denied []string
 	for _, a := range pl.Denied {
 		denied = append(denied, a.String())
 	}
 	detail["metadata_denied"] = strings.Join(denied, ", ")
-	plan.audit.trail.Emit(decision("agentbox/egress_applied", "Egress Rules Applied", "Success",
+	if pl.Resolver {
+		if err := startResolver(cfg, sb, pl); err != nil {
+			return err
+		}
+		detail["resolver"] = sb.dnsAddr.String()
+		detail["upstreams"] = fmt.Sprint(sb.upstreams)
+		var hosts []string
+		for _, h := range pl.Hosts() {
+			hosts = append(hosts, h.Host)
+		}
+		detail["hosts"] = strings.Join(hosts, ", ")
+	}
+	sb.audit.trail.Emit(decision("agentbox/egress_applied", "Egress Rules Applied", "Success",
 		fmt.Sprintf("egress %s: %d allow rule(s), default %s", plan.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)
 	return nil
 }
+
+// startResolver starts the pod's DNS resolver: its answers go into the
+// rules' sets and every question into the trail.
+func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) error {
+	addr, peer, err := cfg.Network.ResolverAddrs()
+	if err != nil {
+		return err
+	}
+	ups, err := cfg.Network.UpstreamAddrs("/etc/resolv.conf")
+	if err != nil {
+		return err
+	}
+	scrub, err := audit.NewScrubber(sb.profile.EnvAllowed, cfg.Audit.Redact)
+	if err != nil {
+		return err
+	}
+	sb.resolved = netpolicy.NewResolutions(nil)
+	ns, trail := sb.netns, sb.audit.trail
+	h := &dnsproxy.Handler{
+		Plan:     pl,
+		Exchange: dnsproxy.Exchange(ups),
+		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
+			if err := netpolicy.Update(ns, pl.Elements(r, addrs, ttl)); err != nil {
+				return err
+			}
+			sb.resolved.Add(r, addrs, ttl)
+			return nil
+		},
+		MinTTL: time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
+		MaxTTL: time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
+		Record: func(d dnsproxy.Decision) { trail.Emit(dnsRecord(d, scrub), false) },
+		ID:     func() uint16 { return uint16(rand.Uint32()) },
+	}
+	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Upstreams: ups, Handler: h})
+	if err != nil {
+		return err
+	}
+	sb.resolver, sb.dnsAddr, sb.upstreams = res, addr, ups
+	return nil
+}
+
+// resolvConfFor writes the container's resolv.conf (naming the pod's
+// resolver) into its bundle and returns the rewrite that mounts it.
+func resolvConfFor(bundle string, spec *specs.Spec, resolver netip.Addr) (ocispec.Rewrite, error) {
+	var original []byte
+	if src := ocispec.ResolvConfSource(spec); src != "" {
+		b, err := os.ReadFile(src)
+		if err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("read the pod's resolv.conf: %w", err)
+		}
+		original = b
+	}
+	path := filepath.Join(bundle, resolvConfFile)
+	if err := os.WriteFile(path, dnsproxy.ResolvConf(original, resolver), 0o644); err != nil {
+		return nil, fmt.Errorf("write resolv.conf: %w", err)
+	}
+	return ocispec.MountResolvConf(path), nil
+}
+
+// resolvConfFile is the resolv.conf the shim writes into a bundle.
+const resolvConfFile = "agentbox-resolv.conf"
 
 func netnsPath(spec *specs.Spec) string {
 	if spec.Linux == nil {
@@ -620,11 +719,23 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	return resp, nil
 }
 
-// removeEgress deletes the sandbox's egress rules, recording the outcome.
+// removeEgress stops the sandbox's resolver and deletes its egress rules,
+// recording the outcome. It may run twice.
 func removeEgress(ctx context.Context, sb *sandboxState) {
 	if sb.netns == "" {
 		return
 	}
+	if sb.resolver != nil {
+		res := sb.resolver
+		sb.resolver = nil
+		if err := res.Close(); err != nil {
+			log.G(ctx).WithError(err).Warn("agentbox: stopping the DNS resolver")
+			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Failure", err.Error(), nil), true)
+		} else {
+			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+sb.netns, nil), true)
+		}
+	}
+	defer func() { sb.netns = "" }()
 	if err := netpolicy.Remove(sb.netns); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
 		sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Failure", err.Error(), nil), true)

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -57,6 +58,8 @@ type Config struct {
 	Policy Policy `toml:"policy"`
 	// Audit configures the audit trail.
 	Audit Audit `toml:"audit"`
+	// Network configures egress enforcement's per-pod DNS resolver.
+	Network Network `toml:"network"`
 
 	// Source is the file the config was read from; empty for built-in defaults.
 	Source string `toml:"-"`
@@ -125,6 +128,77 @@ type Webhook struct {
 	BatchRecords int `toml:"batch_records"`
 }
 
+// Network configures the DNS resolver each allowlist pod gets.
+type Network struct {
+	// ResolverAddress is the IPv4 address the pod's resolv.conf names; the
+	// pod's side of the link to the resolver takes the next address. It
+	// must not be an address the pod reaches otherwise.
+	ResolverAddress string `toml:"resolver_address"`
+	// Upstreams are the servers allowed names are resolved with ("ip" or
+	// "ip:port"), asked from the host's network namespace. Empty: the
+	// nameservers of the host's /etc/resolv.conf.
+	Upstreams []string `toml:"upstreams"`
+	// MinTTLSeconds and MaxTTLSeconds bound how long an answered address
+	// stays allowed. The floor exists because the filter is stateless: a
+	// connection outliving its address's allowance stalls.
+	MinTTLSeconds int `toml:"min_ttl_seconds"`
+	MaxTTLSeconds int `toml:"max_ttl_seconds"`
+}
+
+// DefaultResolverAddress is link-local and outside the metadata addresses.
+const DefaultResolverAddress = "169.254.53.53"
+
+// ResolverAddrs returns the resolver's address and the pod's peer address.
+func (n Network) ResolverAddrs() (resolver, peer netip.Addr, err error) {
+	a, err := netip.ParseAddr(n.ResolverAddress)
+	if err != nil || !a.Is4() {
+		return netip.Addr{}, netip.Addr{}, fmt.Errorf("network.resolver_address: %q is not an IPv4 address", n.ResolverAddress)
+	}
+	p := a.Next()
+	if !p.IsValid() || !p.Is4() || p.As4()[3] == 0 || p.As4()[3] == 255 || a.As4()[3] == 0 {
+		return netip.Addr{}, netip.Addr{}, fmt.Errorf("network.resolver_address: %s leaves no usable next address for the pod's side", a)
+	}
+	return a, p, nil
+}
+
+// UpstreamAddrs parses Upstreams, or reads resolvConf's nameservers when
+// there are none.
+func (n Network) UpstreamAddrs(resolvConf string) ([]netip.AddrPort, error) {
+	list := n.Upstreams
+	if len(list) == 0 {
+		b, err := os.ReadFile(resolvConf)
+		if err != nil {
+			return nil, fmt.Errorf("network.upstreams is empty and %w", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "nameserver" {
+				list = append(list, f[1])
+			}
+		}
+	}
+	var out []netip.AddrPort
+	for i, u := range list {
+		ap, err := parseUpstream(u)
+		if err != nil {
+			return nil, fmt.Errorf("network.upstreams[%d]: %w", i, err)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+func parseUpstream(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	a, err := netip.ParseAddr(strings.Split(s, "%")[0])
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%q is not an address or address:port", s)
+	}
+	return netip.AddrPortFrom(a, 53), nil
+}
+
 // Default returns the built-in configuration used when no file is named and
 // DefaultPath does not exist.
 func Default() *Config {
@@ -135,6 +209,7 @@ func Default() *Config {
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
 			Webhook: Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512}},
+		Network: Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
 	}
 }
 
@@ -271,6 +346,17 @@ func (c *Config) Validate() error {
 		if w.BatchRecords < 1 || w.BatchRecords > 100000 {
 			errs = append(errs, fmt.Errorf("audit.webhook.batch_records: %d is not between 1 and 100000", w.BatchRecords))
 		}
+	}
+	if _, _, err := c.Network.ResolverAddrs(); err != nil {
+		errs = append(errs, err)
+	}
+	for i, u := range c.Network.Upstreams {
+		if _, err := parseUpstream(u); err != nil {
+			errs = append(errs, fmt.Errorf("network.upstreams[%d]: %w", i, err))
+		}
+	}
+	if c.Network.MinTTLSeconds < 1 || c.Network.MaxTTLSeconds < c.Network.MinTTLSeconds || c.Network.MaxTTLSeconds > 86400 {
+		errs = append(errs, fmt.Errorf("network.min_ttl_seconds %d and max_ttl_seconds %d: need 1 <= min <= max <= 86400", c.Network.MinTTLSeconds, c.Network.MaxTTLSeconds))
 	}
 	switch c.Shim.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

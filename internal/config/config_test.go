@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,29 @@ log_level = "debug"
 				if c.Runsc.Binary != "runsc" || c.Shim.LogLevel != "info" || c.Runsc.Flags == nil {
 					t.Fatalf("defaults: %+v", c)
 				}
+			},
+		},
+		{
+			name: "network",
+			in:   "version = 1\n[network]\nresolver_address = \"10.254.0.53\"\nupstreams = [\"127.0.0.1:5353\", \"192.0.2.1\", \"[2001:db8::1]:53\"]\nmin_ttl_seconds = 5\nmax_ttl_seconds = 60\n",
+			check: func(t *testing.T, c *Config) {
+				r, p, err := c.Network.ResolverAddrs()
+				if err != nil || r.String() != "10.254.0.53" || p.String() != "10.254.0.54" {
+					t.Fatalf("resolver %v %v %v", r, p, err)
+				}
+				ups, err := c.Network.UpstreamAddrs("/nonexistent")
+				if err != nil || fmt.Sprint(ups) != "[127.0.0.1:5353 192.0.2.1:53 [2001:db8::1]:53]" {
+					t.Fatalf("upstreams %v %v", ups, err)
+				}
+			},
+		},
+		{
+			name: "bad network",
+			in:   "version = 1\n[network]\nresolver_address = \"10.0.0.255\"\nupstreams = [\"dns.google\"]\nmin_ttl_seconds = 0\n",
+			wantErr: []string{
+				"network.resolver_address: 10.0.0.255 leaves no usable next address",
+				`network.upstreams[0]: "dns.google" is not an address`,
+				"network.min_ttl_seconds 0 and max_ttl_seconds 3600",
 			},
 		},
 		{name: "version required", in: "[runsc]\nbinary = \"runsc\"\n", wantErr: []string{"version: must be 1, got 0"}},
@@ -139,7 +163,22 @@ func TestShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Network.ResolverAddress != DefaultResolverAddress || c.Network.MinTTLSeconds != 300 || c.Network.MaxTTLSeconds != 3600 {
+		t.Fatalf("network section %+v", c.Network)
+	}
 	if c.Policy.Dir != DefaultPolicyDir || c.Policy.DefaultRole != "baseline" || c.Policy.Handler != "agentbox" {
 		t.Fatalf("policy section %+v", c.Policy)
+	}
+}
+
+func TestUpstreamsFromResolvConf(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	os.WriteFile(p, []byte("# comment\nsearch example.com\nnameserver 127.0.0.53\nnameserver fe80::1%eth0\noptions edns0\n"), 0o644)
+	ups, err := Default().Network.UpstreamAddrs(p)
+	if err != nil || fmt.Sprint(ups) != "[127.0.0.53:53 [fe80::1]:53]" {
+		t.Fatalf("upstreams %v %v", ups, err)
+	}
+	if _, err := Default().Network.UpstreamAddrs(filepath.Join(t.TempDir(), "none")); err == nil || !strings.Contains(err.Error(), "network.upstreams is empty") {
+		t.Fatalf("a missing resolv.conf: %v", err)
 	}
 }

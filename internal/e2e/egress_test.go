@@ -64,6 +64,8 @@ var egress struct {
 	denied         *countingServer // another port, same address
 	meta           *countingServer // 169.254.169.254:80, bound on the bridge
 	sink           *sinkServer     // gateway:port allowed by e2e-allow, for throughput
+	upstream       *dnsServer      // the resolvers' upstream, on loopback
+	otherDNS       *dnsServer      // another resolver, on other:53, that pods must not reach
 }
 
 // sinkServer reads each connection to the end and records its bytes and
@@ -139,8 +141,10 @@ func startEgressServers(d *daemon) error {
 	if egress.meta, err = serve(egress.metadata+":80", "metadata-server\n"); err != nil {
 		return err
 	}
-	egress.sink, err = newSink()
-	return err
+	if egress.sink, err = newSink(); err != nil {
+		return err
+	}
+	return startDNSServers(d)
 }
 
 // bridgeOf reads the gateway address and bridge name from the daemon's CNI
@@ -372,5 +376,9 @@ func TestEgressCtrNetns(t *testing.T) {
 	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "tables").CombinedOutput()
 	if err != nil || strings.Contains(string(out), "agentbox") {
 		t.Fatalf("rules left in the namespace after the container: %v %s", err, out)
+	}
+	out, err = exec.Command("ip", "netns", "exec", ns, "ip", "-o", "link", "show").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "agentbox-dns") {
+		t.Fatalf("the resolver's link is left in the namespace after the container: %v %s", err, out)
 	}
 }

@@ -198,6 +198,25 @@ spec:
   subjects: [{namespace: e2e-allow}, {containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-dns}
+spec:
+  inherits: baseline
+  network:
+    egress: allowlist
+    allow:
+      - {host: %s, ports: [%d]}
+      - {host: "*.wild.e2e.test", ports: [%d]}
+      - {host: %s, ports: [80]}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-dns}
+spec:
+  role: e2e-dns
+  subjects: [{namespace: e2e-dns}]
+---
+apiVersion: agentbox.dev/v1
 kind: RoleBinding
 metadata: {name: e2e-ctr}
 spec:
@@ -224,7 +243,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port)
+`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.allowed.port, dnsRebind)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 )
 
 // Apply loads the plan into the network namespace at netns (a path like
 // /var/run/netns/cni-...) on its one non-loopback interface, which it
 // returns. A namespace with no interface but loopback needs no rules.
-func Apply(netns string, pl *Plan) (string, error) {
+// Interfaces named in skip (the resolver's link) are not the pod's.
+func Apply(netns string, pl *Plan, skip ...string) (string, error) {
 	out, err := inNetns(netns, nil, "ip", "-o", "link", "show")
 	if err != nil {
 		return "", fmt.Errorf("list interfaces in %s: %w", netns, err)
@@ -23,7 +25,7 @@ func Apply(netns string, pl *Plan) (string, error) {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-		if name != "lo" {
+		if name != "lo" && !slices.Contains(skip, name) {
 			ifaces = append(ifaces, name)
 		}
 	}
@@ -64,4 +66,10 @@ func inNetns(netns string, stdin *strings.Reader, name string, args ...string) (
 		return so.String(), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(se.String()))
 	}
 	return so.String(), nil
+}
+
+// Update runs nft input (such as Plan.Elements) in netns.
+func Update(netns, input string) error {
+	_, err := inNetns(netns, strings.NewReader(input), "nft", "-f", "-")
+	return err
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
+	"time"
 
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -26,11 +27,19 @@ var MetadataAddresses = []netip.Addr{
 	netip.MustParseAddr("fd00:ec2::254"),   // AWS IPv6
 }
 
-// Rule is one compiled allow rule.
+// Rule is one compiled allow rule: a CIDR, or a host-name pattern whose
+// addresses the pod's DNS resolver adds to the rule's sets as it answers.
 type Rule struct {
+	// Prefix is the CIDR of a CIDR rule.
 	Prefix netip.Prefix
-	Ports  []int
-	// Name describes the rule in records ("allow[2] 10.0.0.0/8:443").
+	// Host is the name pattern of a host rule ("api.github.com",
+	// "*.example.com"), lower case without a trailing dot.
+	Host string
+	// Set4 and Set6 name a host rule's nftables sets of resolved addresses.
+	Set4, Set6 string
+	Ports      []int
+	// Name describes the rule in records ("allow[2] 10.0.0.0/8 ports [443]",
+	// "allow[0] host api.github.com ports [443]").
 	Name string
 }
 
@@ -40,13 +49,18 @@ type Plan struct {
 	Enforced bool
 	// DefaultAccept is true for egress open.
 	DefaultAccept bool
-	Allow         []Rule
+	// Allow are the allow rules, in the role's order.
+	Allow []Rule
 	// Denied are the metadata addresses the role does not name.
 	Denied []netip.Addr
-	// Unresolved are host-name rules, which allow nothing until names are
-	// resolved for the pod.
-	Unresolved []string
+	// Resolver is true for allowlist egress: the pod's names are resolved by
+	// its own resolver, and DNS (port 53) to any other address is dropped
+	// unless a CIDR rule lists port 53.
+	Resolver bool
 }
+
+// DNSPort is the port DNS to resolvers other than the pod's is dropped on.
+const DNSPort = 53
 
 // Compile turns a profile's network section into a plan.
 func Compile(p *policy.Profile) (*Plan, error) {
@@ -57,14 +71,23 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	case policy.EgressOpen:
 		pl.Enforced, pl.DefaultAccept = true, true
 	case policy.EgressAllowlist:
-		pl.Enforced = true
+		pl.Enforced, pl.Resolver = true, true
 	default:
 		return nil, fmt.Errorf("egress %q", p.Network.Egress)
 	}
 	named := map[netip.Addr]bool{}
 	for i, r := range p.Network.Allow {
+		ports := append([]int(nil), r.Ports...)
+		sort.Ints(ports)
+		suffix := ""
+		if len(ports) > 0 {
+			suffix = fmt.Sprintf(" ports %v", ports)
+		}
 		if r.Host != "" {
-			pl.Unresolved = append(pl.Unresolved, r.Host)
+			host := strings.TrimSuffix(strings.ToLower(r.Host), ".")
+			pl.Allow = append(pl.Allow, Rule{Host: host, Ports: ports,
+				Set4: fmt.Sprintf("host4_%d", i), Set6: fmt.Sprintf("host6_%d", i),
+				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)})
 			continue
 		}
 		pfx, err := netip.ParsePrefix(r.CIDR)
@@ -75,13 +98,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 		if pfx.Bits() == pfx.Addr().BitLen() {
 			named[pfx.Addr()] = true
 		}
-		ports := append([]int(nil), r.Ports...)
-		sort.Ints(ports)
-		name := fmt.Sprintf("allow[%d] %s", i, pfx)
-		if len(ports) > 0 {
-			name += fmt.Sprintf(" ports %v", ports)
-		}
-		pl.Allow = append(pl.Allow, Rule{Prefix: pfx, Ports: ports, Name: name})
+		pl.Allow = append(pl.Allow, Rule{Prefix: pfx, Ports: ports, Name: fmt.Sprintf("allow[%d] %s%s", i, pfx, suffix)})
 	}
 	for _, m := range MetadataAddresses {
 		if !named[m] {
@@ -91,12 +108,65 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	return pl, nil
 }
 
+// Hosts are the plan's host rules.
+func (pl *Plan) Hosts() []Rule {
+	var out []Rule
+	for _, r := range pl.Allow {
+		if r.Host != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// MatchHost returns the first host rule whose pattern matches name (any
+// case, with or without the trailing dot). "*.example.com" matches names
+// below example.com, not example.com itself.
+func (pl *Plan) MatchHost(name string) (Rule, bool) {
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if name == "" {
+		return Rule{}, false
+	}
+	for _, r := range pl.Allow {
+		if r.Host == "" {
+			continue
+		}
+		if suffix, wild := strings.CutPrefix(r.Host, "*"); wild {
+			if len(name) > len(suffix) && strings.HasSuffix(name, suffix) {
+				return r, true
+			}
+		} else if name == r.Host {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+// dnsExempt reports whether a CIDR rule lists the DNS port explicitly: DNS
+// to that network is what the role asked for.
+func (r Rule) dnsExempt() bool {
+	if r.Host != "" {
+		return false
+	}
+	for _, p := range r.Ports {
+		if p == DNSPort {
+			return true
+		}
+	}
+	return false
+}
+
 // Ruleset renders the plan for the pod interface iface, as `nft -f`
 // input. It replaces any earlier agentbox table.
 func (pl *Plan) Ruleset(iface string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table netdev %s\ndelete table netdev %s\n", Table, Table)
-	fmt.Fprintf(&b, "table netdev %s {\n\tchain egress {\n", Table)
+	fmt.Fprintf(&b, "table netdev %s {\n", Table)
+	for _, r := range pl.Hosts() {
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype ipv4_addr; flags timeout;\n\t}\n", r.Set4)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype ipv6_addr; flags timeout;\n\t}\n", r.Set6)
+	}
+	b.WriteString("\tchain egress {\n")
 	policy := "drop"
 	if pl.DefaultAccept {
 		policy = "accept"
@@ -108,20 +178,89 @@ func (pl *Plan) Ruleset(iface string) string {
 	for _, a := range pl.Denied {
 		fmt.Fprintf(&b, "\t\t%s daddr %s counter drop comment \"metadata\"\n", family(a), a)
 	}
-	for _, r := range pl.Allow {
-		fam := family(r.Prefix.Addr())
-		if len(r.Ports) == 0 {
-			fmt.Fprintf(&b, "\t\t%s daddr %s accept comment %q\n", fam, r.Prefix, r.Name)
-			continue
+	if pl.Resolver {
+		for _, r := range pl.Allow {
+			if r.dnsExempt() {
+				writeAccept(&b, r, []int{DNSPort})
+			}
 		}
-		set := joinInts(r.Ports)
-		fmt.Fprintf(&b, "\t\t%s daddr %s tcp dport { %s } accept comment %q\n", fam, r.Prefix, set, r.Name)
-		fmt.Fprintf(&b, "\t\t%s daddr %s udp dport { %s } accept comment %q\n", fam, r.Prefix, set, r.Name)
+		for _, proto := range []string{"udp", "tcp"} {
+			fmt.Fprintf(&b, "\t\t%s dport %d counter drop comment %q\n", proto, DNSPort, RuleOtherResolver)
+		}
+	}
+	for _, r := range pl.Allow {
+		writeAccept(&b, r, r.Ports)
 	}
 	if !pl.DefaultAccept {
-		b.WriteString("\t\tcounter drop comment \"default deny\"\n")
+		fmt.Fprintf(&b, "\t\tcounter drop comment %q\n", RuleDefaultDeny)
 	}
 	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+// Rule names Decide reports besides allow rules.
+const (
+	RuleDefaultDeny   = "default deny"
+	RuleMetadata      = "metadata address"
+	RuleOtherResolver = "dns to another resolver"
+	RuleOpen          = "egress open"
+	RuleNone          = "egress none"
+)
+
+// writeAccept renders the accept lines of one rule on ports (any port when
+// empty).
+func writeAccept(b *strings.Builder, r Rule, ports []int) {
+	type match struct{ fam, daddr string }
+	var ms []match
+	if r.Host != "" {
+		ms = []match{{"ip", "@" + r.Set4}, {"ip6", "@" + r.Set6}}
+	} else {
+		ms = []match{{family(r.Prefix.Addr()), r.Prefix.String()}}
+	}
+	for _, m := range ms {
+		if len(ports) == 0 {
+			fmt.Fprintf(b, "\t\t%s daddr %s accept comment %q\n", m.fam, m.daddr, r.Name)
+			continue
+		}
+		set := joinInts(ports)
+		fmt.Fprintf(b, "\t\t%s daddr %s tcp dport { %s } accept comment %q\n", m.fam, m.daddr, set, r.Name)
+		fmt.Fprintf(b, "\t\t%s daddr %s udp dport { %s } accept comment %q\n", m.fam, m.daddr, set, r.Name)
+	}
+}
+
+// Elements renders the `nft -f` input that puts addrs into host rule r's
+// sets for ttl, refreshing the timeout of addresses already there (an add
+// alone leaves an existing element's timeout as it was; add, delete, add in
+// one transaction never fails and always sets it).
+func (pl *Plan) Elements(r Rule, addrs []netip.Addr, ttl time.Duration) string {
+	var v4, v6 []string
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			v4 = append(v4, a.String())
+		} else {
+			v6 = append(v6, a.String())
+		}
+	}
+	secs := int64(ttl / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	var b strings.Builder
+	for _, s := range []struct {
+		name  string
+		elems []string
+	}{{r.Set4, v4}, {r.Set6, v6}} {
+		if len(s.elems) == 0 {
+			continue
+		}
+		timed := make([]string, len(s.elems))
+		for i, e := range s.elems {
+			timed[i] = fmt.Sprintf("%s timeout %ds", e, secs)
+		}
+		fmt.Fprintf(&b, "add element netdev %s %s { %s }\n", Table, s.name, strings.Join(timed, ", "))
+		fmt.Fprintf(&b, "delete element netdev %s %s { %s }\n", Table, s.name, strings.Join(s.elems, ", "))
+		fmt.Fprintf(&b, "add element netdev %s %s { %s }\n", Table, s.name, strings.Join(timed, ", "))
+	}
 	return b.String()
 }
 
@@ -140,20 +279,38 @@ func joinInts(v []int) string {
 	return strings.Join(s, ", ")
 }
 
+// Resolved reports whether host rule r's sets hold addr now.
+type Resolved func(r Rule, addr netip.Addr) bool
+
 // Decide says what the ruleset does with a TCP or UDP packet to addr:port,
-// and which rule decides, the way nftables walks the chain.
-func (pl *Plan) Decide(addr netip.Addr, port int) (allow bool, rule string) {
+// and which rule decides, the way nftables walks the chain. resolved
+// answers for host rules' sets (nil: they are empty).
+func (pl *Plan) Decide(addr netip.Addr, port int, resolved Resolved) (allow bool, rule string) {
 	if !pl.Enforced {
-		return false, "egress none"
+		return false, RuleNone
 	}
 	addr = addr.Unmap()
 	for _, a := range pl.Denied {
 		if a == addr {
-			return false, "metadata address"
+			return false, RuleMetadata
 		}
 	}
+	matches := func(r Rule) bool {
+		if r.Host != "" {
+			return resolved != nil && resolved(r, addr)
+		}
+		return r.Prefix.Contains(addr)
+	}
+	if pl.Resolver && port == DNSPort {
+		for _, r := range pl.Allow {
+			if r.dnsExempt() && matches(r) {
+				return true, r.Name
+			}
+		}
+		return false, RuleOtherResolver
+	}
 	for _, r := range pl.Allow {
-		if !r.Prefix.Contains(addr) {
+		if !matches(r) {
 			continue
 		}
 		if len(r.Ports) == 0 {
@@ -166,7 +323,7 @@ func (pl *Plan) Decide(addr netip.Addr, port int) (allow bool, rule string) {
 		}
 	}
 	if pl.DefaultAccept {
-		return true, "egress open"
+		return true, RuleOpen
 	}
-	return false, "default deny"
+	return false, RuleDefaultDeny
 }

@@ -116,3 +116,33 @@ func StripGVisorAnnotations(s *specs.Spec) (string, error) {
 	sort.Strings(removed)
 	return "removed runtime-override annotations " + strings.Join(removed, ", "), nil
 }
+
+// ResolvConfPath is where a container reads its resolver configuration.
+const ResolvConfPath = "/etc/resolv.conf"
+
+// ResolvConfSource returns the host file mounted at /etc/resolv.conf, if
+// any (CRI mounts the pod's).
+func ResolvConfSource(s *specs.Spec) string {
+	for _, m := range s.Mounts {
+		if m.Destination == ResolvConfPath && m.Type == "bind" {
+			return m.Source
+		}
+	}
+	return ""
+}
+
+// MountResolvConf returns a rewrite that mounts path read-only at
+// /etc/resolv.conf in place of any other resolv.conf mount.
+func MountResolvConf(path string) Rewrite {
+	return func(s *specs.Spec) (string, error) {
+		mount := specs.Mount{Destination: ResolvConfPath, Type: "bind", Source: path, Options: []string{"rbind", "ro"}}
+		for i, m := range s.Mounts {
+			if m.Destination == ResolvConfPath {
+				s.Mounts[i] = mount
+				return fmt.Sprintf("%s: %s replaced by the pod's resolver configuration %s", ResolvConfPath, m.Source, path), nil
+			}
+		}
+		s.Mounts = append(s.Mounts, mount)
+		return fmt.Sprintf("%s: the pod's resolver configuration %s mounted", ResolvConfPath, path), nil
+	}
+}

@@ -2,6 +2,7 @@ package ocispec
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -92,5 +93,29 @@ func TestIsSandboxContainerOf(t *testing.T) {
 	}
 	if _, ok := IsSandboxContainerOf(&specs.Spec{}); ok {
 		t.Fatal("plain container reported as joining")
+	}
+}
+
+func TestMountResolvConf(t *testing.T) {
+	cri := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/cri/sandboxes/x/resolv.conf", Options: []string{"rbind", "rw"}},
+	}}
+	if ResolvConfSource(cri) != "/var/lib/cri/sandboxes/x/resolv.conf" {
+		t.Fatalf("source %q", ResolvConfSource(cri))
+	}
+	msg, err := MountResolvConf("/b/agentbox-resolv.conf")(cri)
+	if err != nil || !strings.Contains(msg, "replaced") || len(cri.Mounts) != 2 {
+		t.Fatalf("%s %v %+v", msg, err, cri.Mounts)
+	}
+	if m := cri.Mounts[1]; m.Source != "/b/agentbox-resolv.conf" || strings.Join(m.Options, ",") != "rbind,ro" {
+		t.Errorf("mount %+v", m)
+	}
+	plain := &specs.Spec{}
+	if ResolvConfSource(plain) != "" {
+		t.Error("no mount, no source")
+	}
+	if msg, _ := MountResolvConf("/b/r")(plain); !strings.Contains(msg, "mounted") || len(plain.Mounts) != 1 || plain.Mounts[0].Destination != "/etc/resolv.conf" {
+		t.Errorf("%s %+v", msg, plain.Mounts)
 	}
 }

@@ -1,0 +1,389 @@
+// Package dnsproxy is the per-pod DNS resolver: it answers only the names
+// a role's host rules allow, puts the addresses it returns into the rules'
+// nftables sets for the answer's lifetime, and refuses every other name, so
+// an agent cannot reach an unlisted host by name nor smuggle data out in
+// random subdomains. Every question becomes a Decision for the audit trail.
+//
+// Handler is the pure part (bytes in, bytes out, side effects injected);
+// Resolver runs it on sockets in a network namespace of its own, wired to
+// the pod's namespace by a veth pair.
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// Outcome classifies a Decision.
+type Outcome string
+
+const (
+	// Answered: an allowed name, answered from upstream (any rcode).
+	Answered Outcome = "answered"
+	// Refused: a name or query the role does not allow; the pod got
+	// NXDOMAIN (names) or an empty answer (other types of allowed names).
+	Refused Outcome = "refused"
+	// Failed: an allowed name the resolver could not answer (upstream down,
+	// rules not updated); the pod got SERVFAIL.
+	Failed Outcome = "failed"
+	// Malformed: a packet that is not a DNS query; dropped or FORMERR.
+	Malformed Outcome = "malformed"
+)
+
+// Decision is what the resolver did with one question, for the trail.
+// Name comes from the sandbox: it is untrusted and may be anything a valid
+// host name is made of.
+type Decision struct {
+	Outcome Outcome
+	Name    string
+	Type    string
+	// Rule is the allow rule that matched, or why none did.
+	Rule string
+	// Addrs are the addresses answered and allowed, for TTL.
+	Addrs []netip.Addr
+	TTL   time.Duration
+	// Rcode is the response code the pod got ("" when it got none).
+	Rcode string
+	Err   error
+	TCP   bool
+}
+
+// Handler answers DNS queries for one pod.
+type Handler struct {
+	Plan *netpolicy.Plan
+	// Exchange sends a query upstream and returns the response.
+	Exchange func(ctx context.Context, query []byte) ([]byte, error)
+	// Allow puts addrs into rule r's sets for ttl; an error fails the query.
+	Allow func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error
+	// MinTTL and MaxTTL bound how long answered addresses stay allowed
+	// (and how long the pod may cache them).
+	MinTTL, MaxTTL time.Duration
+	// Record receives every decision.
+	Record func(Decision)
+	// ID makes upstream query IDs (random in production).
+	ID func() uint16
+}
+
+// maxUDP is the largest UDP response the pod is sent (EDNS's safe size);
+// larger answers are truncated so the pod retries over TCP.
+const maxUDP = 1232
+
+// Handle answers one query. It returns nil when nothing should be sent back
+// (the packet is not a query at all).
+func (h *Handler) Handle(ctx context.Context, query []byte, tcp bool) []byte {
+	d := Decision{TCP: tcp}
+	resp := h.handle(ctx, query, &d)
+	if h.Record != nil {
+		h.Record(d)
+	}
+	return resp
+}
+
+func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte {
+	var p dnsmessage.Parser
+	hdr, err := p.Start(query)
+	if err != nil || hdr.Response {
+		d.Outcome, d.Err = Malformed, errors.New("not a DNS query")
+		return nil
+	}
+	qs, err := p.AllQuestions()
+	if err != nil || len(qs) != 1 {
+		d.Outcome, d.Err = Malformed, fmt.Errorf("a query must ask exactly one question (%d, %v)", len(qs), err)
+		d.Rcode = dnsmessage.RCodeFormatError.String()
+		return reply(hdr, nil, dnsmessage.RCodeFormatError, nil)
+	}
+	q := qs[0]
+	d.Type = typeName(q.Type)
+	name, err := hostName(query)
+	if err != nil {
+		d.Outcome, d.Rule, d.Name = Refused, err.Error(), strings.ToValidUTF8(q.Name.String(), "?")
+		return h.nxdomain(hdr, q, d)
+	}
+	d.Name = name
+	if hdr.OpCode != 0 {
+		d.Outcome, d.Rule, d.Rcode = Refused, fmt.Sprintf("opcode %d not served", hdr.OpCode), dnsmessage.RCodeNotImplemented.String()
+		return reply(hdr, &q, dnsmessage.RCodeNotImplemented, nil)
+	}
+	if q.Class != dnsmessage.ClassINET {
+		d.Outcome, d.Rule = Refused, "class "+q.Class.String()+" not served"
+		return h.nxdomain(hdr, q, d)
+	}
+	rule, ok := h.Plan.MatchHost(name)
+	if !ok {
+		d.Outcome, d.Rule = Refused, "no host rule matches"
+		return h.nxdomain(hdr, q, d)
+	}
+	d.Rule = rule.Name
+	if q.Type != dnsmessage.TypeA && q.Type != dnsmessage.TypeAAAA {
+		// An allowed name, but only addresses are served: an empty answer
+		// tells the client the name exists without the record.
+		d.Outcome, d.Rule, d.Rcode = Refused, "query type "+d.Type+" not served ("+rule.Name+")", dnsmessage.RCodeSuccess.String()
+		return h.fit(reply(hdr, &q, dnsmessage.RCodeSuccess, nil), hdr, q, query, d.TCP)
+	}
+	up, err := h.upstream(ctx, name, q.Type)
+	if err != nil {
+		return h.fail(hdr, q, d, err)
+	}
+	if up.RCode != dnsmessage.RCodeSuccess {
+		d.Outcome, d.Rcode = Answered, up.RCode.String()
+		return reply(hdr, &q, up.RCode, nil)
+	}
+	answers, addrs, ttl := chain(name, q.Type, up.Answers)
+	allowance := h.allowance(ttl)
+	if len(addrs) > 0 {
+		if err := h.Allow(rule, addrs, allowance); err != nil {
+			return h.fail(hdr, q, d, fmt.Errorf("allow %v: %w", addrs, err))
+		}
+	}
+	// The pod caches no longer than the rules allow; owners are spelled the
+	// way the pod asked.
+	for i := range answers {
+		if answers[i].Header.TTL > uint32(allowance/time.Second) {
+			answers[i].Header.TTL = uint32(allowance / time.Second)
+		}
+		if strings.EqualFold(answers[i].Header.Name.String(), q.Name.String()) {
+			answers[i].Header.Name = q.Name
+		}
+	}
+	d.Outcome, d.Addrs, d.Rcode = Answered, addrs, dnsmessage.RCodeSuccess.String()
+	if len(addrs) > 0 {
+		d.TTL = allowance
+	}
+	return h.fit(reply(hdr, &q, dnsmessage.RCodeSuccess, answers), hdr, q, query, d.TCP)
+}
+
+func (h *Handler) nxdomain(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision) []byte {
+	d.Rcode = dnsmessage.RCodeNameError.String()
+	return reply(hdr, &q, dnsmessage.RCodeNameError, nil)
+}
+
+func (h *Handler) fail(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision, err error) []byte {
+	d.Outcome, d.Err, d.Rcode = Failed, err, dnsmessage.RCodeServerFailure.String()
+	return reply(hdr, &q, dnsmessage.RCodeServerFailure, nil)
+}
+
+func (h *Handler) allowance(ttl time.Duration) time.Duration {
+	if ttl < h.MinTTL {
+		ttl = h.MinTTL
+	}
+	if h.MaxTTL > 0 && ttl > h.MaxTTL {
+		ttl = h.MaxTTL
+	}
+	return ttl
+}
+
+// upstream asks the upstream servers for name and checks that the response
+// answers that question.
+func (h *Handler) upstream(ctx context.Context, name string, t dnsmessage.Type) (*dnsmessage.Message, error) {
+	qn, err := dnsmessage.NewName(name + ".")
+	if err != nil {
+		return nil, err
+	}
+	id := uint16(0)
+	if h.ID != nil {
+		id = h.ID()
+	}
+	m := dnsmessage.Message{
+		Header:    dnsmessage.Header{ID: id, RecursionDesired: true},
+		Questions: []dnsmessage.Question{{Name: qn, Type: t, Class: dnsmessage.ClassINET}},
+	}
+	var opt dnsmessage.ResourceHeader
+	if err := opt.SetEDNS0(maxUDP, dnsmessage.RCodeSuccess, false); err != nil {
+		return nil, err
+	}
+	m.Additionals = []dnsmessage.Resource{{Header: opt, Body: &dnsmessage.OPTResource{}}}
+	packed, err := m.Pack()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := h.Exchange(ctx, packed)
+	if err != nil {
+		return nil, err
+	}
+	var resp dnsmessage.Message
+	if err := resp.Unpack(raw); err != nil {
+		return nil, fmt.Errorf("upstream response: %w", err)
+	}
+	if !resp.Response || resp.ID != id || len(resp.Questions) != 1 || resp.Questions[0].Type != t ||
+		!strings.EqualFold(resp.Questions[0].Name.String(), qn.String()) {
+		return nil, errors.New("upstream response does not answer the question")
+	}
+	return &resp, nil
+}
+
+// chain keeps the answers that belong to the question: the CNAME chain
+// from name and the records of type t at its names. It returns them, their
+// addresses and the shortest TTL among them.
+func chain(name string, t dnsmessage.Type, rrs []dnsmessage.Resource) ([]dnsmessage.Resource, []netip.Addr, time.Duration) {
+	names := map[string]bool{strings.ToLower(name) + ".": true}
+	var kept []dnsmessage.Resource
+	var addrs []netip.Addr
+	ttl := time.Duration(-1)
+	// Answers may come in any order: follow the chain until it stops growing.
+	used := make([]bool, len(rrs))
+	for grew := true; grew; {
+		grew = false
+		for i, rr := range rrs {
+			if used[i] || rr.Header.Class != dnsmessage.ClassINET || !names[strings.ToLower(rr.Header.Name.String())] {
+				continue
+			}
+			var a netip.Addr
+			switch b := rr.Body.(type) {
+			case *dnsmessage.CNAMEResource:
+				names[strings.ToLower(b.CNAME.String())] = true
+				grew = true
+			case *dnsmessage.AResource:
+				if t != dnsmessage.TypeA {
+					continue
+				}
+				a = netip.AddrFrom4(b.A)
+			case *dnsmessage.AAAAResource:
+				if t != dnsmessage.TypeAAAA {
+					continue
+				}
+				a = netip.AddrFrom16(b.AAAA)
+			default:
+				continue
+			}
+			used[i] = true
+			kept = append(kept, rr)
+			if a.IsValid() {
+				addrs = append(addrs, a)
+			}
+			if d := time.Duration(rr.Header.TTL) * time.Second; ttl < 0 || d < ttl {
+				ttl = d
+			}
+		}
+	}
+	if ttl < 0 {
+		ttl = 0
+	}
+	return kept, addrs, ttl
+}
+
+// reply builds a response to hdr's query.
+func reply(hdr dnsmessage.Header, q *dnsmessage.Question, rcode dnsmessage.RCode, answers []dnsmessage.Resource) []byte {
+	m := dnsmessage.Message{
+		Header: dnsmessage.Header{ID: hdr.ID, Response: true, OpCode: hdr.OpCode, RecursionDesired: hdr.RecursionDesired,
+			RecursionAvailable: true, RCode: rcode},
+		Answers: answers,
+	}
+	if q != nil {
+		m.Questions = []dnsmessage.Question{*q}
+	}
+	b, err := m.Pack()
+	if err != nil {
+		// Only answers can fail to pack; the pod still gets an answer.
+		m.Answers, m.RCode = nil, dnsmessage.RCodeServerFailure
+		b, _ = m.Pack()
+	}
+	return b
+}
+
+// fit truncates a UDP response larger than the client takes (512 bytes, or
+// its EDNS size up to maxUDP) to its question with TC set, so it asks again
+// over TCP.
+func (h *Handler) fit(resp []byte, hdr dnsmessage.Header, q dnsmessage.Question, query []byte, tcp bool) []byte {
+	if tcp {
+		return resp
+	}
+	limit := 512
+	var m dnsmessage.Message
+	if m.Unpack(query) == nil {
+		for _, rr := range m.Additionals {
+			if rr.Header.Type == dnsmessage.TypeOPT {
+				if size := int(rr.Header.Class); size > limit {
+					limit = min(size, maxUDP)
+				}
+			}
+		}
+	}
+	if len(resp) <= limit {
+		return resp
+	}
+	out := dnsmessage.Message{
+		Header: dnsmessage.Header{ID: hdr.ID, Response: true, Truncated: true, RecursionDesired: hdr.RecursionDesired,
+			RecursionAvailable: true},
+		Questions: []dnsmessage.Question{q},
+	}
+	b, _ := out.Pack()
+	return b
+}
+
+// hostName reads the question name from a query's wire form and returns it
+// in lower case without the final dot, if it is a host name: labels of
+// letters, digits, '-' and '_', no compression (a query has nothing to
+// point back to).
+func hostName(msg []byte) (string, error) {
+	const headerLen = 12
+	if len(msg) < headerLen+1 {
+		return "", errors.New("no question")
+	}
+	var b strings.Builder
+	for off := headerLen; ; {
+		if off >= len(msg) {
+			return "", errors.New("question name runs past the message")
+		}
+		n := int(msg[off])
+		off++
+		if n == 0 {
+			break
+		}
+		if n > 63 {
+			return "", errors.New("question name is compressed or has a label over 63 bytes")
+		}
+		if off+n > len(msg) {
+			return "", errors.New("question name runs past the message")
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		for _, c := range msg[off : off+n] {
+			switch {
+			case c >= 'A' && c <= 'Z':
+				b.WriteByte(c + 'a' - 'A')
+			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+				b.WriteByte(c)
+			default:
+				return "", fmt.Errorf("question name has byte %#x: not a host name", c)
+			}
+		}
+		off += n
+		if b.Len() > 253 {
+			return "", errors.New("question name is over 253 bytes")
+		}
+	}
+	if b.Len() == 0 {
+		return "", errors.New("question is for the root")
+	}
+	return b.String(), nil
+}
+
+func typeName(t dnsmessage.Type) string {
+	s := t.String()
+	return strings.TrimPrefix(s, "Type")
+}
+
+// ResolvConf renders the pod's resolv.conf: the resolver as its only
+// nameserver, keeping the search domains and options of the one it
+// replaces (a Kubernetes pod's cluster domains).
+func ResolvConf(original []byte, resolver netip.Addr) []byte {
+	var b strings.Builder
+	b.WriteString("# agentbox: names resolve through the pod's resolver, which answers only what its role allows.\n")
+	fmt.Fprintf(&b, "nameserver %s\n", resolver)
+	for _, line := range strings.Split(string(original), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "search" || f[0] == "domain" || f[0] == "options") {
+			b.WriteString(strings.Join(f, " ") + "\n")
+		}
+	}
+	return []byte(b.String())
+}

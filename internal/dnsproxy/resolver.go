@@ -1,0 +1,405 @@
+package dnsproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// PodLink is the resolver's interface in the pod's network namespace. It
+// is not the pod's egress interface: gVisor reaches the resolver through it
+// and nothing else, since its only route is to the resolver's address.
+const PodLink = "agentbox-dns"
+
+// resolverLink is the other end, in the resolver's own namespace.
+const resolverLink = "dns0"
+
+// Fixed, locally administered MACs: the pair is a private point-to-point
+// link, and a static neighbor entry spares gVisor the ARP round trip.
+const (
+	resolverMAC = "02:ab:64:6e:73:01"
+	podMAC      = "02:ab:64:6e:73:02"
+)
+
+// Config places a pod's resolver.
+type Config struct {
+	// PodNetns is the path of the pod's network namespace.
+	PodNetns string
+	// Address is what the pod's resolv.conf names; Peer is the pod's
+	// address on PodLink.
+	Address, Peer netip.Addr
+	// Upstreams are the servers allowed names are resolved with, asked in
+	// order, from the shim's own network namespace.
+	Upstreams []netip.AddrPort
+	Handler   *Handler
+	// MaxInFlight bounds the questions handled at once; more are answered
+	// SERVFAIL at once (and recorded).
+	MaxInFlight int
+}
+
+// Resolver serves one pod.
+type Resolver struct {
+	cfg   Config
+	nsfd  *os.File
+	udp   *net.UDPConn
+	tcp   *net.TCPListener
+	slots chan struct{}
+	wg    sync.WaitGroup
+	ctx   context.Context
+	stop  context.CancelFunc
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+// Start creates the resolver's network namespace (held by the shim
+// process only: it disappears with the shim, taking the link with it),
+// links it to the pod's namespace, and serves UDP and TCP on port 53.
+func Start(cfg Config) (*Resolver, error) {
+	if !cfg.Address.Is4() || !cfg.Peer.Is4() {
+		return nil, fmt.Errorf("resolver addresses %s and %s must be IPv4", cfg.Address, cfg.Peer)
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 128
+	}
+	r := &Resolver{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), conns: map[net.Conn]bool{}}
+	r.ctx, r.stop = context.WithCancel(context.Background())
+	var err error
+	if r.nsfd, r.udp, r.tcp, err = listenInNewNetns(); err != nil {
+		return nil, fmt.Errorf("resolver namespace: %w", err)
+	}
+	if err := r.link(); err != nil {
+		r.closeSockets()
+		return nil, err
+	}
+	r.wg.Add(2)
+	go r.serveUDP()
+	go r.serveTCP()
+	return r, nil
+}
+
+// link creates the veth pair and addresses both ends.
+func (r *Resolver) link() error {
+	own := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), r.nsfd.Fd())
+	a, p := r.cfg.Address, r.cfg.Peer
+	mine := strings.Join([]string{
+		fmt.Sprintf("link add %s address %s type veth peer name %s address %s netns %s", resolverLink, resolverMAC, PodLink, podMAC, r.cfg.PodNetns),
+		fmt.Sprintf("addr add %s/32 dev %s", a, resolverLink),
+		fmt.Sprintf("link set %s up", resolverLink),
+		fmt.Sprintf("route add %s/32 dev %s", p, resolverLink),
+		fmt.Sprintf("neigh add %s lladdr %s dev %s nud permanent", p, podMAC, resolverLink),
+	}, "\n")
+	if err := ipBatch(own, mine); err != nil {
+		return fmt.Errorf("link the resolver to %s: %w", r.cfg.PodNetns, err)
+	}
+	pod := strings.Join([]string{
+		// No IPv6 link-local address: the link carries IPv4 DNS only.
+		fmt.Sprintf("link set %s addrgenmode none", PodLink),
+		fmt.Sprintf("addr add %s/32 dev %s", p, PodLink),
+		fmt.Sprintf("link set %s up", PodLink),
+		fmt.Sprintf("route add %s/32 dev %s", a, PodLink),
+		fmt.Sprintf("neigh add %s lladdr %s dev %s nud permanent", a, resolverMAC, PodLink),
+	}, "\n")
+	if err := ipBatch(r.cfg.PodNetns, pod); err != nil {
+		RemoveLink(r.cfg.PodNetns)
+		return fmt.Errorf("address the resolver link in %s: %w", r.cfg.PodNetns, err)
+	}
+	return nil
+}
+
+func ipBatch(netns, batch string) error {
+	cmd := exec.Command("nsenter", "--net="+netns, "--", "ip", "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch + "\n")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ip -batch: %v: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// RemoveLink deletes the resolver's link from the pod's namespace (which
+// deletes both ends). A namespace or link already gone is not an error.
+func RemoveLink(podNetns string) error {
+	if _, err := os.Stat(podNetns); os.IsNotExist(err) {
+		return nil
+	}
+	err := ipBatch(podNetns, "link del "+PodLink)
+	if err != nil && (strings.Contains(err.Error(), "Cannot find device") || strings.Contains(err.Error(), "No such")) {
+		return nil
+	}
+	return err
+}
+
+// listenInNewNetns creates a network namespace on a locked OS thread,
+// opens the resolver's sockets in it and returns the thread to the shim's
+// namespace. If it cannot return, the thread stays locked and exits with
+// its goroutine, so no other goroutine ever runs in the wrong namespace.
+func listenInNewNetns() (nsfd *os.File, udp *net.UDPConn, tcp *net.TCPListener, err error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		orig, oerr := os.Open("/proc/thread-self/ns/net")
+		if oerr != nil {
+			runtime.UnlockOSThread()
+			err = oerr
+			return
+		}
+		defer orig.Close()
+		if err = unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			return
+		}
+		restored := false
+		defer func() {
+			if !restored {
+				return // leave the thread locked: it dies with this goroutine
+			}
+			runtime.UnlockOSThread()
+		}()
+		defer func() {
+			if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+				err = errors.Join(err, fmt.Errorf("return to the shim's namespace: %w", serr))
+				return
+			}
+			restored = true
+		}()
+		if nsfd, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+			return
+		}
+		if udp, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 53}); err != nil {
+			return
+		}
+		tcp, err = net.ListenTCP("tcp4", &net.TCPAddr{Port: 53})
+	}()
+	<-done
+	if err != nil {
+		if nsfd != nil {
+			nsfd.Close()
+		}
+		if udp != nil {
+			udp.Close()
+		}
+		if tcp != nil {
+			tcp.Close()
+		}
+		return nil, nil, nil, err
+	}
+	return nsfd, udp, tcp, nil
+}
+
+func (r *Resolver) serveUDP() {
+	defer r.wg.Done()
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := r.udp.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		q := append([]byte(nil), buf[:n]...)
+		select {
+		case r.slots <- struct{}{}:
+		default:
+			r.busy(q, func(b []byte) { r.udp.WriteToUDPAddrPort(b, from) })
+			continue
+		}
+		r.wg.Add(1)
+		go func() {
+			defer func() { <-r.slots; r.wg.Done() }()
+			if resp := r.cfg.Handler.Handle(r.ctx, q, false); resp != nil {
+				r.udp.WriteToUDPAddrPort(resp, from)
+			}
+		}()
+	}
+}
+
+// busy answers SERVFAIL without asking upstream, and records it.
+func (r *Resolver) busy(q []byte, send func([]byte)) {
+	h := *r.cfg.Handler
+	h.Exchange = func(context.Context, []byte) ([]byte, error) {
+		return nil, fmt.Errorf("resolver busy: %d questions in flight", r.cfg.MaxInFlight)
+	}
+	if resp := h.Handle(r.ctx, q, false); resp != nil {
+		send(resp)
+	}
+}
+
+// tcpIdle closes a pod's TCP connection that sends nothing for this long.
+const tcpIdle = 10 * time.Second
+
+func (r *Resolver) serveTCP() {
+	defer r.wg.Done()
+	for {
+		c, err := r.tcp.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		r.mu.Lock()
+		r.conns[c] = true
+		r.mu.Unlock()
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			defer func() {
+				r.mu.Lock()
+				delete(r.conns, c)
+				r.mu.Unlock()
+				c.Close()
+			}()
+			for {
+				c.SetReadDeadline(time.Now().Add(tcpIdle))
+				q, err := readFrame(c)
+				if err != nil {
+					return
+				}
+				var resp []byte
+				select {
+				case r.slots <- struct{}{}:
+					resp = r.cfg.Handler.Handle(r.ctx, q, true)
+					<-r.slots
+				default:
+					r.busy(q, func(b []byte) { resp = b })
+				}
+				if resp == nil {
+					return
+				}
+				if writeFrame(c, resp) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func readFrame(c io.Reader) ([]byte, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		return nil, err
+	}
+	b := make([]byte, binary.BigEndian.Uint16(n[:]))
+	_, err := io.ReadFull(c, b)
+	return b, err
+}
+
+func writeFrame(c io.Writer, b []byte) error {
+	out := make([]byte, 2+len(b))
+	binary.BigEndian.PutUint16(out, uint16(len(b)))
+	copy(out[2:], b)
+	_, err := c.Write(out)
+	return err
+}
+
+func (r *Resolver) closeSockets() {
+	r.udp.Close()
+	r.tcp.Close()
+	r.nsfd.Close()
+}
+
+// Close stops serving, waits for questions in flight, and removes the
+// link from the pod's namespace. The resolver's namespace goes with its
+// last reference.
+func (r *Resolver) Close() error {
+	r.stop()
+	r.udp.Close()
+	r.tcp.Close()
+	r.mu.Lock()
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	err := RemoveLink(r.cfg.PodNetns)
+	r.nsfd.Close()
+	return err
+}
+
+// upstreamTimeout bounds one upstream attempt.
+const upstreamTimeout = 2 * time.Second
+
+// Exchange sends query to the upstream servers in order over UDP (over TCP
+// when the answer is truncated) and returns the first response.
+func Exchange(upstreams []netip.AddrPort) func(ctx context.Context, query []byte) ([]byte, error) {
+	return func(ctx context.Context, query []byte) ([]byte, error) {
+		if len(upstreams) == 0 {
+			return nil, errors.New("no upstream resolver configured")
+		}
+		var errs []error
+		for _, u := range upstreams {
+			resp, err := exchangeUDP(ctx, u, query)
+			if err == nil && len(resp) > 2 && resp[2]&0x02 != 0 { // TC
+				resp, err = exchangeTCP(ctx, u, query)
+			}
+			if err == nil {
+				return resp, nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", u, err))
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		return nil, errors.Join(errs...)
+	}
+}
+
+func exchangeUDP(ctx context.Context, u netip.AddrPort, query []byte) ([]byte, error) {
+	var d net.Dialer
+	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, "udp", u.String())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	c.SetDeadline(dl)
+	if _, err := c.Write(query); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 65535)
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, err
+		}
+		// A response to another query (or garbage) is not the answer.
+		if n >= 2 && bytes.Equal(buf[:2], query[:2]) {
+			return append([]byte(nil), buf[:n]...), nil
+		}
+	}
+}
+
+func exchangeTCP(ctx context.Context, u netip.AddrPort, query []byte) ([]byte, error) {
+	var d net.Dialer
+	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", u.String())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	c.SetDeadline(dl)
+	if err := writeFrame(c, query); err != nil {
+		return nil, err
+	}
+	return readFrame(c)
+}

@@ -401,10 +401,11 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 			sb.resolved.Add(r, addrs, ttl)
 			return nil
 		},
-		MinTTL: time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
-		MaxTTL: time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
-		Record: func(d dnsproxy.Decision) { trail.Emit(dnsRecord(d, scrub), false) },
-		ID:     func() uint16 { return uint16(rand.Uint32()) },
+		Remaining: sb.resolved.Remaining,
+		MinTTL:    time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
+		MaxTTL:    time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
+		Record:    func(d dnsproxy.Decision) { trail.Emit(dnsRecord(d, scrub), false) },
+		ID:        func() uint16 { return uint16(rand.Uint32()) },
 	}
 	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Upstreams: ups, Handler: h})
 	if err != nil {

@@ -63,6 +63,11 @@ type Handler struct {
 	Exchange func(ctx context.Context, query []byte) ([]byte, error)
 	// Allow puts addrs into rule r's sets for ttl; an error fails the query.
 	Allow func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error
+	// Remaining, if set, says how long all of addrs stay in r's sets (0 if
+	// one is not there). When that is at least half the allowance, the sets
+	// are left as they are and the pod caches for what remains: a repeated
+	// question costs no rule update.
+	Remaining func(r netpolicy.Rule, addrs []netip.Addr) time.Duration
 	// MinTTL and MaxTTL bound how long answered addresses stay allowed
 	// (and how long the pod may cache them).
 	MinTTL, MaxTTL time.Duration
@@ -139,7 +144,9 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 	answers, addrs, ttl := chain(name, q.Type, up.Answers)
 	allowance := h.allowance(ttl)
 	if len(addrs) > 0 {
-		if err := h.Allow(rule, addrs, allowance); err != nil {
+		if left := h.remaining(rule, addrs); left >= allowance/2 {
+			allowance = left
+		} else if err := h.Allow(rule, addrs, allowance); err != nil {
 			return h.fail(hdr, q, d, fmt.Errorf("allow %v: %w", addrs, err))
 		}
 	}
@@ -168,6 +175,13 @@ func (h *Handler) nxdomain(hdr dnsmessage.Header, q dnsmessage.Question, d *Deci
 func (h *Handler) fail(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision, err error) []byte {
 	d.Outcome, d.Err, d.Rcode = Failed, err, dnsmessage.RCodeServerFailure.String()
 	return reply(hdr, &q, dnsmessage.RCodeServerFailure, nil)
+}
+
+func (h *Handler) remaining(r netpolicy.Rule, addrs []netip.Addr) time.Duration {
+	if h.Remaining == nil {
+		return 0
+	}
+	return h.Remaining(r, addrs).Truncate(time.Second)
 }
 
 func (h *Handler) allowance(ttl time.Duration) time.Duration {

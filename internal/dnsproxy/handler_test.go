@@ -309,3 +309,22 @@ func TestResolvConf(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestRepeatedAnswerSkipsTheUpdate: an address still allowed for at least
+// half the allowance is not updated again, and the pod caches only what
+// remains.
+func TestRepeatedAnswerSkipsTheUpdate(t *testing.T) {
+	up := &upstream{answers: map[string][]dnsmessage.Resource{"api.example.com.": {rr("api.example.com.", 600, a("192.0.2.1"))}}}
+	for _, tc := range []struct {
+		left    time.Duration
+		updates int
+		ttl     uint32
+	}{{0, 1, 600}, {100 * time.Second, 1, 600}, {400 * time.Second, 0, 400}} {
+		h, calls, decisions := handler(t, up, nil)
+		h.Remaining = func(netpolicy.Rule, []netip.Addr) time.Duration { return tc.left }
+		resp := parse(t, h.Handle(context.Background(), query(t, 1, "api.example.com.", dnsmessage.TypeA, 0), false))
+		if len(*calls) != tc.updates || resp.Answers[0].Header.TTL != tc.ttl || (*decisions)[0].TTL != time.Duration(tc.ttl)*time.Second {
+			t.Errorf("%v left: %d updates, TTL %d, decision %v", tc.left, len(*calls), resp.Answers[0].Header.TTL, (*decisions)[0].TTL)
+		}
+	}
+}

@@ -181,19 +181,38 @@ func TestBenchmarkEgress(t *testing.T) {
 	if os.Getenv("AGENTBOX_BENCH") != "1" {
 		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
 	}
-	const conns, mib = 40, 256
-	roles := []struct{ role, ns string }{{"e2e-allow", "e2e-allow"}, {"e2e-open", "e2e-net"}}
+	const conns, mib, lookups = 40, 256, 40
+	// A CIDR rule, a host rule (the address the pod's resolver answered,
+	// matched in an nftables set), and open egress; the same servers.
+	roles := []struct{ role, ns, host string }{{"e2e-allow", "e2e-allow", egress.gateway}, {"e2e-dns", "e2e-dns", egress.other}, {"e2e-open", "e2e-net", egress.gateway}}
 	cycle := map[string][]time.Duration{}
 	tput := map[string][]float64{}
+	lookup := map[string][]time.Duration{}
 	for round := 0; round < 3; round++ {
 		for _, r := range roles {
 			p := newPodIn(t, "bench", r.ns, map[string]string{"agentbox.dev/role": r.role})
 			start, sinkRuns := len(egress.allowed.snapshot()), egress.sink.count()
-			script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do nc -w 2 %s %d </dev/null >/dev/null; i=$((i+1)); done; `+
+			// Lookups: through the pod's resolver (allowlist) or straight to
+			// the test DNS server (open).
+			server := ""
+			if r.role == "e2e-open" {
+				server = egress.other
+			}
+			script := fmt.Sprintf(`time -p sh -c 'i=0; while [ $i -lt %d ]; do nslookup %s %s >/dev/null || echo lookup-failed; i=$((i+1)); done' 2>&1 | sed -n 's/^real /lookups /p'; `+
+				`i=0; while [ $i -lt %d ]; do nc -w 2 %s %d </dev/null >/dev/null; i=$((i+1)); done; `+
 				`dd if=/dev/zero bs=64k count=%d 2>/dev/null | nc -w 5 %s %d; echo bench-done; sleep 600`,
-				conns, egress.gateway, egress.allowed.port, mib*16, egress.gateway, egress.sink.port)
+				lookups, dnsAllowed, server, conns, r.host, egress.allowed.port, mib*16, r.host, egress.sink.port)
 			id := p.container(t, "c", "sh", "-c", script)
-			waitLogs(t, id, "bench-done")
+			logs := waitLogs(t, id, "bench-done")
+			var secs float64
+			at := strings.Index(logs.stdout, "lookups ")
+			if at < 0 || strings.Contains(logs.stdout, "lookup-failed") {
+				t.Fatalf("%s: lookups:\n%s", r.role, logs.stdout)
+			}
+			if _, err := fmt.Sscanf(logs.stdout[at:], "lookups %f", &secs); err != nil {
+				t.Fatalf("%s: lookups: %v\n%s", r.role, err, logs.stdout)
+			}
+			lookup[r.role] = append(lookup[r.role], time.Duration(secs*float64(time.Second))/lookups)
 			acc := egress.allowed.snapshot()[start:]
 			if len(acc) != conns {
 				t.Fatalf("%s: %d of %d connections accepted", r.role, len(acc), conns)
@@ -212,10 +231,14 @@ func TestBenchmarkEgress(t *testing.T) {
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	cy := func(role string) time.Duration { return stats(cycle[role]).median }
 	var b strings.Builder
-	fmt.Fprintf(&b, "egress allowlist (nftables, default deny) vs open, 3 interleaved rounds\n")
-	fmt.Fprintf(&b, "connection cycle (nc, connect, close): allowlist %s, open %s, ratio %.3fx\n", ms(cy("e2e-allow")), ms(cy("e2e-open")), float64(cy("e2e-allow"))/float64(cy("e2e-open")))
-	a, o := med(tput["e2e-allow"]), med(tput["e2e-open"])
-	fmt.Fprintf(&b, "bulk throughput (%d MiB): allowlist %.0f MiB/s, open %.0f MiB/s, ratio %.3fx  (goal >= 0.95x)\n", mib, a, o, a/o)
+	fmt.Fprintf(&b, "egress: allowlist by CIDR, allowlist by host name (resolver + nftables set), open; 3 interleaved rounds\n")
+	fmt.Fprintf(&b, "connection cycle (nc, connect, close): cidr %s, host %s, open %s; ratios to open %.3fx, %.3fx\n",
+		ms(cy("e2e-allow")), ms(cy("e2e-dns")), ms(cy("e2e-open")), float64(cy("e2e-allow"))/float64(cy("e2e-open")), float64(cy("e2e-dns"))/float64(cy("e2e-open")))
+	a, h, o := med(tput["e2e-allow"]), med(tput["e2e-dns"]), med(tput["e2e-open"])
+	fmt.Fprintf(&b, "bulk throughput (%d MiB): cidr %.0f MiB/s, host %.0f MiB/s, open %.0f MiB/s; ratios to open %.3fx, %.3fx  (goal >= 0.95x)\n", mib, a, h, o, a/o, h/o)
+	lk := func(role string) time.Duration { return stats(lookup[role]).median }
+	fmt.Fprintf(&b, "name lookup (busybox nslookup, A+AAAA): through the pod's resolver %s, straight to the DNS server (open) %s, ratio %.2fx\n",
+		ms(lk("e2e-dns")), ms(lk("e2e-open")), float64(lk("e2e-dns"))/float64(lk("e2e-open")))
 	t.Log("\n" + b.String())
 	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
 		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)

@@ -194,9 +194,6 @@ func TestEgressDNS(t *testing.T) {
 	if n := egress.allowed.count(egress.other) - beforeOther; n != 1 {
 		t.Errorf("the allowed name's address was reached %d times, want 1", n)
 	}
-	if n := egress.denied.count(egress.other) - beforeDenied; n != 0 {
-		t.Errorf("another port of the allowed name's address was reached %d times", n)
-	}
 	if n := egress.otherDNS.packetCount() - beforeOtherDNS; n != 0 {
 		t.Errorf("the other resolver got %d packets", n)
 	}
@@ -208,6 +205,31 @@ func TestEgressDNS(t *testing.T) {
 	}
 	if n := egress.upstream.count(dnsNotListed+".") - before[dnsNotListed]; n != 0 {
 		t.Errorf("a name not on the list reached upstream %d times", n)
+	}
+	// A second container joins the pod's resolver and rules; one that
+	// claims a wider role does not start, and the pod's rules stay as they
+	// were.
+	wider := p.tryContainer(t, "wider", map[string]any{"command": []string{"true"}, "annotations": map[string]string{"agentbox.dev/role": "e2e-open"}})
+	if wider.code != 0 {
+		t.Fatalf("create: %v", wider)
+	}
+	if rs := dev.crictl(60*time.Second, "start", strings.TrimSpace(wider.stdout)); rs.code == 0 || !strings.Contains(rs.stderr, "a container runs under its pod's role") {
+		t.Fatalf("a container claiming a wider role: %v", rs)
+	}
+	id2 := p.container(t, "c2", "sh", "-c", dnsScript(
+		"cat /etc/resolv.conf | sed 's/^/resolv: /'",
+		lookup(dnsWild, ""),
+		connect(otherAllowed),
+		connect(otherDenied),
+	))
+	out2 := waitLogs(t, id2, "probes-done").stdout
+	for _, w := range []string{"resolv: nameserver 169.254.53.53", "lookup " + dnsWild + "@: rc=0 ", "probe " + otherAllowed + ": allowed-server", "probe " + otherDenied + ": nc: timed out"} {
+		if !strings.Contains(out2, w) {
+			t.Errorf("second container: output lacks %q:\n%s", w, out2)
+		}
+	}
+	if n := egress.denied.count(egress.other) - beforeDenied; n != 0 {
+		t.Errorf("another port of the allowed name's address was reached %d times", n)
 	}
 	netns := podNetns(t, p.id)
 	tables, _ := exec.Command("nsenter", "--net="+netns, "nft", "list", "set", "netdev", "agentbox", "host4_0").CombinedOutput()
@@ -225,7 +247,7 @@ func TestEgressDNS(t *testing.T) {
 		switch r.Event {
 		case "agentbox/dns_answered":
 			if r.Detail["name"] == dnsAllowed && r.Detail["type"] == "A" && r.Detail["addresses"] == egress.other &&
-				r.Detail["rule"] == fmt.Sprintf("allow[0] host %s ports [%d]", dnsAllowed, egress.allowed.port) && r.Detail["allowed_for"] == "5m0s" {
+				r.Detail["rule"] == fmt.Sprintf("allow[0] host %s ports %v", dnsAllowed, sortedPorts(egress.allowed.port, egress.sink.port)) && r.Detail["allowed_for"] == "5m0s" {
 				s.answered = true
 			}
 		case "agentbox/dns_refused":
@@ -244,7 +266,7 @@ func TestEgressDNS(t *testing.T) {
 			case net.JoinHostPort(egress.other, "53"):
 				s.otherResolver = got == "deny dns to another resolver"
 			case otherAllowed:
-				if got == fmt.Sprintf("allow allow[0] host %s ports [%d]", dnsAllowed, egress.allowed.port) {
+				if got == fmt.Sprintf("allow allow[0] host %s ports %v", dnsAllowed, sortedPorts(egress.allowed.port, egress.sink.port)) {
 					s.allowedConnect = true
 				}
 			case otherDenied:

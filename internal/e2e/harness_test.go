@@ -205,7 +205,7 @@ spec:
   network:
     egress: allowlist
     allow:
-      - {host: %s, ports: [%d]}
+      - {host: %s, ports: [%d, %d]}
       - {host: "*.wild.e2e.test", ports: [%d]}
       - {host: %s, ports: [80]}
 ---
@@ -243,7 +243,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.allowed.port, dnsRebind)
+`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

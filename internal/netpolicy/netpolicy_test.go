@@ -190,7 +190,17 @@ func TestResolutions(t *testing.T) {
 	if tab.Has(b, x) {
 		t.Error("an address belongs to the rule whose name resolved to it")
 	}
+	y := netip.MustParseAddr("192.0.2.2")
+	if left := tab.Remaining(a, []netip.Addr{x}); left != 59*time.Second {
+		t.Errorf("remaining %v", left)
+	}
+	if left := tab.Remaining(a, []netip.Addr{x, y}); left != 0 {
+		t.Errorf("an address not in the set: remaining %v", left)
+	}
 	now = now.Add(time.Minute)
+	if left := tab.Remaining(a, []netip.Addr{x}); left != 0 {
+		t.Errorf("expired: remaining %v", left)
+	}
 	if ok, rule := pl.Decide(x, 443, tab.Has); ok || rule != RuleDefaultDeny {
 		t.Errorf("expired address: %v %s", ok, rule)
 	}

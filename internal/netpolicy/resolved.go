@@ -51,3 +51,26 @@ func (t *Resolutions) Has(r Rule, addr netip.Addr) bool {
 	u, ok := t.until[r.Set4][addr.Unmap()]
 	return ok && u.After(t.now())
 }
+
+// Remaining returns how long all of addrs stay in r's sets, less a second
+// for the gap between the kernel's clock starting and this table's: 0 if
+// one of them is not there.
+func (t *Resolutions) Remaining(r Rule, addrs []netip.Addr) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	least := time.Duration(-1)
+	for _, a := range addrs {
+		u, ok := t.until[r.Set4][a.Unmap()]
+		if !ok {
+			return 0
+		}
+		if left := u.Sub(now) - time.Second; least < 0 || left < least {
+			least = left
+		}
+	}
+	if least < 0 {
+		return 0
+	}
+	return least
+}

@@ -1,0 +1,260 @@
+package dnsproxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// testUpstream serves the same answers over UDP and TCP on loopback. Its
+// UDP answers to "big." names are truncated, as a real server's would be.
+type testUpstream struct {
+	udp        *net.UDPConn
+	tcp        *net.TCPListener
+	mu         sync.Mutex
+	tcpQueries int
+}
+
+func answerFor(t testing.TB, q []byte, viaTCP bool) []byte {
+	var m dnsmessage.Message
+	if m.Unpack(q) != nil {
+		return nil
+	}
+	m.Response, m.Additionals = true, nil
+	name := m.Questions[0].Name.String()
+	n := 1
+	if strings.HasPrefix(name, "big.") {
+		n = 80
+		if !viaTCP {
+			m.Truncated = true
+			n = 0
+		}
+	}
+	for i := 0; i < n; i++ {
+		m.Answers = append(m.Answers, rr(name, 60, &dnsmessage.AResource{A: [4]byte{192, 0, 2, byte(i)}}))
+	}
+	b, err := m.Pack()
+	if err != nil {
+		t.Error(err)
+	}
+	return b
+}
+
+func newTestUpstream(t *testing.T) *testUpstream {
+	u := &testUpstream{}
+	var err error
+	if u.udp, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	port := u.udp.LocalAddr().(*net.UDPAddr).Port
+	if u.tcp, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := u.udp.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			u.udp.WriteToUDPAddrPort(answerFor(t, buf[:n], false), from)
+		}
+	}()
+	go func() {
+		for {
+			c, err := u.tcp.Accept()
+			if err != nil {
+				return
+			}
+			q, err := readFrame(c)
+			if err == nil {
+				u.mu.Lock()
+				u.tcpQueries++
+				u.mu.Unlock()
+				writeFrame(c, answerFor(t, q, true))
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { u.udp.Close(); u.tcp.Close() })
+	return u
+}
+
+func (u *testUpstream) addr() netip.AddrPort {
+	return u.udp.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// inNetns runs f on a thread in the network namespace at path. The thread
+// is never handed back to the runtime.
+func inNetns(t *testing.T, path string, f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			t.Error(err)
+			return
+		}
+		f()
+	}()
+	<-done
+}
+
+func ask(t *testing.T, network, name string) (*dnsmessage.Message, error) {
+	c, err := net.DialTimeout(network, "169.254.53.53:53", 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	q := query(t, 77, name, dnsmessage.TypeA, 0)
+	var raw []byte
+	if network == "tcp" {
+		if err := writeFrame(c, q); err != nil {
+			return nil, err
+		}
+		raw, err = readFrame(c)
+	} else {
+		if _, err := c.Write(q); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, 65535)
+		var n int
+		n, err = c.Read(buf)
+		raw = buf[:n]
+	}
+	if err != nil {
+		return nil, err
+	}
+	var m dnsmessage.Message
+	return &m, m.Unpack(raw)
+}
+
+// TestResolverBetweenNamespaces runs the resolver for real: its own
+// namespace, the link into a pod namespace made here, a loopback upstream,
+// and questions over UDP and TCP from inside the pod namespace.
+func TestResolverBetweenNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces")
+	}
+	for _, tool := range []string{"ip", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	ns := fmt.Sprintf("abx-dnsproxy-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	path := "/var/run/netns/" + ns
+
+	up := newTestUpstream(t)
+	var mu sync.Mutex
+	var allowed []netip.Addr
+	var decisions []Decision
+	h := &Handler{
+		Plan:     plan(t),
+		Exchange: Exchange([]netip.AddrPort{up.addr()}),
+		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			allowed = append(allowed, addrs...)
+			return nil
+		},
+		MinTTL: time.Minute, MaxTTL: time.Hour,
+		Record: func(d Decision) { mu.Lock(); decisions = append(decisions, d); mu.Unlock() },
+		ID:     func() uint16 { return 99 },
+	}
+	r, err := Start(Config{PodNetns: path, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"),
+		Upstreams: []netip.AddrPort{up.addr()}, Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The resolver's sockets are not in this namespace (asked of the
+	// kernel: a packet to the resolver's address from here would leave the
+	// machine).
+	if out, err := exec.Command("ss", "-H", "-lnup", "sport = :53").CombinedOutput(); err != nil || strings.Contains(string(out), fmt.Sprintf("pid=%d,", os.Getpid())) {
+		t.Errorf("port 53 in the shim's namespace: %v %s", err, out)
+	}
+	inNetns(t, path, func() {
+		m, err := ask(t, "udp", "api.example.com.")
+		if err != nil || m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 1 {
+			t.Errorf("UDP, allowed: %v %v", m, err)
+		}
+		m, err = ask(t, "udp", "elsewhere.test.")
+		if err != nil || m.RCode != dnsmessage.RCodeNameError {
+			t.Errorf("UDP, refused: %v %v", m, err)
+		}
+		// 80 addresses: upstream truncates over UDP, the resolver asks again
+		// over TCP, then truncates for this 512-byte UDP client...
+		m, err = ask(t, "udp", "big.cdn.test.")
+		if err != nil || !m.Truncated {
+			t.Errorf("UDP, big: %v %v", m, err)
+		}
+		// ...which gets all of them over TCP.
+		m, err = ask(t, "tcp", "big.cdn.test.")
+		if err != nil || m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 80 {
+			t.Errorf("TCP, big: %v %v", m, err)
+		}
+	})
+	mu.Lock()
+	if len(allowed) != 1+80+80 || len(decisions) != 4 {
+		t.Errorf("allowed %d addresses, %d decisions", len(allowed), len(decisions))
+	}
+	mu.Unlock()
+	up.mu.Lock()
+	if up.tcpQueries != 2 {
+		t.Errorf("upstream answered %d TCP queries, want 2", up.tcpQueries)
+	}
+	up.mu.Unlock()
+
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "-n", ns, "link", "show", PodLink).CombinedOutput(); err == nil {
+		t.Errorf("the link outlives the resolver: %s", out)
+	}
+	// Closing twice, or with the namespace gone, is not an error.
+	if err := RemoveLink(path); err != nil {
+		t.Error(err)
+	}
+	if err := RemoveLink("/nonexistent/netns"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestExchangeFailsOver: a dead upstream is skipped for the next one.
+func TestExchangeFailsOver(t *testing.T) {
+	dead, _ := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	deadAddr := dead.LocalAddr().(*net.UDPAddr).AddrPort()
+	dead.Close()
+	up := newTestUpstream(t)
+	ex := Exchange([]netip.AddrPort{deadAddr, up.addr()})
+	resp, err := ex(context.Background(), query(t, 5, "api.example.com.", dnsmessage.TypeA, 0))
+	if err != nil || len(resp) < 12 {
+		t.Fatalf("%x %v", resp, err)
+	}
+	if _, err := Exchange(nil)(context.Background(), nil); err == nil || !strings.Contains(err.Error(), "no upstream") {
+		t.Errorf("no upstreams: %v", err)
+	}
+}

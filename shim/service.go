@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -420,7 +421,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 func resolvConfFor(bundle string, spec *specs.Spec, resolver netip.Addr) (ocispec.Rewrite, error) {
 	var original []byte
 	if src := ocispec.ResolvConfSource(spec); src != "" {
-		b, err := os.ReadFile(src)
+		b, err := readSmallFile(src, 64<<10)
 		if err != nil && !os.IsNotExist(err) {
 			return nil, fmt.Errorf("read the pod's resolv.conf: %w", err)
 		}
@@ -431,6 +432,27 @@ func resolvConfFor(bundle string, spec *specs.Spec, resolver netip.Addr) (ocispe
 		return nil, fmt.Errorf("write resolv.conf: %w", err)
 	}
 	return ocispec.MountResolvConf(path), nil
+}
+
+// readSmallFile reads a regular file of at most limit bytes. The path comes
+// from a spec: a FIFO or device there must not hang or flood the shim.
+func readSmallFile(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s is over %d bytes", path, limit)
+	}
+	return io.ReadAll(io.LimitReader(f, limit))
 }
 
 // resolvConfFile is the resolv.conf the shim writes into a bundle.

@@ -170,6 +170,17 @@ func writeExplanation(w io.Writer, ex explanation) {
 			denied = append(denied, a.String())
 		}
 		fmt.Fprintf(w, "             nftables on the pod interface; metadata addresses denied: %s\n", strings.Join(denied, ", "))
+		if pl.Resolver {
+			var hosts []string
+			for _, h := range pl.Hosts() {
+				hosts = append(hosts, h.Host)
+			}
+			answers := "no name"
+			if len(hosts) > 0 {
+				answers = strings.Join(hosts, ", ")
+			}
+			fmt.Fprintf(w, "             DNS only through the pod's resolver, which answers %s and refuses every other name\n", answers)
+		}
 	}
 	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; denied syscalls %v; no_new_privs\n",
 		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses, p.Process.DeniedSyscalls)
@@ -236,5 +247,5 @@ func egressRules(rules []policy.EgressRule) string {
 		}
 		parts = append(parts, dst)
 	}
-	return " to " + strings.Join(parts, "; ") + " (host-name rules allow nothing until names are resolved for the pod)"
+	return " to " + strings.Join(parts, "; ")
 }

@@ -2,9 +2,10 @@
 # Starts or stops a private containerd: its own root, state and socket under
 # $AGENTBOX_DEV (default /tmp/agentbox-dev), CRI on, runtime handler
 # `agentbox` mapped to the agentbox shim with agentbox.dev/* annotations
-# forwarded, a CNI bridge network whose pods have no route off the bridge
-# (only one to the metadata address through it, which the e2e tests answer
-# themselves on the bridge, so a broken egress rule reaches no real service).
+# forwarded, a dual-stack CNI bridge network whose pods have no route off
+# the bridge (only ones to the metadata addresses through it, which the e2e
+# tests answer themselves on the bridge, so a broken egress rule reaches no
+# real service).
 #
 #   hack/containerd.sh start   # idempotent; prints the socket path
 #   hack/containerd.sh stop    # stops it and removes every trace
@@ -37,8 +38,12 @@ write_configs() {
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
   local octet; octet=$(pick_subnet)
   SUBNET=10.203.$octet.0/24
+  # Dual stack: an IPv6 ULA subnet derived from the same octet (no DAD:
+  # addresses are usable at once, in the pods too).
+  SUBNET6=fd00:ab:$octet::/64
   ip link add "$BRIDGE" type bridge
   ip addr add "10.203.$octet.1/24" dev "$BRIDGE"
+  ip -6 addr add "fd00:ab:$octet::1/64" dev "$BRIDGE" nodad
   ip link set "$BRIDGE" up
   # The shipped roles and bindings; edit them here, they are reread on the
   # next container start.
@@ -79,8 +84,8 @@ EOT
       "ipam": {
         "type": "host-local",
         "dataDir": "$DIR/cni/ipam",
-        "ranges": [[{"subnet": "$SUBNET"}]],
-        "routes": [{"dst": "169.254.169.254/32"}]
+        "ranges": [[{"subnet": "$SUBNET"}], [{"subnet": "$SUBNET6"}]],
+        "routes": [{"dst": "169.254.169.254/32"}, {"dst": "fd00:ec2::254/128"}]
       }
     },
     {"type": "loopback"}

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/hostexec"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
@@ -83,6 +85,8 @@ func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (
 	if f := flag.Lookup("address"); f != nil {
 		s.containerdAddress = f.Value.String()
 	}
+	// nsenter, ip and nft are children of this subreaper too.
+	hostexec.SetRunner(runReaped)
 	reaped := reaper.Default.Subscribe()
 	err := s.exits.install(func() error {
 		var err error
@@ -103,6 +107,24 @@ func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (
 		})
 	}
 	return s, nil
+}
+
+// runReaped runs a command through containerd's reaper, which the shim's
+// SIGCHLD handler feeds: a plain exec.Cmd.Wait races the handler for the
+// child's exit status.
+func runReaped(cmd *exec.Cmd) error {
+	ec, err := reaper.Default.Start(cmd)
+	if err != nil {
+		return err
+	}
+	status, err := reaper.Default.Wait(cmd, ec)
+	if err != nil {
+		return err
+	}
+	if status != 0 {
+		return fmt.Errorf("exit status %d", status)
+	}
+	return nil
 }
 
 // RegisterTTRPC implements shim.TTRPCService.

@@ -10,13 +10,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/hostexec"
 )
 
 // PodLink is the resolver's interface in the pod's network namespace. It
@@ -120,14 +121,8 @@ func (r *Resolver) link() error {
 }
 
 func ipBatch(netns, batch string) error {
-	cmd := exec.Command("nsenter", "--net="+netns, "--", "ip", "-batch", "-")
-	cmd.Stdin = strings.NewReader(batch + "\n")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("ip -batch: %v: %s", err, strings.TrimSpace(out.String()))
-	}
-	return nil
+	_, err := hostexec.InNetns(netns, batch+"\n", "ip", "-batch", "-")
+	return err
 }
 
 // RemoveLink deletes the resolver's link from the pod's namespace (which

@@ -26,7 +26,11 @@ type countingServer struct {
 }
 
 func serve(addr, reply string) (*countingServer, error) {
-	ln, err := net.Listen("tcp4", addr)
+	network := "tcp4"
+	if strings.HasPrefix(addr, "[") {
+		network = "tcp6"
+	}
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -60,6 +64,10 @@ func (s *countingServer) count(addr string) int {
 var egress struct {
 	gateway, other string
 	metadata       string
+	gateway6       string          // the bridge's IPv6 address
+	metadata6      string          // fd00:ec2::254, bound on the bridge
+	denied6        *countingServer // [gateway6]:port, allowed by no rule
+	meta6          *countingServer // [fd00:ec2::254]:80
 	allowed        *countingServer // gateway:port allowed by e2e-allow (listens everywhere)
 	denied         *countingServer // another port, same address
 	meta           *countingServer // 169.254.169.254:80, bound on the bridge
@@ -125,10 +133,12 @@ func startEgressServers(d *daemon) error {
 	egress.gateway = gw
 	egress.other = strings.TrimSuffix(gw, ".1") + ".254"
 	egress.metadata = "169.254.169.254"
+	egress.gateway6 = "fd00:ab:" + strings.Split(gw, ".")[2] + "::1"
+	egress.metadata6 = "fd00:ec2::254"
 	// The "other" and metadata addresses live on the private bridge only,
 	// which hack/containerd.sh stop deletes.
-	for _, a := range []string{egress.other + "/32", egress.metadata + "/32"} {
-		if out, err := exec.Command("ip", "addr", "add", a, "dev", bridge).CombinedOutput(); err != nil {
+	for _, a := range []string{egress.other + "/32", egress.metadata + "/32", egress.metadata6 + "/128"} {
+		if out, err := exec.Command("ip", "addr", "add", a, "dev", bridge, "nodad").CombinedOutput(); err != nil {
 			return fmt.Errorf("ip addr add %s dev %s: %v: %s", a, bridge, err, out)
 		}
 	}
@@ -139,6 +149,12 @@ func startEgressServers(d *daemon) error {
 		return err
 	}
 	if egress.meta, err = serve(egress.metadata+":80", "metadata-server\n"); err != nil {
+		return err
+	}
+	if egress.denied6, err = serve("["+egress.gateway6+"]:0", "v6-server\n"); err != nil {
+		return err
+	}
+	if egress.meta6, err = serve("["+egress.metadata6+"]:80", "metadata-server\n"); err != nil {
 		return err
 	}
 	if egress.sink, err = newSink(); err != nil {
@@ -296,6 +312,59 @@ func TestEgressOpenDeniesMetadata(t *testing.T) {
 	}
 	if !strings.Contains(logs.stdout, "probe "+meta+": nc: timed out") || egress.meta.count(egress.metadata) != before {
 		t.Fatalf("the metadata address must stay denied under open egress: %v", logs)
+	}
+}
+
+// TestEgressIPv6: on the dual-stack bridge, open egress reaches the
+// gateway's IPv6 address but not fd00:ec2::254; an allowlist whose rules
+// are all IPv4 reaches neither. Both refusals are audited.
+func TestEgressIPv6(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	v6 := net.JoinHostPort(egress.gateway6, fmt.Sprint(egress.denied6.port))
+	meta := net.JoinHostPort(egress.metadata6, "80")
+	before6, beforeMeta := egress.denied6.count(egress.gateway6), egress.meta6.count(egress.metadata6)
+
+	open := newPodIn(t, "open6", "e2e-net", map[string]string{"agentbox.dev/role": "e2e-open"})
+	logs := waitLogs(t, open.container(t, "c", "sh", "-c", probeScript(v6, meta)), "probes-done")
+	if !strings.Contains(logs.stdout, "probe "+v6+": v6-server") {
+		t.Fatalf("open egress must reach the bridge over IPv6: %v", logs)
+	}
+	if !strings.Contains(logs.stdout, "probe "+meta+": nc: timed out") {
+		t.Errorf("fd00:ec2::254 must stay denied under open egress: %v", logs)
+	}
+	allow := newPodIn(t, "allow6", "e2e-allow", map[string]string{"agentbox.dev/role": "e2e-allow"})
+	logs = waitLogs(t, allow.container(t, "c", "sh", "-c", probeScript(v6, meta)), "probes-done")
+	if !strings.Contains(logs.stdout, "probe "+v6+": nc: timed out") || !strings.Contains(logs.stdout, "probe "+meta+": nc: timed out") {
+		t.Errorf("an IPv4 allowlist must refuse IPv6: %v", logs)
+	}
+	if n := egress.denied6.count(egress.gateway6) - before6; n != 1 {
+		t.Errorf("the IPv6 server was reached %d times, want 1 (open egress only)", n)
+	}
+	if n := egress.meta6.count(egress.metadata6) - beforeMeta; n != 0 {
+		t.Errorf("fd00:ec2::254 was reached %d times", n)
+	}
+	for _, p := range []*pod{open, allow} {
+		dev.crictl(60*time.Second, "stopp", p.id)
+		dev.crictl(60*time.Second, "rmp", p.id)
+		p.released = true
+	}
+	want := map[string]map[string]string{
+		open.id:  {v6: "allow egress open", meta: "deny metadata address"},
+		allow.id: {v6: "deny default deny", meta: "deny metadata address"},
+	}
+	for id, w := range want {
+		got := map[string]string{}
+		for _, r := range readTrail(t, id) {
+			if r.Event == "syscall/connect" && r.Dst != nil {
+				got[net.JoinHostPort(r.Dst.IP, fmt.Sprint(r.Dst.Port))] = r.Detail["egress"] + " " + r.Detail["egress_rule"]
+			}
+		}
+		for dst, decision := range w {
+			if got[dst] != decision {
+				t.Errorf("%s: %s recorded %q, want %q (all: %v)", id, dst, got[dst], decision, got)
+			}
+		}
 	}
 }
 

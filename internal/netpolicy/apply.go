@@ -1,12 +1,12 @@
 package netpolicy
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/hostexec"
 )
 
 // Apply loads the plan into the network namespace at netns (a path like
@@ -14,7 +14,7 @@ import (
 // returns. A namespace with no interface but loopback needs no rules.
 // Interfaces named in skip (the resolver's link) are not the pod's.
 func Apply(netns string, pl *Plan, skip ...string) (string, error) {
-	out, err := inNetns(netns, nil, "ip", "-o", "link", "show")
+	out, err := hostexec.InNetns(netns, "", "ip", "-o", "link", "show")
 	if err != nil {
 		return "", fmt.Errorf("list interfaces in %s: %w", netns, err)
 	}
@@ -36,7 +36,7 @@ func Apply(netns string, pl *Plan, skip ...string) (string, error) {
 	default:
 		return "", fmt.Errorf("network namespace %s has %d interfaces (%v): egress policy covers one", netns, len(ifaces), ifaces)
 	}
-	if _, err := inNetns(netns, strings.NewReader(pl.Ruleset(ifaces[0])), "nft", "-f", "-"); err != nil {
+	if _, err := hostexec.InNetns(netns, pl.Ruleset(ifaces[0]), "nft", "-f", "-"); err != nil {
 		return "", fmt.Errorf("load egress rules into %s: %w", netns, err)
 	}
 	return ifaces[0], nil
@@ -48,28 +48,15 @@ func Remove(netns string) error {
 	if _, err := os.Stat(netns); os.IsNotExist(err) {
 		return nil
 	}
-	_, err := inNetns(netns, nil, "nft", "delete", "table", "netdev", Table)
+	_, err := hostexec.InNetns(netns, "", "nft", "delete", "table", "netdev", Table)
 	if err != nil && (strings.Contains(err.Error(), "No such file") || strings.Contains(err.Error(), "does not exist")) {
 		return nil
 	}
 	return err
 }
 
-func inNetns(netns string, stdin *strings.Reader, name string, args ...string) (string, error) {
-	cmd := exec.Command("nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = stdin
-	}
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	if err := cmd.Run(); err != nil {
-		return so.String(), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(se.String()))
-	}
-	return so.String(), nil
-}
-
 // Update runs nft input (such as Plan.Elements) in netns.
 func Update(netns, input string) error {
-	_, err := inNetns(netns, strings.NewReader(input), "nft", "-f", "-")
+	_, err := hostexec.InNetns(netns, input, "nft", "-f", "-")
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -215,9 +216,46 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 		if e.ID == e.ContainerID {
 			p.s.record(e.ContainerID, decision("agentbox/container_exit", "Container Exit", "Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
 				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
+			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
+				// Before the event goes out: CRI tears the pod's network
+				// namespace down once it has it.
+				recordDrops(ctx, sb)
+			}
 		}
 	}
 	return p.Publisher.Publish(ctx, topic, event)
+}
+
+// recordDrops records what the egress rules dropped over the sandbox's
+// life, by rule: the packets no connect record shows (UDP without connect,
+// retransmissions, anything sent while network auditing is off).
+func recordDrops(ctx context.Context, sb *sandboxState) {
+	ns := sb.netns
+	if ns == "" {
+		return
+	}
+	counters, err := netpolicy.Counters(ns)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")
+		sb.audit.trail.Emit(decision("agentbox/egress_drops", "Egress Drops", "Failure", "egress counters unreadable: "+err.Error(), nil), true)
+		return
+	}
+	names := make([]string, 0, len(counters))
+	for name := range counters {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	detail := map[string]string{}
+	var total uint64
+	var parts []string
+	for _, name := range names {
+		c := counters[name]
+		total += c.Packets
+		detail["dropped "+name] = fmt.Sprintf("%d packets, %d bytes", c.Packets, c.Bytes)
+		parts = append(parts, fmt.Sprintf("%s %d", name, c.Packets))
+	}
+	sb.audit.trail.Emit(decision("agentbox/egress_drops", "Egress Drops", "Success",
+		fmt.Sprintf("%d packets dropped by egress rules (%s)", total, strings.Join(parts, ", ")), detail), true)
 }
 
 // record writes a shim record to the trail of the container's sandbox.

@@ -270,9 +270,16 @@ func TestEgressAllowlist(t *testing.T) {
 		meta:      "deny metadata address",
 	}
 	seen := map[string]bool{}
-	var applied, removed bool
+	var applied, removed, drops bool
 	for _, rec := range recs {
 		switch rec.Event {
+		case "agentbox/egress_drops":
+			// Every refused attempt retransmits its SYN into the drop rules.
+			drops = !strings.HasPrefix(rec.Detail["dropped default deny"], "0 ") && !strings.HasPrefix(rec.Detail["dropped metadata"], "0 ") &&
+				rec.Detail["dropped metadata"] != "" && rec.Detail["dropped default deny"] != ""
+			if !drops {
+				t.Errorf("drop counters: %v", rec.Detail)
+			}
 		case "agentbox/egress_applied":
 			applied = true
 		case "agentbox/egress_removed":
@@ -291,8 +298,8 @@ func TestEgressAllowlist(t *testing.T) {
 			}
 		}
 	}
-	if !applied || !removed || len(seen) != len(want) {
-		t.Fatalf("trail: applied %v removed %v, connects seen %v", applied, removed, seen)
+	if !applied || !removed || !drops || len(seen) != len(want) {
+		t.Fatalf("trail: applied %v removed %v drops %v, connects seen %v", applied, removed, drops, seen)
 	}
 }
 

@@ -60,3 +60,12 @@ func Update(netns, input string) error {
 	_, err := hostexec.InNetns(netns, input, "nft", "-f", "-")
 	return err
 }
+
+// Counters reads what the drop rules in netns caught so far.
+func Counters(netns string) (map[string]Counter, error) {
+	out, err := hostexec.InNetns(netns, "", "nft", "list", "table", "netdev", Table)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCounters(out), nil
+}

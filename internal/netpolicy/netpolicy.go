@@ -8,7 +8,9 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -326,4 +328,27 @@ func (pl *Plan) Decide(addr netip.Addr, port int, resolved Resolved) (allow bool
 		return true, RuleOpen
 	}
 	return false, RuleDefaultDeny
+}
+
+// Counter is what one kind of drop rule caught.
+type Counter struct{ Packets, Bytes uint64 }
+
+var counterRE = regexp.MustCompile(`counter packets (\d+) bytes (\d+) drop comment "([^"]*)"`)
+
+// ParseCounters reads the drop counters from `nft list table` output,
+// summed by the rules' comments ("metadata", "default deny", ...).
+func ParseCounters(listing string) map[string]Counter {
+	out := map[string]Counter{}
+	for _, m := range counterRE.FindAllStringSubmatch(listing, -1) {
+		p, err1 := strconv.ParseUint(m[1], 10, 64)
+		b, err2 := strconv.ParseUint(m[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		c := out[m[3]]
+		c.Packets += p
+		c.Bytes += b
+		out[m[3]] = c
+	}
+	return out
 }

@@ -205,3 +205,31 @@ func TestResolutions(t *testing.T) {
 		t.Errorf("expired address: %v %s", ok, rule)
 	}
 }
+
+func TestParseCounters(t *testing.T) {
+	listing := `table netdev agentbox {
+	set host4_0 {
+		type ipv4_addr
+		flags timeout
+		elements = { 10.0.0.1 timeout 5m expires 4m }
+	}
+	chain egress {
+		type filter hook egress device "eth0" priority filter; policy drop;
+		ip daddr 169.254.169.254 counter packets 2 bytes 120 drop comment "metadata"
+		ip6 daddr fd00:ec2::254 counter packets 1 bytes 80 drop comment "metadata"
+		udp dport 53 counter packets 0 bytes 0 drop comment "dns to another resolver"
+		ip daddr @host4_0 tcp dport { 443 } accept comment "allow[0] host a.test ports [443]"
+		counter packets 7 bytes 420 drop comment "default deny"
+	}
+}`
+	got := ParseCounters(listing)
+	want := map[string]Counter{"metadata": {3, 200}, "dns to another resolver": {0, 0}, "default deny": {7, 420}}
+	if len(got) != len(want) {
+		t.Fatalf("got %v", got)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: got %v, want %v", k, got[k], v)
+		}
+	}
+}

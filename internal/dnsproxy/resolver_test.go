@@ -258,3 +258,26 @@ func TestExchangeFailsOver(t *testing.T) {
 		t.Errorf("no upstreams: %v", err)
 	}
 }
+
+// BenchmarkStartClose: what a resolver adds to an allowlist pod's start and
+// removal (its namespace, the link, two ip batches, the link's removal).
+func BenchmarkStartClose(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: network namespaces")
+	}
+	ns := fmt.Sprintf("abx-dnsbench-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		b.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	h := &Handler{Plan: plan(b)}
+	for i := 0; i < b.N; i++ {
+		r, err := Start(Config{PodNetns: "/var/run/netns/" + ns, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"), Handler: h})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := r.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -26,7 +26,9 @@ var MetadataAddresses = []netip.Addr{
 	netip.MustParseAddr("169.254.169.254"), // AWS, GCP, Azure, OpenStack...
 	netip.MustParseAddr("169.254.170.2"),   // AWS ECS task metadata
 	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+	netip.MustParseAddr("168.63.129.16"),   // Azure WireServer
 	netip.MustParseAddr("fd00:ec2::254"),   // AWS IPv6
+	netip.MustParseAddr("fd20:ce::254"),    // Google Cloud IPv6
 }
 
 // Rule is one compiled allow rule: a CIDR, or a host-name pattern whose

@@ -11,13 +11,12 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"agentbox.dev/agentbox/internal/hostexec"
 )
 
 // PodLink is the resolver's interface in the pod's network namespace. It
@@ -91,51 +90,137 @@ func Start(cfg Config) (*Resolver, error) {
 	return r, nil
 }
 
-// link creates the veth pair and addresses both ends.
-func (r *Resolver) link() error {
-	own := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), r.nsfd.Fd())
-	a, p := r.cfg.Address, r.cfg.Peer
-	mine := strings.Join([]string{
-		fmt.Sprintf("link add %s address %s type veth peer name %s address %s netns %s", resolverLink, resolverMAC, PodLink, podMAC, r.cfg.PodNetns),
-		fmt.Sprintf("addr add %s/32 dev %s", a, resolverLink),
-		fmt.Sprintf("link set %s up", resolverLink),
-		fmt.Sprintf("route add %s/32 dev %s", p, resolverLink),
-		fmt.Sprintf("neigh add %s lladdr %s dev %s nud permanent", p, podMAC, resolverLink),
-	}, "\n")
-	if err := ipBatch(own, mine); err != nil {
-		return fmt.Errorf("link the resolver to %s: %w", r.cfg.PodNetns, err)
+// link creates the veth pair and addresses both ends, over netlink
+// sockets opened in each namespace (no process is started).
+func (r *Resolver) link() (err error) {
+	pod, err := netns.GetFromPath(r.cfg.PodNetns)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", r.cfg.PodNetns, err)
 	}
-	pod := strings.Join([]string{
-		// No IPv6 link-local address: the link carries IPv4 DNS only.
-		fmt.Sprintf("link set %s addrgenmode none", PodLink),
-		fmt.Sprintf("addr add %s/32 dev %s", p, PodLink),
-		fmt.Sprintf("link set %s up", PodLink),
-		fmt.Sprintf("route add %s/32 dev %s", a, PodLink),
-		fmt.Sprintf("neigh add %s lladdr %s dev %s nud permanent", a, resolverMAC, PodLink),
-	}, "\n")
-	if err := ipBatch(r.cfg.PodNetns, pod); err != nil {
-		RemoveLink(r.cfg.PodNetns)
-		return fmt.Errorf("address the resolver link in %s: %w", r.cfg.PodNetns, err)
+	defer pod.Close()
+	hr, err := netlink.NewHandleAt(netns.NsHandle(r.nsfd.Fd()))
+	if err != nil {
+		return fmt.Errorf("netlink in the resolver's namespace: %w", err)
+	}
+	defer hr.Close()
+	hp, err := netlink.NewHandleAt(pod)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", r.cfg.PodNetns, err)
+	}
+	defer hp.Close()
+	rmac, _ := net.ParseMAC(resolverMAC)
+	pmac, _ := net.ParseMAC(podMAC)
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: resolverLink, HardwareAddr: rmac},
+		PeerName:  PodLink, PeerHardwareAddr: pmac, PeerNamespace: netlink.NsFd(pod),
+	}
+	if err := hr.LinkAdd(veth); err != nil {
+		return fmt.Errorf("link the resolver to %s: add veth: %w", r.cfg.PodNetns, err)
+	}
+	defer func() {
+		if err != nil {
+			if l, lerr := hp.LinkByName(PodLink); lerr == nil {
+				hp.LinkDel(l)
+			}
+			err = fmt.Errorf("link the resolver to %s: %w", r.cfg.PodNetns, err)
+		}
+	}()
+	// The link carries IPv4 DNS only: no IPv6 addresses on the pod's side
+	// (set before it is up, or it gets a link-local one).
+	if err := inNamespace(int(pod), func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/"+PodLink+"/disable_ipv6", []byte("1"), 0)
+	}); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("disable IPv6 on %s: %w", PodLink, err)
+	}
+	for _, end := range []struct {
+		h          *netlink.Handle
+		name       string
+		self, peer netip.Addr
+		peerMAC    net.HardwareAddr
+	}{{hr, resolverLink, r.cfg.Address, r.cfg.Peer, pmac}, {hp, PodLink, r.cfg.Peer, r.cfg.Address, rmac}} {
+		l, err := end.h.LinkByName(end.name)
+		if err != nil {
+			return fmt.Errorf("%s: %w", end.name, err)
+		}
+		idx := l.Attrs().Index
+		if err := end.h.AddrAdd(l, &netlink.Addr{IPNet: hostNet(end.self)}); err != nil {
+			return fmt.Errorf("%s: address %s: %w", end.name, end.self, err)
+		}
+		if err := end.h.LinkSetUp(l); err != nil {
+			return fmt.Errorf("%s: up: %w", end.name, err)
+		}
+		if err := end.h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: hostNet(end.peer), Scope: netlink.SCOPE_LINK}); err != nil {
+			return fmt.Errorf("%s: route to %s: %w", end.name, end.peer, err)
+		}
+		// A static neighbor spares gVisor the ARP round trip (runsc copies
+		// permanent entries).
+		if err := end.h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			IP: end.peer.AsSlice(), HardwareAddr: end.peerMAC}); err != nil {
+			return fmt.Errorf("%s: neighbor %s: %w", end.name, end.peer, err)
+		}
 	}
 	return nil
 }
 
-func ipBatch(netns, batch string) error {
-	_, err := hostexec.InNetns(netns, batch+"\n", "ip", "-batch", "-")
+func hostNet(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
+
+// inNamespace runs f on a locked OS thread in the network namespace fd.
+// The thread is not handed back to the runtime if it cannot return to the
+// shim's namespace.
+func inNamespace(fd int, f func() error) (err error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		orig, oerr := os.Open("/proc/thread-self/ns/net")
+		if oerr != nil {
+			runtime.UnlockOSThread()
+			err = oerr
+			return
+		}
+		defer orig.Close()
+		if err = unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			return
+		}
+		err = f()
+		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
+			err = errors.Join(err, serr)
+			return // the thread stays locked and dies with this goroutine
+		}
+		runtime.UnlockOSThread()
+	}()
+	<-done
 	return err
 }
 
 // RemoveLink deletes the resolver's link from the pod's namespace (which
 // deletes both ends). A namespace or link already gone is not an error.
 func RemoveLink(podNetns string) error {
-	if _, err := os.Stat(podNetns); os.IsNotExist(err) {
-		return nil
+	pod, err := netns.GetFromPath(podNetns)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
 	}
-	err := ipBatch(podNetns, "link del "+PodLink)
-	if err != nil && (strings.Contains(err.Error(), "Cannot find device") || strings.Contains(err.Error(), "No such")) {
-		return nil
+	defer pod.Close()
+	h, err := netlink.NewHandleAt(pod)
+	if err != nil {
+		return err
 	}
-	return err
+	defer h.Close()
+	l, err := h.LinkByName(PodLink)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return err
+	}
+	return h.LinkDel(l)
 }
 
 // listenInNewNetns creates a network namespace on a locked OS thread,

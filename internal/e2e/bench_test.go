@@ -188,7 +188,8 @@ func TestBenchmarkEgress(t *testing.T) {
 	cycle := map[string][]time.Duration{}
 	tput := map[string][]float64{}
 	lookup := map[string][]time.Duration{}
-	for round := 0; round < 3; round++ {
+	const rounds = 5
+	for round := 0; round < rounds; round++ {
 		for _, r := range roles {
 			p := newPodIn(t, "bench", r.ns, map[string]string{"agentbox.dev/role": r.role})
 			start, sinkRuns := len(egress.allowed.snapshot()), egress.sink.count()
@@ -231,7 +232,7 @@ func TestBenchmarkEgress(t *testing.T) {
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	cy := func(role string) time.Duration { return stats(cycle[role]).median }
 	var b strings.Builder
-	fmt.Fprintf(&b, "egress: allowlist by CIDR, allowlist by host name (resolver + nftables set), open; 3 interleaved rounds\n")
+	fmt.Fprintf(&b, "egress: allowlist by CIDR, allowlist by host name (resolver + nftables set), open; %d interleaved rounds\n", rounds)
 	fmt.Fprintf(&b, "connection cycle (nc, connect, close): cidr %s, host %s, open %s; ratios to open %.3fx, %.3fx\n",
 		ms(cy("e2e-allow")), ms(cy("e2e-dns")), ms(cy("e2e-open")), float64(cy("e2e-allow"))/float64(cy("e2e-open")), float64(cy("e2e-dns"))/float64(cy("e2e-open")))
 	a, h, o := med(tput["e2e-allow"]), med(tput["e2e-dns"]), med(tput["e2e-open"])

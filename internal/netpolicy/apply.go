@@ -2,9 +2,13 @@ package netpolicy
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"agentbox.dev/agentbox/internal/hostexec"
 )
@@ -14,20 +18,9 @@ import (
 // returns. A namespace with no interface but loopback needs no rules.
 // Interfaces named in skip (the resolver's link) are not the pod's.
 func Apply(netns string, pl *Plan, skip ...string) (string, error) {
-	out, err := hostexec.InNetns(netns, "", "ip", "-o", "link", "show")
+	ifaces, err := interfaces(netns, skip)
 	if err != nil {
 		return "", fmt.Errorf("list interfaces in %s: %w", netns, err)
-	}
-	var ifaces []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-		if name != "lo" && !slices.Contains(skip, name) {
-			ifaces = append(ifaces, name)
-		}
 	}
 	switch len(ifaces) {
 	case 0:
@@ -40,6 +33,33 @@ func Apply(netns string, pl *Plan, skip ...string) (string, error) {
 		return "", fmt.Errorf("load egress rules into %s: %w", netns, err)
 	}
 	return ifaces[0], nil
+}
+
+// interfaces lists the non-loopback interfaces of the namespace at path,
+// but those in skip, over netlink.
+func interfaces(path string, skip []string) ([]string, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagLoopback == 0 && !slices.Contains(skip, a.Name) {
+			out = append(out, a.Name)
+		}
+	}
+	return out, nil
 }
 
 // Remove deletes agentbox's table from netns. A namespace that is already

@@ -449,6 +449,22 @@ func TestEgressCtrNetns(t *testing.T) {
 	if egress.denied.count(egress.gateway) != before {
 		t.Fatal("the denied port was reached")
 	}
+	// runsc moved the interface's address into the sandbox and did not
+	// give it back: a namespace serves one sandbox unless it is readdressed.
+	if out, _ := exec.Command("ip", "netns", "exec", ns, "ip", "-o", "-4", "addr", "show", "dev", "eth0").CombinedOutput(); strings.Contains(string(out), "inet ") {
+		t.Logf("runsc left eth0's address in place: %s", out)
+	}
+	run("ip", "netns", "exec", ns, "ip", "addr", "replace", ip, "dev", "eth0")
+	// Host rules work without the CRI too: the image's /etc/resolv.conf
+	// gives way to the resolver's, and the answered address opens.
+	otherAllowed := net.JoinHostPort(egress.other, fmt.Sprint(egress.allowed.port))
+	r = dev.runAgent(t, uniqueID("ctrdns"), []string{"--with-ns", "network:/var/run/netns/" + ns, "--annotation", "agentbox.dev/role=e2e-dns"},
+		"sh", "-c", strings.TrimSuffix(dnsScript("grep nameserver /etc/resolv.conf", lookup(dnsAllowed, ""), connect(otherAllowed), lookup(dnsNotListed, "")), "; sleep 600"))
+	for _, w := range []string{"nameserver 169.254.53.53", "lookup " + dnsAllowed + "@: rc=0 ", "probe " + otherAllowed + ": allowed-server", "lookup " + dnsNotListed + "@: rc=1 "} {
+		if r.code != 0 || !strings.Contains(r.stdout, w) {
+			t.Errorf("ctr container, host rule: output lacks %q: %v", w, r)
+		}
+	}
 	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "tables").CombinedOutput()
 	if err != nil || strings.Contains(string(out), "agentbox") {
 		t.Fatalf("rules left in the namespace after the container: %v %s", err, out)

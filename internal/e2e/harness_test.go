@@ -214,7 +214,7 @@ kind: RoleBinding
 metadata: {name: e2e-dns}
 spec:
   role: e2e-dns
-  subjects: [{namespace: e2e-dns}]
+  subjects: [{namespace: e2e-dns}, {containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
 kind: RoleBinding

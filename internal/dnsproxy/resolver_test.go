@@ -284,3 +284,27 @@ func BenchmarkStart(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// TestBusyAnswersAtOnce: past MaxInFlight a question is answered SERVFAIL
+// without asking upstream, and recorded; refusals stay refusals.
+func TestBusyAnswersAtOnce(t *testing.T) {
+	up := &upstream{answers: map[string][]dnsmessage.Resource{"api.example.com.": {rr("api.example.com.", 60, a("192.0.2.1"))}}}
+	h, calls, decisions := handler(t, up, nil)
+	r := &Resolver{cfg: Config{Handler: h, MaxInFlight: 4}}
+	var got []byte
+	r.busy(query(t, 3, "api.example.com.", dnsmessage.TypeA, 0), func(b []byte) { got = b })
+	var m dnsmessage.Message
+	if err := m.Unpack(got); err != nil || m.RCode != dnsmessage.RCodeServerFailure || m.ID != 3 {
+		t.Fatalf("busy answer %v %v", m.Header, err)
+	}
+	if len(up.asked) != 0 || len(*calls) != 0 {
+		t.Errorf("busy must not ask upstream (%v) nor allow (%v)", up.asked, *calls)
+	}
+	if d := (*decisions)[0]; d.Outcome != Failed || !strings.Contains(d.Err.Error(), "resolver busy: 4 questions in flight") {
+		t.Errorf("decision %+v", d)
+	}
+	r.busy(query(t, 4, "elsewhere.test.", dnsmessage.TypeA, 0), func(b []byte) { got = b })
+	if err := m.Unpack(got); err != nil || m.RCode != dnsmessage.RCodeNameError {
+		t.Errorf("a refused name while busy: %v %v", m.Header, err)
+	}
+}

@@ -127,7 +127,7 @@ func (r *Resolver) link() (err error) {
 	}()
 	// The link carries IPv4 DNS only: no IPv6 addresses on the pod's side
 	// (set before it is up, or it gets a link-local one).
-	if err := inNamespace(int(pod), func() error {
+	if err := inNamespace(func() error { return unix.Setns(int(pod), unix.CLONE_NEWNET) }, func() error {
 		return os.WriteFile("/proc/sys/net/ipv6/conf/"+PodLink+"/disable_ipv6", []byte("1"), 0)
 	}); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("disable IPv6 on %s: %w", PodLink, err)
@@ -166,10 +166,11 @@ func hostNet(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
 }
 
-// inNamespace runs f on a locked OS thread in the network namespace fd.
-// The thread is not handed back to the runtime if it cannot return to the
-// shim's namespace.
-func inNamespace(fd int, f func() error) (err error) {
+// inNamespace runs f on a locked OS thread that enter moved into another
+// network namespace (setns, unshare), then moves the thread back. If it
+// cannot go back, the thread stays locked and dies with its goroutine, so
+// no other goroutine ever runs in the wrong namespace.
+func inNamespace(enter, f func() error) (err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -181,14 +182,14 @@ func inNamespace(fd int, f func() error) (err error) {
 			return
 		}
 		defer orig.Close()
-		if err = unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		if err = enter(); err != nil {
 			runtime.UnlockOSThread()
 			return
 		}
 		err = f()
 		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
-			err = errors.Join(err, serr)
-			return // the thread stays locked and dies with this goroutine
+			err = errors.Join(err, fmt.Errorf("return to the shim's namespace: %w", serr))
+			return
 		}
 		runtime.UnlockOSThread()
 	}()
@@ -223,49 +224,19 @@ func RemoveLink(podNetns string) error {
 	return h.LinkDel(l)
 }
 
-// listenInNewNetns creates a network namespace on a locked OS thread,
-// opens the resolver's sockets in it and returns the thread to the shim's
-// namespace. If it cannot return, the thread stays locked and exits with
-// its goroutine, so no other goroutine ever runs in the wrong namespace.
+// listenInNewNetns creates a network namespace and opens the resolver's
+// sockets in it.
 func listenInNewNetns() (nsfd *os.File, udp *net.UDPConn, tcp *net.TCPListener, err error) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, oerr := os.Open("/proc/thread-self/ns/net")
-		if oerr != nil {
-			runtime.UnlockOSThread()
-			err = oerr
-			return
-		}
-		defer orig.Close()
-		if err = unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			return
-		}
-		restored := false
-		defer func() {
-			if !restored {
-				return // leave the thread locked: it dies with this goroutine
-			}
-			runtime.UnlockOSThread()
-		}()
-		defer func() {
-			if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
-				err = errors.Join(err, fmt.Errorf("return to the shim's namespace: %w", serr))
-				return
-			}
-			restored = true
-		}()
+	err = inNamespace(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() (err error) {
 		if nsfd, err = os.Open("/proc/thread-self/ns/net"); err != nil {
-			return
+			return err
 		}
 		if udp, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 53}); err != nil {
-			return
+			return err
 		}
 		tcp, err = net.ListenTCP("tcp4", &net.TCPAddr{Port: 53})
-	}()
-	<-done
+		return err
+	})
 	if err != nil {
 		if nsfd != nil {
 			nsfd.Close()
@@ -424,9 +395,9 @@ func Exchange(upstreams []netip.AddrPort) func(ctx context.Context, query []byte
 		}
 		var errs []error
 		for _, u := range upstreams {
-			resp, err := exchangeUDP(ctx, u, query)
+			resp, err := exchangeOnce(ctx, "udp", u, query)
 			if err == nil && len(resp) > 2 && resp[2]&0x02 != 0 { // TC
-				resp, err = exchangeTCP(ctx, u, query)
+				resp, err = exchangeOnce(ctx, "tcp", u, query)
 			}
 			if err == nil {
 				return resp, nil
@@ -440,17 +411,24 @@ func Exchange(upstreams []netip.AddrPort) func(ctx context.Context, query []byte
 	}
 }
 
-func exchangeUDP(ctx context.Context, u netip.AddrPort, query []byte) ([]byte, error) {
+// exchangeOnce asks one upstream over network ("udp" or "tcp").
+func exchangeOnce(ctx context.Context, network string, u netip.AddrPort, query []byte) ([]byte, error) {
 	var d net.Dialer
 	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
 	defer cancel()
-	c, err := d.DialContext(ctx, "udp", u.String())
+	c, err := d.DialContext(ctx, network, u.String())
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	dl, _ := ctx.Deadline()
 	c.SetDeadline(dl)
+	if network == "tcp" {
+		if err := writeFrame(c, query); err != nil {
+			return nil, err
+		}
+		return readFrame(c)
+	}
 	if _, err := c.Write(query); err != nil {
 		return nil, err
 	}
@@ -465,21 +443,4 @@ func exchangeUDP(ctx context.Context, u netip.AddrPort, query []byte) ([]byte, e
 			return append([]byte(nil), buf[:n]...), nil
 		}
 	}
-}
-
-func exchangeTCP(ctx context.Context, u netip.AddrPort, query []byte) ([]byte, error) {
-	var d net.Dialer
-	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
-	defer cancel()
-	c, err := d.DialContext(ctx, "tcp", u.String())
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	dl, _ := ctx.Deadline()
-	c.SetDeadline(dl)
-	if err := writeFrame(c, query); err != nil {
-		return nil, err
-	}
-	return readFrame(c)
 }

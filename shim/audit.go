@@ -226,6 +226,48 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 	return p.Publisher.Publish(ctx, topic, event)
 }
 
+// denialWindow is how long repeats of one denial (a retransmitted SYN) are
+// counted rather than recorded.
+const denialWindow = 10 * time.Second
+
+// startDenialLog records each packet the egress rules drop, as the kernel
+// logs it (rate-limited per rule in the ruleset): destination, protocol and
+// rule, whatever sent it.
+func startDenialLog(sb *sandboxState) error {
+	dl, err := netpolicy.OpenDenialLog(sb.netns)
+	if err != nil {
+		return err
+	}
+	sb.denials, sb.dedupe = dl, &netpolicy.Deduper{Window: denialWindow}
+	trail := sb.audit.trail
+	dl.Start(func(d netpolicy.Denial) {
+		if !sb.dedupe.Pass(d, time.Now()) {
+			return
+		}
+		r := decision("agentbox/egress_denied", "Egress Denied", "Failure",
+			fmt.Sprintf("%s to %s dropped: %s", d.Proto, d.Dst, d.Rule),
+			map[string]string{"egress": "deny", "egress_rule": d.Rule, "protocol": d.Proto})
+		r.Dst = &audit.Endpoint{IP: d.Dst.Addr().String(), Port: int(d.Dst.Port())}
+		trail.Emit(r, false)
+	}, func(n int) { sb.denialsLost.Add(int64(n)) })
+	return nil
+}
+
+// stopDenialLog stops the reader; repeats held back and messages the
+// kernel could not deliver are stated.
+func stopDenialLog(sb *sandboxState) {
+	if sb.denials == nil {
+		return
+	}
+	sb.denials.Close()
+	sb.denials = nil
+	if held, lost := sb.dedupe.Held(), sb.denialsLost.Load(); held > 0 || lost > 0 {
+		sb.audit.trail.Emit(decision("agentbox/egress_denied", "Egress Denied", "Success",
+			fmt.Sprintf("%d repeated denial(s) within %v counted, not recorded; %d log overrun(s)", held, denialWindow, lost),
+			map[string]string{"repeats": fmt.Sprint(held), "overruns": fmt.Sprint(lost)}), true)
+	}
+}
+
 // recordDrops records what the egress rules dropped over the sandbox's
 // life, by rule: the packets no connect record shows (UDP without connect,
 // retransmissions, anything sent while network auditing is off).

@@ -3,6 +3,7 @@ package shim
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentbox.dev/agentbox/internal/dnsproxy"
@@ -32,6 +33,10 @@ type sandboxState struct {
 	dnsAddr   netip.Addr
 	upstreams []netip.AddrPort
 	resolved  *netpolicy.Resolutions
+	// denials reads the drop rules' log; dedupe holds back repeats.
+	denials     *netpolicy.DenialLog
+	dedupe      *netpolicy.Deduper
+	denialsLost atomic.Int64
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.

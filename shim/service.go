@@ -375,6 +375,12 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 	sb := plan.sandbox
 	sb.netns = ns
 	detail := map[string]string{"netns": ns, "interface": iface}
+	if err := startDenialLog(sb); err != nil {
+		// The drop counters still count every packet: a gap in detail,
+		// not in enforcement.
+		log.G(ctx).WithError(err).Warn("agentbox: egress denial log")
+		detail["denial_log"] = "unavailable: " + err.Error()
+	}
 	var denied []string
 	for _, a := range pl.Denied {
 		denied = append(denied, a.String())
@@ -781,6 +787,7 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 		}
 	}
 	defer func() { sb.netns = "" }()
+	stopDenialLog(sb)
 	if err := netpolicy.Remove(sb.netns); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
 		sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Failure", err.Error(), nil), true)

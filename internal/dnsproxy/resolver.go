@@ -10,13 +10,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/nsthread"
 )
 
 // PodLink is the resolver's interface in the pod's network namespace. It
@@ -127,7 +127,7 @@ func (r *Resolver) link() (err error) {
 	}()
 	// The link carries IPv4 DNS only: no IPv6 addresses on the pod's side
 	// (set before it is up, or it gets a link-local one).
-	if err := inNamespace(func() error { return unix.Setns(int(pod), unix.CLONE_NEWNET) }, func() error {
+	if err := nsthread.Run(nsthread.Fd(int(pod)), func() error {
 		return os.WriteFile("/proc/sys/net/ipv6/conf/"+PodLink+"/disable_ipv6", []byte("1"), 0)
 	}); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("disable IPv6 on %s: %w", PodLink, err)
@@ -166,37 +166,6 @@ func hostNet(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
 }
 
-// inNamespace runs f on a locked OS thread that enter moved into another
-// network namespace (setns, unshare), then moves the thread back. If it
-// cannot go back, the thread stays locked and dies with its goroutine, so
-// no other goroutine ever runs in the wrong namespace.
-func inNamespace(enter, f func() error) (err error) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, oerr := os.Open("/proc/thread-self/ns/net")
-		if oerr != nil {
-			runtime.UnlockOSThread()
-			err = oerr
-			return
-		}
-		defer orig.Close()
-		if err = enter(); err != nil {
-			runtime.UnlockOSThread()
-			return
-		}
-		err = f()
-		if serr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); serr != nil {
-			err = errors.Join(err, fmt.Errorf("return to the shim's namespace: %w", serr))
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	<-done
-	return err
-}
-
 // RemoveLink deletes the resolver's link from the pod's namespace (which
 // deletes both ends). A namespace or link already gone is not an error.
 func RemoveLink(podNetns string) error {
@@ -227,7 +196,7 @@ func RemoveLink(podNetns string) error {
 // listenInNewNetns creates a network namespace and opens the resolver's
 // sockets in it.
 func listenInNewNetns() (nsfd *os.File, udp *net.UDPConn, tcp *net.TCPListener, err error) {
-	err = inNamespace(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() (err error) {
+	err = nsthread.Run(nsthread.New, func() (err error) {
 		if nsfd, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 			return err
 		}

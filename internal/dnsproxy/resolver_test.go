@@ -7,16 +7,15 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
-	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/nsthread"
 )
 
 // testUpstream serves the same answers over UDP and TCP on loopback. Its
@@ -97,28 +96,6 @@ func (u *testUpstream) addr() netip.AddrPort {
 	return u.udp.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
-// inNetns runs f on a thread in the network namespace at path. The thread
-// is never handed back to the runtime.
-func inNetns(t *testing.T, path string, f func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			t.Error(err)
-			return
-		}
-		f()
-	}()
-	<-done
-}
-
 func ask(t *testing.T, network, name string) (*dnsmessage.Message, error) {
 	c, err := net.DialTimeout(network, "169.254.53.53:53", 2*time.Second)
 	if err != nil {
@@ -196,7 +173,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 	if out, err := exec.Command("ss", "-H", "-lnup", "sport = :53").CombinedOutput(); err != nil || strings.Contains(string(out), fmt.Sprintf("pid=%d,", os.Getpid())) {
 		t.Errorf("port 53 in the shim's namespace: %v %s", err, out)
 	}
-	inNetns(t, path, func() {
+	nsthread.Run(nsthread.Path(path), func() error {
 		m, err := ask(t, "udp", "api.example.com.")
 		if err != nil || m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 1 {
 			t.Errorf("UDP, allowed: %v %v", m, err)
@@ -216,6 +193,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 		if err != nil || m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 80 {
 			t.Errorf("TCP, big: %v %v", m, err)
 		}
+		return nil
 	})
 	mu.Lock()
 	if len(allowed) != 1+80+80 || len(decisions) != 4 {

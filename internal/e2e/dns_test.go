@@ -241,7 +241,9 @@ func TestEgressDNS(t *testing.T) {
 	p.released = true
 
 	recs := readTrail(t, p.id)
-	type seen struct{ answered, refused, otherResolver, allowedConnect, deniedConnect, stopped, drops bool }
+	type seen struct {
+		answered, refused, otherResolver, allowedConnect, deniedConnect, stopped, drops, deniedQuery bool
+	}
 	var s seen
 	for _, r := range recs {
 		switch r.Event {
@@ -256,6 +258,10 @@ func TestEgressDNS(t *testing.T) {
 			}
 		case "agentbox/resolver_stopped":
 			s.stopped = r.Status == "Success"
+		case "agentbox/egress_denied":
+			if r.Dst != nil && r.Dst.IP == egress.other && r.Dst.Port == 53 && r.Detail["egress_rule"] == "dns to another resolver" && r.Detail["protocol"] == "udp" {
+				s.deniedQuery = true
+			}
 		case "agentbox/egress_drops":
 			d := r.Detail["dropped dns to another resolver"]
 			s.drops = d != "" && !strings.HasPrefix(d, "0 ")
@@ -277,7 +283,7 @@ func TestEgressDNS(t *testing.T) {
 			}
 		}
 	}
-	if s != (seen{true, true, true, true, true, true, true}) {
+	if s != (seen{true, true, true, true, true, true, true, true}) {
 		for _, r := range recs {
 			if strings.HasPrefix(r.Event, "agentbox/") || r.Event == "syscall/connect" {
 				t.Logf("%s %s %v %v", r.Event, r.Status, r.Dst, r.Detail)

@@ -270,9 +270,14 @@ func TestEgressAllowlist(t *testing.T) {
 		meta:      "deny metadata address",
 	}
 	seen := map[string]bool{}
+	denied := map[string]string{}
 	var applied, removed, drops bool
 	for _, rec := range recs {
 		switch rec.Event {
+		case "agentbox/egress_denied":
+			if rec.Dst != nil {
+				denied[net.JoinHostPort(rec.Dst.IP, fmt.Sprint(rec.Dst.Port))] = rec.Detail["protocol"] + " " + rec.Detail["egress_rule"]
+			}
 		case "agentbox/egress_drops":
 			// Every refused attempt retransmits its SYN into the drop rules.
 			drops = !strings.HasPrefix(rec.Detail["dropped default deny"], "0 ") && !strings.HasPrefix(rec.Detail["dropped metadata"], "0 ") &&
@@ -297,6 +302,16 @@ func TestEgressAllowlist(t *testing.T) {
 				seen[dst] = true
 			}
 		}
+	}
+	// The kernel's log of the drops names the same destinations and rules,
+	// whatever made the packets.
+	for dst, w := range map[string]string{gwDenied: "tcp default deny", otherAddr: "tcp default deny", meta: "tcp metadata address"} {
+		if denied[dst] != w {
+			t.Errorf("denial of %s logged as %q, want %q (all: %v)", dst, denied[dst], w, denied)
+		}
+	}
+	if _, ok := denied[gwAllowed]; ok {
+		t.Errorf("the allowed destination was logged as denied")
 	}
 	if !applied || !removed || !drops || len(seen) != len(want) {
 		t.Fatalf("trail: applied %v removed %v drops %v, connects seen %v", applied, removed, drops, seen)
@@ -361,11 +376,17 @@ func TestEgressIPv6(t *testing.T) {
 		allow.id: {v6: "deny default deny", meta: "deny metadata address"},
 	}
 	for id, w := range want {
-		got := map[string]string{}
+		got, logged := map[string]string{}, map[string]string{}
 		for _, r := range readTrail(t, id) {
 			if r.Event == "syscall/connect" && r.Dst != nil {
 				got[net.JoinHostPort(r.Dst.IP, fmt.Sprint(r.Dst.Port))] = r.Detail["egress"] + " " + r.Detail["egress_rule"]
 			}
+			if r.Event == "agentbox/egress_denied" && r.Dst != nil {
+				logged[net.JoinHostPort(r.Dst.IP, fmt.Sprint(r.Dst.Port))] = r.Detail["protocol"] + " " + r.Detail["egress_rule"]
+			}
+		}
+		if logged[meta] != "tcp metadata address" {
+			t.Errorf("%s: the kernel's log of the IPv6 metadata drop: %v", id, logged)
 		}
 		for dst, decision := range w {
 			if got[dst] != decision {

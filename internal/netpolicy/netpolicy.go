@@ -180,7 +180,7 @@ func (pl *Plan) Ruleset(iface string) string {
 	b.WriteString("\t\tether type arp accept\n")
 	b.WriteString("\t\ticmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept\n")
 	for _, a := range pl.Denied {
-		fmt.Fprintf(&b, "\t\t%s daddr %s counter drop comment \"metadata\"\n", family(a), a)
+		writeDrop(&b, fmt.Sprintf("%s daddr %s ", family(a), a), RuleMetadata, "metadata")
 	}
 	if pl.Resolver {
 		for _, r := range pl.Allow {
@@ -189,14 +189,14 @@ func (pl *Plan) Ruleset(iface string) string {
 			}
 		}
 		for _, proto := range []string{"udp", "tcp"} {
-			fmt.Fprintf(&b, "\t\t%s dport %d counter drop comment %q\n", proto, DNSPort, RuleOtherResolver)
+			writeDrop(&b, fmt.Sprintf("%s dport %d ", proto, DNSPort), RuleOtherResolver, RuleOtherResolver)
 		}
 	}
 	for _, r := range pl.Allow {
 		writeAccept(&b, r, r.Ports)
 	}
 	if !pl.DefaultAccept {
-		fmt.Fprintf(&b, "\t\tcounter drop comment %q\n", RuleDefaultDeny)
+		writeDrop(&b, "", RuleDefaultDeny, RuleDefaultDeny)
 	}
 	b.WriteString("\t}\n}\n")
 	return b.String()
@@ -210,6 +210,18 @@ const (
 	RuleOpen          = "egress open"
 	RuleNone          = "egress none"
 )
+
+// LogRate bounds how many packets per second each kind of drop rule logs
+// to LogGroup (for the trail); its counter counts them all.
+const LogRate = "20/second burst 40 packets"
+
+// writeDrop renders a drop rule for match: a rate-limited log line first
+// (a limit that is over lets the packet fall through, so it cannot share
+// the drop's line), then the counted drop.
+func writeDrop(b *strings.Builder, match, rule, comment string) {
+	fmt.Fprintf(b, "\t\t%slimit rate %s log prefix %q group %d\n", match, LogRate, logPrefix+rule, LogGroup)
+	fmt.Fprintf(b, "\t\t%scounter drop comment %q\n", match, comment)
+}
 
 // writeAccept renders the accept lines of one rule on ports (any port when
 // empty).

@@ -84,15 +84,28 @@ func socketPath(cfg *config.Config, containerdAddress, id string) string {
 	return filepath.Join(cfg.Audit.SocketDir, hex.EncodeToString(sum[:8])+".sock")
 }
 
+// scrubberOf returns the sandbox's scrubber (its role's env allowlist and
+// the config's redactions), made once for the receiver, the resolver and
+// exec records.
+func scrubberOf(cfg *config.Config, sb *sandboxState) (*audit.RoleScrubber, error) {
+	if sb.audit.scrub == nil {
+		scrub, err := audit.NewScrubber(sb.profile.EnvAllowed, cfg.Audit.Redact)
+		if err != nil {
+			return nil, err
+		}
+		sb.audit.scrub = scrub
+	}
+	return sb.audit.scrub, nil
+}
+
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
 func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan) (*audit.Receiver, string, error) {
 	p, a := sb.profile, sb.audit
-	scrub, err := audit.NewScrubber(p.EnvAllowed, cfg.Audit.Redact)
+	scrub, err := scrubberOf(cfg, sb)
 	if err != nil {
 		return nil, "", err
 	}
-	a.scrub = scrub
 	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
@@ -148,7 +161,9 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 	}
 	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
 		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
-	status, event, activity := "Failure", "agentbox/dns_"+string(d.Outcome), "DNS "+strings.ToUpper(string(d.Outcome[:1]))+string(d.Outcome[1:])
+	status, event := "Failure", "agentbox/dns_"+string(d.Outcome)
+	activity := map[dnsproxy.Outcome]string{dnsproxy.Answered: "DNS Answered", dnsproxy.Refused: "DNS Refused",
+		dnsproxy.Failed: "DNS Failed", dnsproxy.Malformed: "DNS Malformed"}[d.Outcome]
 	var msg string
 	switch d.Outcome {
 	case dnsproxy.Answered:

@@ -289,16 +289,12 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 			return nil, err
 		}
 	}
-	if sb := plan.sandbox; sb == nil {
+	sb := plan.sandbox
+	if sb == nil {
 		sb, _ = s.sandboxes.sandbox(plan.joins)
-		if sb != nil && sb.dnsAddr.IsValid() {
-			rw, err := resolvConfFor(r.Bundle, spec, sb.dnsAddr)
-			if err != nil {
-				return nil, err
-			}
-			rewrites = append(rewrites, rw)
-		}
-	} else if sb.dnsAddr.IsValid() {
+	}
+	if sb != nil && sb.dnsAddr.IsValid() {
+		// Every container of the pod resolves through its resolver.
 		rw, err := resolvConfFor(r.Bundle, spec, sb.dnsAddr)
 		if err != nil {
 			return nil, err
@@ -414,7 +410,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	if err != nil {
 		return err
 	}
-	scrub, err := audit.NewScrubber(sb.profile.EnvAllowed, cfg.Audit.Redact)
+	scrub, err := scrubberOf(cfg, sb)
 	if err != nil {
 		return err
 	}

@@ -1,12 +1,18 @@
 package shim
 
 import (
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/dnsproxy"
 )
 
 func TestReadSmallFile(t *testing.T) {
@@ -32,5 +38,29 @@ func TestReadSmallFile(t *testing.T) {
 	os.Symlink(ok, link)
 	if _, err := readSmallFile(link, 64); err == nil {
 		t.Error("a symlink must not be followed")
+	}
+}
+
+func TestDNSRecord(t *testing.T) {
+	scrub, err := audit.NewScrubber(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A token smuggled in a name is redacted like one in argv.
+	r := dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Refused, Name: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Type: "A", Rule: "no host rule matches", Rcode: "RCodeNameError"}, scrub)
+	if r.Event != "agentbox/dns_refused" || r.Status != "Failure" || strings.Contains(r.Message, "ghp_abc") || !strings.Contains(r.Detail["name"], audit.Redacted) {
+		t.Errorf("refused: %+v %v", r, r.Detail)
+	}
+	r = dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Answered, Name: "api.example.com", Type: "A", Rule: "allow[0] host api.example.com",
+		Rcode: "RCodeSuccess", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")}, TTL: 5 * time.Minute}, scrub)
+	if r.Event != "agentbox/dns_answered" || r.Status != "Success" || r.Detail["addresses"] != "192.0.2.1, 192.0.2.2" || r.Detail["allowed_for"] != "5m0s" || r.Detail["transport"] != "udp" {
+		t.Errorf("answered: %+v %v", r, r.Detail)
+	}
+	r = dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Failed, Name: "api.example.com", Type: "AAAA", Err: errors.New("upstream down"), TCP: true}, scrub)
+	if r.Event != "agentbox/dns_failed" || r.Detail["error"] != "upstream down" || r.Detail["transport"] != "tcp" || !strings.HasSuffix(r.Message, ": upstream down") {
+		t.Errorf("failed: %+v %v", r, r.Detail)
+	}
+	if _, ok := r.Detail["addresses"]; ok {
+		t.Error("empty details are left out")
 	}
 }

@@ -432,7 +432,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 		Record:    func(d dnsproxy.Decision) { trail.Emit(dnsRecord(d, scrub), false) },
 		ID:        func() uint16 { return uint16(rand.Uint32()) },
 	}
-	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Upstreams: ups, Handler: h})
+	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Handler: h})
 	if err != nil {
 		return err
 	}

@@ -107,6 +107,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 	}
 	q := qs[0]
 	d.Type = typeName(q.Type)
+	limit := udpLimit(&p)
 	name, err := hostName(query)
 	if err != nil {
 		d.Outcome, d.Rule, d.Name = Refused, err.Error(), strings.ToValidUTF8(q.Name.String(), "?")
@@ -131,7 +132,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 		// An allowed name, but only addresses are served: an empty answer
 		// tells the client the name exists without the record.
 		d.Outcome, d.Rule, d.Rcode = Refused, "query type "+d.Type+" not served ("+rule.Name+")", dnsmessage.RCodeSuccess.String()
-		return h.fit(reply(hdr, &q, dnsmessage.RCodeSuccess, nil), hdr, q, query, d.TCP)
+		return fit(reply(hdr, &q, dnsmessage.RCodeSuccess, nil), hdr, q, limit, d.TCP)
 	}
 	up, err := h.upstream(ctx, name, q.Type)
 	if err != nil {
@@ -164,7 +165,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 	if len(addrs) > 0 {
 		d.TTL = allowance
 	}
-	return h.fit(reply(hdr, &q, dnsmessage.RCodeSuccess, answers), hdr, q, query, d.TCP)
+	return fit(reply(hdr, &q, dnsmessage.RCodeSuccess, answers), hdr, q, limit, d.TCP)
 }
 
 func (h *Handler) nxdomain(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision) []byte {
@@ -302,23 +303,32 @@ func reply(hdr dnsmessage.Header, q *dnsmessage.Question, rcode dnsmessage.RCode
 	return b
 }
 
-// fit truncates a UDP response larger than the client takes (512 bytes, or
-// its EDNS size up to maxUDP) to its question with TC set, so it asks again
-// over TCP.
-func (h *Handler) fit(resp []byte, hdr dnsmessage.Header, q dnsmessage.Question, query []byte, tcp bool) []byte {
+// udpLimit is the largest UDP response the client takes: 512 bytes, or its
+// EDNS size up to maxUDP. p has read the questions.
+func udpLimit(p *dnsmessage.Parser) int {
+	limit := 512
+	if p.SkipAllAnswers() != nil || p.SkipAllAuthorities() != nil {
+		return limit
+	}
+	for {
+		h, err := p.AdditionalHeader()
+		if err != nil {
+			return limit
+		}
+		if h.Type == dnsmessage.TypeOPT && int(h.Class) > limit {
+			limit = min(int(h.Class), maxUDP)
+		}
+		if p.SkipAdditional() != nil {
+			return limit
+		}
+	}
+}
+
+// fit truncates a UDP response larger than limit to its question with TC
+// set, so the client asks again over TCP.
+func fit(resp []byte, hdr dnsmessage.Header, q dnsmessage.Question, limit int, tcp bool) []byte {
 	if tcp {
 		return resp
-	}
-	limit := 512
-	var m dnsmessage.Message
-	if m.Unpack(query) == nil {
-		for _, rr := range m.Additionals {
-			if rr.Header.Type == dnsmessage.TypeOPT {
-				if size := int(rr.Header.Class); size > limit {
-					limit = min(size, maxUDP)
-				}
-			}
-		}
 	}
 	if len(resp) <= limit {
 		return resp

@@ -41,10 +41,9 @@ type Config struct {
 	// Address is what the pod's resolv.conf names; Peer is the pod's
 	// address on PodLink.
 	Address, Peer netip.Addr
-	// Upstreams are the servers allowed names are resolved with, asked in
-	// order, from the shim's own network namespace.
-	Upstreams []netip.AddrPort
-	Handler   *Handler
+	// Handler answers the questions (its Exchange asks upstream from the
+	// shim's own namespace).
+	Handler *Handler
 	// MaxInFlight bounds the questions handled at once; more are answered
 	// SERVFAIL at once (and recorded).
 	MaxInFlight int
@@ -75,7 +74,6 @@ func Start(cfg Config) (*Resolver, error) {
 		cfg.MaxInFlight = 128
 	}
 	r := &Resolver{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), conns: map[net.Conn]bool{}}
-	r.ctx, r.stop = context.WithCancel(context.Background())
 	var err error
 	if r.nsfd, r.udp, r.tcp, err = listenInNewNetns(); err != nil {
 		return nil, fmt.Errorf("resolver namespace: %w", err)
@@ -84,6 +82,7 @@ func Start(cfg Config) (*Resolver, error) {
 		r.closeSockets()
 		return nil, err
 	}
+	r.ctx, r.stop = context.WithCancel(context.Background())
 	r.wg.Add(2)
 	go r.serveUDP()
 	go r.serveTCP()

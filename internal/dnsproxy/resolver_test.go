@@ -163,7 +163,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 		ID:     func() uint16 { return 99 },
 	}
 	r, err := Start(Config{PodNetns: path, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"),
-		Upstreams: []netip.AddrPort{up.addr()}, Handler: h})
+		Handler: h})
 	if err != nil {
 		t.Fatal(err)
 	}

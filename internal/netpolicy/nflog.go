@@ -39,7 +39,6 @@ const (
 	nfulaCfgQthresh = 5
 	nfulnlCmdBind   = 1
 	nfulnlCopyPkt   = 2
-	nfulaPacketHdr  = 1
 	nfulaPayload    = 9
 	nfulaPrefix     = 10
 	nfgenmsgLen     = 4
@@ -177,7 +176,6 @@ func (l *DenialLog) Close() {
 func ParseDenial(attrs []byte) (Denial, bool) {
 	var prefix string
 	var payload []byte
-	var hwProto uint16
 	for len(attrs) >= 4 {
 		alen := int(binary.NativeEndian.Uint16(attrs[0:]))
 		typ := binary.NativeEndian.Uint16(attrs[2:]) & 0x3fff
@@ -186,10 +184,6 @@ func ParseDenial(attrs []byte) (Denial, bool) {
 		}
 		data := attrs[4:alen]
 		switch typ {
-		case nfulaPacketHdr:
-			if len(data) >= 2 {
-				hwProto = binary.BigEndian.Uint16(data)
-			}
 		case nfulaPayload:
 			payload = data
 		case nfulaPrefix:
@@ -201,10 +195,7 @@ func ParseDenial(attrs []byte) (Denial, bool) {
 	if !ok {
 		return Denial{}, false
 	}
-	// On the egress hook the payload may start at the Ethernet header.
-	if len(payload) >= 14 && hwProto != 0 && binary.BigEndian.Uint16(payload[12:]) == hwProto && !looksIP(payload, hwProto) {
-		payload = payload[14:]
-	}
+	payload = network(payload)
 	d := Denial{Rule: rule}
 	var proto byte
 	var l4 []byte
@@ -262,8 +253,48 @@ func netlinkMessages(b []byte) []netlinkMessage {
 	return out
 }
 
-func looksIP(p []byte, hwProto uint16) bool {
-	return (hwProto == unix.ETH_P_IP && p[0]>>4 == 4) || (hwProto == unix.ETH_P_IPV6 && p[0]>>4 == 6)
+// network finds the IP header of a logged packet. On the netdev egress
+// hook the payload starts at the Ethernet header, and the packet header's
+// protocol cannot tell (gVisor's packet socket leaves it 0): an Ethernet
+// header is taken when its type and what follows agree (for IPv4, down to
+// the header checksum); else the payload must start with an IP header.
+func network(p []byte) []byte {
+	if len(p) >= 14 {
+		inner := p[14:]
+		switch binary.BigEndian.Uint16(p[12:]) {
+		case unix.ETH_P_IP:
+			if ipv4HeaderOK(inner) {
+				return inner
+			}
+		case unix.ETH_P_IPV6:
+			if len(inner) >= 40 && inner[0]>>4 == 6 {
+				return inner
+			}
+		}
+	}
+	if len(p) > 0 && p[0]>>4 == 4 && !ipv4HeaderOK(p) {
+		return nil
+	}
+	return p
+}
+
+// ipv4HeaderOK checks version, length and checksum of an IPv4 header.
+func ipv4HeaderOK(h []byte) bool {
+	if len(h) < 20 || h[0]>>4 != 4 {
+		return false
+	}
+	ihl := int(h[0]&0x0f) * 4
+	if ihl < 20 || len(h) < ihl {
+		return false
+	}
+	var sum uint32
+	for i := 0; i < ihl; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
 }
 
 func cutPrefix(p string) (string, bool) {

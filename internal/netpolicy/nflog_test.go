@@ -149,11 +149,17 @@ func attr(typ uint16, data []byte) []byte {
 
 func TestParseDenial(t *testing.T) {
 	ipv4 := []byte{0x45, 0, 0, 40, 0, 0, 0, 0, 64, 6, 0, 0, 10, 0, 0, 2, 169, 254, 169, 254, 0x9c, 0x40, 0, 80}
+	sum := ^checksum(ipv4[:20])
+	binary.BigEndian.PutUint16(ipv4[10:], sum)
 	ipv6 := append([]byte{0x60, 0, 0, 0, 0, 8, 17, 64}, make([]byte, 32)...)
 	copy(ipv6[24:40], netip.MustParseAddr("fd00:ec2::254").AsSlice())
 	ipv6 = append(ipv6, 0x9c, 0x40, 0, 53, 0, 8, 0, 0)
-	eth := append([]byte{2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00}, ipv4...)
-	hdr := func(proto uint16) []byte { return attr(nfulaPacketHdr, []byte{byte(proto >> 8), byte(proto), 0, 0}) }
+	// A destination MAC whose first nibble reads as IPv4 (seen with
+	// gVisor's frames, whose packet header says protocol 0).
+	eth := append([]byte{0x4a, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00}, ipv4...)
+	eth6 := append([]byte{0x66, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x86, 0xdd}, ipv6...)
+	badsum := append([]byte(nil), ipv4...)
+	badsum[10]++
 	prefix := func(rule string) []byte { return attr(nfulaPrefix, append([]byte(logPrefix+rule), 0)) }
 	cases := []struct {
 		name  string
@@ -161,11 +167,13 @@ func TestParseDenial(t *testing.T) {
 		want  Denial
 		ok    bool
 	}{
-		{"ipv4 tcp", concat(hdr(0x0800), prefix(RuleMetadata), attr(nfulaPayload, ipv4)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
-		{"ethernet first", concat(hdr(0x0800), prefix(RuleMetadata), attr(nfulaPayload, eth)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
-		{"ipv6 udp", concat(hdr(0x86dd), prefix(RuleOtherResolver), attr(nfulaPayload, ipv6)), Denial{RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
-		{"not ours", concat(hdr(0x0800), attr(nfulaPrefix, []byte("other: x\x00")), attr(nfulaPayload, ipv4)), Denial{}, false},
-		{"no payload", concat(hdr(0x0800), prefix(RuleDefaultDeny)), Denial{}, false},
+		{"ipv4 tcp", concat(prefix(RuleMetadata), attr(nfulaPayload, ipv4)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
+		{"ethernet first", concat(prefix(RuleMetadata), attr(nfulaPayload, eth)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
+		{"ipv6 udp", concat(prefix(RuleOtherResolver), attr(nfulaPayload, ipv6)), Denial{RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
+		{"ethernet first, ipv6", concat(prefix(RuleOtherResolver), attr(nfulaPayload, eth6)), Denial{RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
+		{"bad ipv4 checksum", concat(prefix(RuleMetadata), attr(nfulaPayload, badsum)), Denial{}, false},
+		{"not ours", concat(attr(nfulaPrefix, []byte("other: x\x00")), attr(nfulaPayload, ipv4)), Denial{}, false},
+		{"no payload", concat(prefix(RuleDefaultDeny)), Denial{}, false},
 		{"short payload", concat(prefix(RuleDefaultDeny), attr(nfulaPayload, ipv4[:10])), Denial{}, false},
 		{"bad attribute length", []byte{0xff, 0xff, 9, 0}, Denial{}, false},
 	}
@@ -193,4 +201,15 @@ func FuzzParseDenial(f *testing.F) {
 		ParseDenial(b)
 		netlinkMessages(b)
 	})
+}
+
+func checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return uint16(sum)
 }

@@ -237,6 +237,7 @@ func TestBenchmarkEgress(t *testing.T) {
 		ms(cy("e2e-allow")), ms(cy("e2e-dns")), ms(cy("e2e-open")), float64(cy("e2e-allow"))/float64(cy("e2e-open")), float64(cy("e2e-dns"))/float64(cy("e2e-open")))
 	a, h, o := med(tput["e2e-allow"]), med(tput["e2e-dns"]), med(tput["e2e-open"])
 	fmt.Fprintf(&b, "bulk throughput (%d MiB): cidr %.0f MiB/s, host %.0f MiB/s, open %.0f MiB/s; ratios to open %.3fx, %.3fx  (goal >= 0.95x)\n", mib, a, h, o, a/o, h/o)
+	fmt.Fprintf(&b, "  per round, MiB/s: cidr %.0f, host %.0f, open %.0f\n", tput["e2e-allow"], tput["e2e-dns"], tput["e2e-open"])
 	lk := func(role string) time.Duration { return stats(lookup[role]).median }
 	fmt.Fprintf(&b, "name lookup (busybox nslookup, A+AAAA): through the pod's resolver %s, straight to the DNS server (open) %s, ratio %.2fx\n",
 		ms(lk("e2e-dns")), ms(lk("e2e-open")), float64(lk("e2e-dns"))/float64(lk("e2e-open")))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // check is one doctor line: a name, and a detail or an error.
@@ -177,7 +180,30 @@ func checkNftables() check {
 		return c
 	}
 	c.detail = strings.TrimSpace(string(out))
+	// Load the shape of ruleset the shim loads (a netdev egress hook, sets
+	// with timeouts, rate-limited logging to nfnetlink_log) into a
+	// throwaway network namespace: a kernel without one of them would
+	// refuse every pod with egress rules.
+	cmd := exec.Command("unshare", "--net", "--", "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(sampleRuleset())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		c.err = fmt.Errorf("%s, but the egress ruleset does not load in a scratch namespace (needs root, kernel netdev egress hooks, nft sets with timeouts, nfnetlink_log): %v: %s", c.detail, err, strings.TrimSpace(string(out)))
+		return c
+	}
+	c.detail += "; egress ruleset loads"
 	return c
+}
+
+// sampleRuleset is an allowlist with a host rule, rendered for lo.
+func sampleRuleset() string {
+	p := &policy.Profile{}
+	p.Network.Egress = policy.EgressAllowlist
+	p.Network.Allow = []policy.EgressRule{{Host: "example.com", Ports: []int{443}}, {CIDR: "10.0.0.0/8"}}
+	pl, err := netpolicy.Compile(p)
+	if err != nil {
+		panic(err) // a fixed, valid profile
+	}
+	return pl.Ruleset("lo") + pl.Elements(pl.Hosts()[0], []netip.Addr{netip.MustParseAddr("192.0.2.1")}, time.Minute)
 }
 
 // cgroupMode names the cgroup layout mounted at root.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -66,5 +67,25 @@ func TestCgroupMode(t *testing.T) {
 	}
 	if _, err := cgroupMode(mk()); err == nil {
 		t.Error("empty dir: want error")
+	}
+}
+
+// TestNftablesCheck loads the shim's ruleset shape on this machine, which
+// must take it (CI runs the e2e suite here).
+func TestNftablesCheck(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a scratch network namespace")
+	}
+	for _, tool := range []string{"nft", "unshare"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	c := checkNftables()
+	if c.err != nil || !strings.Contains(c.detail, "egress ruleset loads") {
+		t.Fatalf("%v", c)
+	}
+	if rs := sampleRuleset(); !strings.Contains(rs, "log prefix") || !strings.Contains(rs, "add element netdev agentbox host4_0") {
+		t.Errorf("the sample must have what the shim loads:\n%s", rs)
 	}
 }

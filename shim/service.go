@@ -377,22 +377,14 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 		log.G(ctx).WithError(err).Warn("agentbox: egress denial log")
 		detail["denial_log"] = "unavailable: " + err.Error()
 	}
-	var denied []string
-	for _, a := range pl.Denied {
-		denied = append(denied, a.String())
-	}
-	detail["metadata_denied"] = strings.Join(denied, ", ")
+	detail["metadata_denied"] = strings.Join(pl.DeniedNames(), ", ")
 	if pl.Resolver {
 		if err := startResolver(cfg, sb, pl); err != nil {
 			return err
 		}
 		detail["resolver"] = sb.dnsAddr.String()
 		detail["upstreams"] = fmt.Sprint(sb.upstreams)
-		var hosts []string
-		for _, h := range pl.Hosts() {
-			hosts = append(hosts, h.Host)
-		}
-		detail["hosts"] = strings.Join(hosts, ", ")
+		detail["hosts"] = strings.Join(pl.HostNames(), ", ")
 	}
 	sb.audit.trail.Emit(decision("agentbox/egress_applied", "Egress Rules Applied", "Success",
 		fmt.Sprintf("egress %s: %d allow rule(s), default %s", plan.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)

@@ -165,18 +165,10 @@ func writeExplanation(w io.Writer, ex explanation) {
 		p.Filesystem.Rootfs, p.Filesystem.Writable, p.Filesystem.NoExecWritable, hostMounts(p.Filesystem.HostMounts), p.Filesystem.MaskedPaths)
 	fmt.Fprintf(w, "network:     egress %s%s\n", p.Network.Egress, egressRules(p.Network.Allow))
 	if pl, err := netpolicy.Compile(p); err == nil && pl.Enforced {
-		var denied []string
-		for _, a := range pl.Denied {
-			denied = append(denied, a.String())
-		}
-		fmt.Fprintf(w, "             nftables on the pod interface; metadata addresses denied: %s\n", strings.Join(denied, ", "))
+		fmt.Fprintf(w, "             nftables on the pod interface; metadata addresses denied: %s\n", strings.Join(pl.DeniedNames(), ", "))
 		if pl.Resolver {
-			var hosts []string
-			for _, h := range pl.Hosts() {
-				hosts = append(hosts, h.Host)
-			}
 			answers := "no name"
-			if len(hosts) > 0 {
+			if hosts := pl.HostNames(); len(hosts) > 0 {
 				answers = strings.Join(hosts, ", ")
 			}
 			fmt.Fprintf(w, "             DNS only through the pod's resolver, which answers %s and refuses every other name\n", answers)

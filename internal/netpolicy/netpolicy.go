@@ -123,6 +123,25 @@ func (pl *Plan) Hosts() []Rule {
 	return out
 }
 
+// HostNames are the host rules' patterns, in order, for records and
+// explanations.
+func (pl *Plan) HostNames() []string {
+	var out []string
+	for _, r := range pl.Hosts() {
+		out = append(out, r.Host)
+	}
+	return out
+}
+
+// DeniedNames are the denied metadata addresses as text.
+func (pl *Plan) DeniedNames() []string {
+	var out []string
+	for _, a := range pl.Denied {
+		out = append(out, a.String())
+	}
+	return out
+}
+
 // MatchHost returns the first host rule whose pattern matches name (any
 // case, with or without the trailing dot). "*.example.com" matches names
 // below example.com, not example.com itself.

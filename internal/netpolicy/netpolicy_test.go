@@ -70,6 +70,12 @@ func TestCompileAndDecide(t *testing.T) {
 	if h := pl.Hosts(); len(h) != 2 || h[0].Host != "api.github.com" || h[1].Host != "*.example.com" {
 		t.Errorf("hosts %+v", h)
 	}
+	if n := strings.Join(pl.HostNames(), " "); n != "api.github.com *.example.com" {
+		t.Errorf("host names %q", n)
+	}
+	if n := strings.Join(pl.DeniedNames(), " "); n != "169.254.169.254 100.100.100.200 168.63.129.16 fd00:ec2::254 fd20:ce::254" {
+		t.Errorf("denied %q", n)
+	}
 	rs := pl.Ruleset("eth0")
 	for _, want := range []string{
 		`type filter hook egress device "eth0" priority 0; policy drop;`,

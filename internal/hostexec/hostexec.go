@@ -18,15 +18,15 @@ var (
 // SetRunner replaces how commands run. The shim is a subreaper whose
 // SIGCHLD handler reaps every child: it runs them through its reaper, or a
 // command's exit status is lost to it ("waitid: no child processes").
-func SetRunner(run func(*exec.Cmd) error) {
+func SetRunner(f func(*exec.Cmd) error) {
 	mu.Lock()
 	defer mu.Unlock()
-	runner = run
+	runner = f
 }
 
-// Run runs name with args, stdin as its input, and returns its stdout. A
+// run runs name with args, stdin as its input, and returns its stdout. A
 // failure carries the command and its stderr.
-func Run(stdin, name string, args ...string) (string, error) {
+func run(stdin, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
@@ -34,9 +34,9 @@ func Run(stdin, name string, args ...string) (string, error) {
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	mu.RLock()
-	run := runner
+	runCmd := runner
 	mu.RUnlock()
-	if err := run(cmd); err != nil {
+	if err := runCmd(cmd); err != nil {
 		return so.String(), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(se.String()))
 	}
 	return so.String(), nil
@@ -45,7 +45,7 @@ func Run(stdin, name string, args ...string) (string, error) {
 // InNetns runs name in the network namespace at netns (a path), through
 // nsenter.
 func InNetns(netns, stdin, name string, args ...string) (string, error) {
-	out, err := Run(stdin, "nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
+	out, err := run(stdin, "nsenter", append([]string{"--net=" + netns, "--", name}, args...)...)
 	if err != nil {
 		err = fmt.Errorf("in %s: %w", netns, err)
 	}

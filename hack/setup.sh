@@ -41,8 +41,36 @@ go_tool() {
 }
 
 # runsc MUST be static: a cgo build dies at boot inside its own chroot.
-LDFLAGS="-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" \
-  go_tool runsc "$GVISOR_VERSION" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION"
+# It is built from the pinned gVisor module with the patches in
+# hack/patches/ (each says why); the stamp covers them.
+build_runsc() {
+  local patches stamp sf="$TOOLS_BIN/.runsc.stamp"
+  patches=$(cat "$REPO_ROOT"/hack/patches/runsc-*.patch | sha256sum | cut -c1-16)
+  stamp="$GVISOR_VERSION patches=$patches"
+  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ] && [ -x "$TOOLS_BIN/runsc" ]; then
+    step "runsc $GVISOR_VERSION (patched) cached"
+    return
+  fi
+  local log=$AGENTBOX_CACHE/logs/runsc.log src=$AGENTBOX_CACHE/src/gvisor
+  step "building runsc $GVISOR_VERSION with hack/patches (a few minutes; log: $log)"
+  (
+    set -e
+    mod=$(GOFLAGS=-mod=mod go mod download -json "gvisor.dev/gvisor@$GVISOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -d "$mod" ] || { echo "gvisor module not downloaded"; exit 1; }
+    rm -rf "$src"; mkdir -p "$(dirname "$src")"; cp -r "$mod" "$src"; chmod -R u+w "$src"
+    for p in "$REPO_ROOT"/hack/patches/runsc-*.patch; do (cd "$src" && git apply -p1 "$p"); done
+    cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" -o "$TOOLS_BIN/runsc" ./runsc
+  ) >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 15
+    kill -0 "$pid" 2>/dev/null && step "  still building runsc ($(tail -n1 "$log" | cut -c1-80))"
+  done
+  wait "$pid" || { tail -n 20 "$log" >&2; die "building runsc failed"; }
+  rm -rf "$src"
+  echo "$stamp" >"$sf"
+}
+build_runsc
 go_tool containerd "$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \

@@ -57,7 +57,7 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 				log.L.Infof("agentbox: delivering %d audit spool(s) left by earlier shims", n)
 			}
 		})
-		w, err := audit.NewWebhook(webhookConfig(cfg), id)
+		w, err := audit.NewWebhook(webhookConfig(cfg), file.Name())
 		if err != nil {
 			file.Close()
 			os.Remove(file.Path())

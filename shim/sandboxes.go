@@ -18,7 +18,12 @@ type sandboxState struct {
 	profile *policy.Profile
 	// claims are the agentbox.dev/* annotations the sandbox was created
 	// with; a container joining it must carry the same.
-	claims     map[string]string
+	claims map[string]string
+	// inCRI: a Kubernetes pod (containerd's CRI namespace) of UID podUID;
+	// its containers' pod files and volumes are accepted from containerd's
+	// and the kubelet's directories for it.
+	inCRI      bool
+	podUID     string
 	containers []string
 	timer      *time.Timer
 	// expired is set when the wall-clock limit stopped the sandbox.

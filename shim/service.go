@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
@@ -42,6 +43,7 @@ import (
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/hostexec"
+	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
@@ -73,6 +75,9 @@ type service struct {
 
 	policies  policy.Cache
 	sandboxes *sandboxRegistry
+	// stagers holds each created container's staged mounts (id to
+	// *mountguard.Stager), released at Delete.
+	stagers sync.Map
 }
 
 var _ cdshim.TTRPCService = (*service)(nil)
@@ -151,6 +156,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 	}
 	resp, err := s.next.Create(ctx, r)
 	if err != nil {
+		releaseMounts(ctx, plan.stager)
 		if plan.sandbox != nil {
 			// runsc leaves a failed sandbox's cgroup behind.
 			if cerr := cgroups.Remove(cgroups.Root, plan.cgroupsPath); cerr != nil {
@@ -172,6 +178,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
 			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
 			removeEgress(ctx, plan.sandbox)
+			releaseMounts(ctx, plan.stager)
 			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
 			closeAudit(ctx, plan.sandbox.audit, "audit session failed")
 			return nil, errgrpc.ToGRPC(err)
@@ -183,6 +190,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		s.record(r.ID, decision("agentbox/container_created", "Container Created", "Success",
 			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
+	s.stagers.Store(r.ID, plan.stager)
 	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
 	return resp, nil
 }
@@ -199,6 +207,8 @@ type createPlan struct {
 	audit *sandboxAudit
 	// egress is the compiled egress policy (sandbox roots only).
 	egress *netpolicy.Plan
+	// stager holds the container's checked bind mounts.
+	stager *mountguard.Stager
 }
 
 // prepare does the agentbox part of Create. For a sandbox root it opens the
@@ -216,11 +226,23 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	if err != nil {
 		return nil, fmt.Errorf("read OCI spec: %w", err)
 	}
-	plan := &createPlan{}
+	plan := &createPlan{stager: mountguard.New(r.Bundle)}
+	defer func() {
+		if retErr != nil {
+			releaseMounts(ctx, plan.stager)
+		}
+	}()
 	if spec.Linux != nil {
 		plan.cgroupsPath = spec.Linux.CgroupsPath
 	}
-	claims := agentboxAnnotations(spec.Annotations)
+	claims, err := agentboxAnnotations(spec.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	// Only containers in containerd's CRI namespace are pods: only they
+	// bind by pod namespace and get their pod's files and volumes.
+	inCRI := namespaceOf(ctx) == cfg.CRI.Namespace
+	mounts := policy.MountEnv{Stage: plan.stager.Stage}
 	if sandboxID, joins := ocispec.IsSandboxContainerOf(spec); joins {
 		// A container of a pod runs under the pod's profile; it may not
 		// claim another.
@@ -232,6 +254,9 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 			return nil, fmt.Errorf("container annotations %v differ from its pod's %v: a container runs under its pod's role", claims, sb.claims)
 		}
 		plan.profile, plan.joins = sb.profile, sandboxID
+		if sb.inCRI {
+			mounts = criMountEnv(cfg, r.Bundle, sandboxID, sb.podUID)
+		}
 	} else {
 		meta := audit.Meta{Sandbox: r.ID, PodNamespace: spec.Annotations[ocispec.SandboxNamespaceAnnotation], PodName: spec.Annotations[ocispec.SandboxNameAnnotation]}
 		trail, err := openTrail(cfg, r.ID, meta)
@@ -255,8 +280,14 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 			Handler:             cfg.Policy.Handler,
 			DefaultRole:         cfg.Policy.DefaultRole,
 		}
-		if spec.Annotations[ocispec.ContainerTypeAnnotation] == ocispec.ContainerTypeSandbox {
+		podUID := ""
+		isPod := inCRI && spec.Annotations[ocispec.ContainerTypeAnnotation] == ocispec.ContainerTypeSandbox
+		if isPod {
 			req.PodNamespace = spec.Annotations[ocispec.SandboxNamespaceAnnotation]
+			if podUID, err = ocispec.PodUID(spec); err != nil {
+				return nil, err
+			}
+			mounts = criMountEnv(cfg, r.Bundle, r.ID, podUID)
 		}
 		if plan.profile, err = set.Select(req); err != nil {
 			return nil, err
@@ -266,12 +297,16 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		trail.Emit(decision("agentbox/role_resolved", "Role Resolved", "Success",
 			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), describeRequest(req)),
 			map[string]string{"tightened": strings.Join(plan.profile.Tightened, ", ")}), true)
-		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit}
+		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit, inCRI: isPod, podUID: podUID}
 		defer func() {
 			if retErr != nil {
 				removeEgress(ctx, plan.sandbox)
 			}
 		}()
+	}
+	mounts.Stage = plan.stager.Stage
+	if err := hostNamespaces(spec); err != nil {
+		return nil, err
 	}
 	secrets, err := readSecrets(plan.profile)
 	if err != nil {
@@ -281,7 +316,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	if adj := oomadj.Host(); adj.Refused != nil {
 		rewrites = append(rewrites, ocispec.RaiseOOMScoreAdj(adj.Floor))
 	}
-	rewrites = append(rewrites, plan.profile.SpecRewrites(secrets)...)
+	rewrites = append(rewrites, plan.profile.SpecRewrites(secrets, mounts)...)
 	if plan.sandbox != nil {
 		// Egress rules and the resolver go in before runsc takes the pod's
 		// interfaces over.
@@ -295,11 +330,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	}
 	if sb != nil && sb.dnsAddr.IsValid() {
 		// Every container of the pod resolves through its resolver.
-		rw, err := resolvConfFor(r.Bundle, spec, sb.dnsAddr)
-		if err != nil {
-			return nil, err
-		}
-		rewrites = append(rewrites, rw)
+		rewrites = append(rewrites, resolvConfFor(r.Bundle, sb.dnsAddr))
 	}
 	changes, err := ocispec.Apply(spec, rewrites...)
 	if err != nil {
@@ -432,22 +463,87 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	return nil
 }
 
-// resolvConfFor writes the container's resolv.conf (naming the pod's
-// resolver) into its bundle and returns the rewrite that mounts it.
-func resolvConfFor(bundle string, spec *specs.Spec, resolver netip.Addr) (ocispec.Rewrite, error) {
-	var original []byte
-	if src := ocispec.ResolvConfSource(spec); src != "" {
-		b, err := readSmallFile(src, 64<<10)
-		if err != nil && !os.IsNotExist(err) {
-			return nil, fmt.Errorf("read the pod's resolv.conf: %w", err)
+// resolvConfFor returns the rewrite that writes the container's resolv.conf
+// (naming the pod's resolver, keeping the pod's search and options) into
+// its bundle and mounts it. It runs after the mounts were checked and
+// staged, so the pod's resolv.conf it reads is the one that was checked.
+func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
+	return func(spec *specs.Spec) (string, error) {
+		var original []byte
+		if src := ocispec.ResolvConfSource(spec); src != "" {
+			b, err := readSmallFile(src, 64<<10)
+			if err != nil && !os.IsNotExist(err) {
+				return "", fmt.Errorf("read the pod's resolv.conf: %w", err)
+			}
+			original = b
 		}
-		original = b
+		path := filepath.Join(bundle, resolvConfFile)
+		if err := os.WriteFile(path, dnsproxy.ResolvConf(original, resolver), 0o644); err != nil {
+			return "", fmt.Errorf("write resolv.conf: %w", err)
+		}
+		return ocispec.MountResolvConf(path)(spec)
 	}
-	path := filepath.Join(bundle, resolvConfFile)
-	if err := os.WriteFile(path, dnsproxy.ResolvConf(original, resolver), 0o644); err != nil {
-		return nil, fmt.Errorf("write resolv.conf: %w", err)
+}
+
+// criMountEnv is where the runtime made this pod's files: containerd's CRI
+// directories for its sandbox id, the kubelet's for its UID.
+func criMountEnv(cfg *config.Config, bundle, sandboxID, podUID string) policy.MountEnv {
+	const cri = "io.containerd.grpc.v1.cri"
+	env := policy.MountEnv{SandboxRootDir: filepath.Join(cfg.CRI.ContainerdRoot, cri, "sandboxes", sandboxID)}
+	state := cfg.CRI.ContainerdState
+	if state == "" {
+		// containerd puts bundles at STATE/io.containerd.runtime.v2.task/NS/ID.
+		if tasks := filepath.Dir(filepath.Dir(bundle)); filepath.Base(tasks) == "io.containerd.runtime.v2.task" {
+			state = filepath.Dir(tasks)
+		}
 	}
-	return ocispec.MountResolvConf(path), nil
+	if state != "" {
+		env.SandboxStateDir = filepath.Join(state, cri, "sandboxes", sandboxID)
+	}
+	if podUID != "" {
+		env.PodDir = filepath.Join(cfg.CRI.KubeletRoot, "pods", podUID)
+	}
+	return env
+}
+
+// hostNamespaces refuses a container that joins one of the shim's own (the
+// host's) network, PID or IPC namespaces by path. A missing namespace is
+// the policy's to refuse (checkHostOptions).
+func hostNamespaces(spec *specs.Spec) error {
+	if spec.Linux == nil {
+		return nil
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		var own string
+		switch ns.Type {
+		case specs.NetworkNamespace:
+			own = "/proc/self/ns/net"
+		case specs.PIDNamespace:
+			own = "/proc/self/ns/pid"
+		case specs.IPCNamespace:
+			own = "/proc/self/ns/ipc"
+		default:
+			continue
+		}
+		if ns.Path == "" {
+			continue
+		}
+		var a, b unix.Stat_t
+		if err := unix.Stat(ns.Path, &a); err != nil {
+			return fmt.Errorf("linux.namespaces: %s namespace %s: %w", ns.Type, ns.Path, err)
+		}
+		if err := unix.Stat(own, &b); err == nil && a.Dev == b.Dev && a.Ino == b.Ino {
+			return fmt.Errorf("linux.namespaces: %s namespace %s is the host's: agentbox does not run pods in the host's namespaces", ns.Type, ns.Path)
+		}
+	}
+	return nil
+}
+
+// releaseMounts unmounts a container's staged mounts.
+func releaseMounts(ctx context.Context, st *mountguard.Stager) {
+	if err := mountguard.Release(st.Dir()); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: releasing staged mounts")
+	}
 }
 
 // readSmallFile reads a regular file of at most limit bytes. The path comes
@@ -486,15 +582,19 @@ func netnsPath(spec *specs.Spec) string {
 	return ""
 }
 
-// agentboxAnnotations returns the agentbox.dev/* annotations.
-func agentboxAnnotations(ann map[string]string) map[string]string {
+// agentboxAnnotations returns the agentbox.dev/* annotations. A key that
+// is agentbox.dev/ in another case is refused: it would otherwise be
+// ignored, and the pod run looser than its author meant.
+func agentboxAnnotations(ann map[string]string) (map[string]string, error) {
 	out := map[string]string{}
 	for k, v := range ann {
 		if strings.HasPrefix(k, policy.AnnotationPrefix) {
 			out[k] = v
+		} else if strings.HasPrefix(strings.ToLower(k), policy.AnnotationPrefix) {
+			return nil, fmt.Errorf("annotation %s: agentbox reads %s* keys in lower case only", k, policy.AnnotationPrefix)
 		}
 	}
-	return out
+	return out, nil
 }
 
 func sameClaims(a, b map[string]string) bool {
@@ -673,6 +773,9 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	resp, err := s.next.Delete(ctx, r)
 	if err == nil && r.ExecID == "" {
 		s.exits.forget(r.ID)
+		if st, ok := s.stagers.LoadAndDelete(r.ID); ok {
+			releaseMounts(ctx, st.(*mountguard.Stager))
+		}
 		if sb, ok := s.sandboxes.sandbox(r.ID); ok {
 			// The sandbox root is gone: its rules go, its trail ends.
 			removeEgress(ctx, sb)

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,21 +19,40 @@ type FileSink struct {
 	segments     int
 }
 
-// NewFileSink creates the trail file. It refuses to append to an existing
-// trail of the same sandbox id: a chain starts once.
+// maxRuns bounds how often one sandbox id's trail may be started in one
+// directory.
+const maxRuns = 10000
+
+// NewFileSink creates the trail file. A chain starts once: it never appends
+// to an existing trail. A sandbox id used before (a ctr container id
+// reused, or the same id in two containerd namespaces) gets a trail of its
+// own, named SANDBOX@N (container ids cannot contain '@').
 func NewFileSink(dir, sandbox string, maxBytes int64) (*FileSink, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("audit dir %s: %w", dir, err)
 	}
-	if old, _ := filepath.Glob(filepath.Join(dir, sandbox+".[0-9][0-9][0-9][0-9][0-9][0-9].jsonl")); len(old) > 0 {
-		return nil, fmt.Errorf("audit trail of %s already exists in %s", sandbox, dir)
+	for run := 1; run <= maxRuns; run++ {
+		name := sandbox
+		if run > 1 {
+			name = fmt.Sprintf("%s@%d", sandbox, run)
+		}
+		if old, _ := filepath.Glob(filepath.Join(dir, name+".[0-9][0-9][0-9][0-9][0-9][0-9].jsonl")); len(old) > 0 {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, FileName(name)), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit trail: %w", err)
+		}
+		return &FileSink{dir: dir, sandbox: name, maxBytes: maxBytes, f: f}, nil
 	}
-	f, err := os.OpenFile(filepath.Join(dir, FileName(sandbox)), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
-	if err != nil {
-		return nil, fmt.Errorf("audit trail: %w", err)
-	}
-	return &FileSink{dir: dir, sandbox: sandbox, maxBytes: maxBytes, f: f}, nil
+	return nil, fmt.Errorf("audit trail of %s: %d trails of that id exist in %s", sandbox, maxRuns, dir)
 }
+
+// Name is the trail's name: the sandbox id, or SANDBOX@N for a reused id.
+func (s *FileSink) Name() string { return s.sandbox }
 
 // Path is the active file.
 func (s *FileSink) Path() string { return filepath.Join(s.dir, FileName(s.sandbox)) }

@@ -138,14 +138,25 @@ func TestRotationKeepsTheChain(t *testing.T) {
 	}
 }
 
-func TestFileSinkRefusesExistingTrail(t *testing.T) {
+// A reused sandbox id never appends to the old chain: it gets a trail of
+// its own, and both verify on their own.
+func TestFileSinkNeverAppends(t *testing.T) {
 	dir := t.TempDir()
 	fs, err := NewFileSink(dir, "sb", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	fs.WriteBatch([]byte("first\n"))
 	fs.Close()
-	if _, err := NewFileSink(dir, "sb", 1<<20); err == nil {
-		t.Fatal("a second trail for the same sandbox id must be refused")
+	fs2, err := NewFileSink(dir, "sb", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs2.Close()
+	if fs2.Name() != "sb@2" || fs2.Path() != filepath.Join(dir, "sb@2.jsonl") {
+		t.Fatalf("second trail of sb: %s at %s", fs2.Name(), fs2.Path())
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "sb.jsonl")); string(b) != "first\n" {
+		t.Fatalf("the first trail changed: %q", b)
 	}
 }

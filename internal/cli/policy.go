@@ -115,7 +115,8 @@ func explain(c *cli.Context) error {
 		secrets[s.Env] = "<secret from " + s.File + ">"
 	}
 	spec := sampleSpec()
-	changes, err := ocispec.Apply(spec, p.SpecRewrites(secrets)...)
+	env := policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir}
+	changes, err := ocispec.Apply(spec, p.SpecRewrites(secrets, env)...)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
@@ -132,8 +133,15 @@ func explain(c *cli.Context) error {
 	return nil
 }
 
-// sampleSpec is a container spec as containerd's defaults make it, with an
-// environment carrying a secret, so the explanation shows what changes.
+// containerd's CRI directories of the sample pod (default containerd root
+// and state).
+const (
+	sampleSandboxDir      = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/ID"
+	sampleSandboxStateDir = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/ID"
+)
+
+// sampleSpec is a container spec as containerd's CRI defaults make it, with
+// an environment carrying a secret, so the explanation shows what changes.
 func sampleSpec() *specs.Spec {
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
 	return &specs.Spec{
@@ -149,9 +157,13 @@ func sampleSpec() *specs.Spec {
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/ID/resolv.conf", Options: []string{"rbind", "rw"}},
+			{Destination: "/dev/shm", Type: "bind", Source: sampleSandboxStateDir + "/shm", Options: []string{"rbind", "rw"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: sampleSandboxDir + "/resolv.conf", Options: []string{"rbind", "rw"}},
 		},
-		Linux: &specs.Linux{},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-ID"},
+		}},
 	}
 }
 
@@ -174,8 +186,23 @@ func writeExplanation(w io.Writer, ex explanation) {
 			fmt.Fprintf(w, "             DNS only through the pod's resolver, which answers %s and refuses every other name\n", answers)
 		}
 	}
-	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; denied syscalls %v; no_new_privs\n",
-		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses, p.Process.DeniedSyscalls)
+	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; no_new_privs\n",
+		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses)
+	sp := p.Syscalls()
+	fmt.Fprintf(w, "syscalls:    %s\n", sp)
+	for _, c := range policy.BaselineSyscalls {
+		state := "denied"
+		for _, a := range sp.AllowedClasses {
+			if a == c.Name {
+				state = "ALLOWED by the role"
+			}
+		}
+		fmt.Fprintf(w, "             %-11s %s: %s (%s)\n", c.Name, state, strings.Join(c.Syscalls, " "), c.Why)
+	}
+	if len(p.Process.DeniedSyscalls) > 0 {
+		fmt.Fprintf(w, "             role also denies %v\n", p.Process.DeniedSyscalls)
+	}
+	fmt.Fprintf(w, "exec:        writable places are noexec%s; devices %v\n", orList(" except under ", p.Filesystem.AllowExec), p.Filesystem.Devices)
 	var secrets []string
 	for _, s := range p.Credentials.Secrets {
 		secrets = append(secrets, s.Env+" <- "+s.File)
@@ -200,6 +227,13 @@ func writeExplanation(w io.Writer, ex explanation) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "  --%s=%s\n", k, ex.RunscFlags[k])
 	}
+}
+
+func orList(prefix string, l []string) string {
+	if len(l) == 0 {
+		return ""
+	}
+	return prefix + strings.Join(l, ", ")
 }
 
 func orNone(ok bool, s string) string {

@@ -60,6 +60,9 @@ type Config struct {
 	Audit Audit `toml:"audit"`
 	// Network configures egress enforcement's per-pod DNS resolver.
 	Network Network `toml:"network"`
+	// CRI says which containers are Kubernetes pods and where the files
+	// the runtime makes for them live.
+	CRI CRI `toml:"cri"`
 
 	// Source is the file the config was read from; empty for built-in defaults.
 	Source string `toml:"-"`
@@ -126,6 +129,27 @@ type Webhook struct {
 	MaxSpoolBytes int64 `toml:"max_spool_bytes"`
 	// BatchRecords is the most records one POST carries.
 	BatchRecords int `toml:"batch_records"`
+}
+
+// CRI locates what containerd's CRI and the kubelet make for a pod, so
+// that the shim accepts a pod's own mounts by where they provably are, never
+// by their names.
+type CRI struct {
+	// Namespace is containerd's CRI namespace. Only containers in it are
+	// pods: only they bind by pod namespace and get their pod's files and
+	// kubelet volumes.
+	Namespace string `toml:"namespace"`
+	// ContainerdRoot is containerd's root directory (its config's root);
+	// a pod's hosts, hostname and resolv.conf are under
+	// ROOT/io.containerd.grpc.v1.cri/sandboxes/SANDBOX_ID.
+	ContainerdRoot string `toml:"containerd_root"`
+	// ContainerdState is containerd's state directory (its shm is under
+	// STATE/io.containerd.grpc.v1.cri/sandboxes/SANDBOX_ID). Empty: the
+	// directory containerd put the container's bundle in.
+	ContainerdState string `toml:"containerd_state"`
+	// KubeletRoot is the kubelet's --root-dir: a pod's volumes are under
+	// ROOT/pods/POD_UID.
+	KubeletRoot string `toml:"kubelet_root"`
 }
 
 // Network configures the DNS resolver each allowlist pod gets.
@@ -210,6 +234,7 @@ func Default() *Config {
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
 			Webhook: Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512}},
 		Network: Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
+		CRI:     CRI{Namespace: "k8s.io", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"},
 	}
 }
 
@@ -357,6 +382,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Network.MinTTLSeconds < 1 || c.Network.MaxTTLSeconds < c.Network.MinTTLSeconds || c.Network.MaxTTLSeconds > 86400 {
 		errs = append(errs, fmt.Errorf("network.min_ttl_seconds %d and max_ttl_seconds %d: need 1 <= min <= max <= 86400", c.Network.MinTTLSeconds, c.Network.MaxTTLSeconds))
+	}
+	if !regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,75}$`).MatchString(c.CRI.Namespace) {
+		errs = append(errs, fmt.Errorf("cri.namespace: %q is not a containerd namespace", c.CRI.Namespace))
+	}
+	for k, v := range map[string]string{"cri.containerd_root": c.CRI.ContainerdRoot, "cri.kubelet_root": c.CRI.KubeletRoot, "cri.containerd_state": c.CRI.ContainerdState} {
+		if (v != "" || k != "cri.containerd_state") && (!filepath.IsAbs(v) || filepath.Clean(v) != v) {
+			errs = append(errs, fmt.Errorf("%s: %q must be a clean absolute path", k, v))
+		}
 	}
 	switch c.Shim.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

@@ -5,6 +5,7 @@ package ocispec
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -23,6 +24,9 @@ const (
 	SandboxNamespaceAnnotation = "io.kubernetes.cri.sandbox-namespace"
 	// SandboxNameAnnotation is the pod's name.
 	SandboxNameAnnotation = "io.kubernetes.cri.sandbox-name"
+	// SandboxUIDAnnotation is the pod's UID, set by containerd's CRI from
+	// the pod metadata (the API server assigns it).
+	SandboxUIDAnnotation = "io.kubernetes.cri.sandbox-uid"
 
 	ContainerTypeSandbox   = "sandbox"
 	ContainerTypeContainer = "container"
@@ -145,4 +149,19 @@ func MountResolvConf(path string) Rewrite {
 		s.Mounts = append(s.Mounts, mount)
 		return fmt.Sprintf("%s: the pod's resolver configuration %s mounted", ResolvConfPath, path), nil
 	}
+}
+
+var podUIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,127}$`)
+
+// PodUID returns the pod UID of a CRI sandbox spec ("" when it carries
+// none), refusing one that is not a plain UID: it becomes a path component.
+func PodUID(s *specs.Spec) (string, error) {
+	uid, ok := s.Annotations[SandboxUIDAnnotation]
+	if !ok {
+		return "", nil
+	}
+	if !podUIDRE.MatchString(uid) {
+		return "", fmt.Errorf("annotation %s: %q is not a pod UID", SandboxUIDAnnotation, uid)
+	}
+	return uid, nil
 }

@@ -36,7 +36,7 @@ func BenchmarkCreatePipeline(b *testing.B) {
 			b.Fatal(err)
 		}
 		s.Mounts = s.Mounts[:4] // no host volume: coder allows none
-		if _, err := ocispec.Apply(s, p.SpecRewrites(nil)...); err != nil {
+		if _, err := ocispec.Apply(s, p.SpecRewrites(nil, testEnv)...); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := json.Marshal(s); err != nil {

@@ -56,6 +56,9 @@ func fingerprint(dir string) (string, error) {
 	}
 	var parts []string
 	for _, e := range entries {
+		if !PolicyFileName(e.Name()) {
+			continue
+		}
 		info, err := os.Stat(filepath.Join(dir, e.Name()))
 		if err != nil {
 			return "", err

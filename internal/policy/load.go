@@ -47,8 +47,20 @@ type Set struct {
 	Files []string
 }
 
-// LoadPaths loads every *.yaml and *.yml file named, or found directly in a
-// named directory, as one set. All problems in all files are reported
+// PolicyFileName reports whether a directory entry is a policy file: a
+// name ending in .yaml or .yml that is not hidden or an editor's artifact
+// (a leading "." or "#", a trailing "~": .#x.yaml lock files, backups,
+// Kubernetes' ..data links in a mounted ConfigMap). Symlinks among them are
+// followed; a dangling one is an error, not a skip.
+func PolicyFileName(name string) bool {
+	if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "#") || strings.HasSuffix(name, "~") {
+		return false
+	}
+	return strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")
+}
+
+// LoadPaths loads every policy file (PolicyFileName) named, or found
+// directly in a named directory, as one set. All problems in all files are reported
 // together; a set with any problem is not returned.
 func LoadPaths(paths ...string) (*Set, error) {
 	var files []string
@@ -70,7 +82,7 @@ func LoadPaths(paths ...string) (*Set, error) {
 		}
 		n := 0
 		for _, e := range entries {
-			if !e.IsDir() && (strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
+			if !e.IsDir() && PolicyFileName(e.Name()) {
 				files = append(files, filepath.Join(p, e.Name()))
 				n++
 			}

@@ -2,8 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"path"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -12,28 +10,15 @@ import (
 	"agentbox.dev/agentbox/internal/ocispec"
 )
 
-// Destinations of the bind mounts a container runtime adds for every
-// container (CRI: hosts, hostname, resolv.conf, shm, termination log), with
-// the base names their sources carry. They are kept, read-only where they
-// are files, whatever the role's host mounts.
-var systemMounts = map[string][]string{
-	"/etc/hosts":           {"hosts", "etc-hosts"},
-	"/etc/hostname":        {"hostname"},
-	"/etc/resolv.conf":     {"resolv.conf"},
-	"/dev/shm":             {"shm"},
-	"/dev/termination-log": nil, // kubelet: /var/lib/kubelet/pods/<uid>/containers/...
-}
-
-// Service-account token mount points (kubelet projects the token here).
-var serviceAccountDirs = []string{"/var/run/secrets/kubernetes.io", "/run/secrets/kubernetes.io"}
-
 // SpecRewrites renders the profile as changes to a container's OCI spec.
 // secrets maps each of the role's secret variables to its value, read from
-// the node by the caller.
-func (p *Profile) SpecRewrites(secrets map[string]string) []ocispec.Rewrite {
+// the node by the caller; env says what the runtime proved about where the
+// container's mounts may come from, and stages the accepted ones.
+func (p *Profile) SpecRewrites(secrets map[string]string, env MountEnv) []ocispec.Rewrite {
 	return []ocispec.Rewrite{
+		p.checkHostOptions,
 		p.rewriteRootfs,
-		p.rewriteMounts,
+		p.rewriteMounts(env),
 		func(s *specs.Spec) (string, error) {
 			if s.Process == nil {
 				return "", nil
@@ -56,9 +41,8 @@ func (p *Profile) RunscFlags() map[string]string {
 	if p.Filesystem.Rootfs == RootfsOverlay {
 		f["overlay2"] = "root:memory"
 	}
-	if len(p.Process.DeniedSyscalls) > 0 {
-		f["oci-seccomp"] = "true"
-	}
+	// The baseline syscall policy always applies, inside gVisor.
+	f["oci-seccomp"] = "true"
 	return f
 }
 
@@ -72,143 +56,6 @@ func (p *Profile) rewriteRootfs(s *specs.Spec) (string, error) {
 	}
 	s.Root.Readonly = ro
 	return fmt.Sprintf("rootfs read-only=%v", ro), nil
-}
-
-func isBind(m specs.Mount) bool {
-	if m.Type == "bind" || m.Type == "rbind" {
-		return true
-	}
-	for _, o := range m.Options {
-		if o == "bind" || o == "rbind" {
-			return true
-		}
-	}
-	return false
-}
-
-func under(p, dir string) bool {
-	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
-}
-
-func withOption(opts []string, add string, drop ...string) []string {
-	var out []string
-	for _, o := range opts {
-		keep := o != add
-		for _, d := range drop {
-			keep = keep && o != d
-		}
-		if keep {
-			out = append(out, o)
-		}
-	}
-	return append(out, add)
-}
-
-// rewriteMounts keeps the runtime's own mounts, removes service-account
-// tokens the role does not allow, refuses host mounts outside the role's
-// allowlist, adds the writable scratch directories and masks paths.
-func (p *Profile) rewriteMounts(s *specs.Spec) (string, error) {
-	var kept []specs.Mount
-	var removed, refused []string
-	writable := map[string]bool{}
-	for _, w := range p.Filesystem.Writable {
-		writable[w] = true
-	}
-	for _, m := range s.Mounts {
-		dst := path.Clean(m.Destination)
-		if writable[dst] {
-			removed = append(removed, dst+" (replaced by scratch)")
-			continue
-		}
-		if !isBind(m) {
-			kept = append(kept, m)
-			continue
-		}
-		if isServiceAccountMount(dst) {
-			if !p.Credentials.ServiceAccountToken {
-				removed = append(removed, dst+" (service-account token)")
-				continue
-			}
-			m.Options = withOption(m.Options, "ro", "rw")
-			kept = append(kept, m)
-			continue
-		}
-		if bases, ok := systemMounts[dst]; ok && systemSource(m.Source, bases) {
-			if dst != "/dev/shm" {
-				m.Options = withOption(m.Options, "ro", "rw")
-			}
-			kept = append(kept, m)
-			continue
-		}
-		hm, ok := p.hostMountFor(m.Source)
-		if !ok {
-			refused = append(refused, fmt.Sprintf("%s -> %s", m.Source, dst))
-			continue
-		}
-		if *hm.ReadOnly {
-			m.Options = withOption(m.Options, "ro", "rw")
-		}
-		kept = append(kept, m)
-	}
-	if len(refused) > 0 {
-		allowed := "none"
-		if len(p.Filesystem.HostMounts) > 0 {
-			var ps []string
-			for _, hm := range p.Filesystem.HostMounts {
-				ps = append(ps, hm.Path)
-			}
-			allowed = strings.Join(ps, ", ")
-		}
-		return "", fmt.Errorf("host mounts not allowed by role %q: %s (the role allows: %s)", p.Role, strings.Join(refused, "; "), allowed)
-	}
-	for _, w := range p.Filesystem.Writable {
-		opts := []string{"nosuid", "nodev", "mode=1777"}
-		if p.Filesystem.NoExecWritable {
-			opts = append(opts, "noexec")
-		}
-		kept = append(kept, specs.Mount{Destination: w, Type: "tmpfs", Source: "tmpfs", Options: opts})
-	}
-	s.Mounts = kept
-	if s.Linux == nil {
-		s.Linux = &specs.Linux{}
-	}
-	s.Linux.MaskedPaths = appendMissing(s.Linux.MaskedPaths, p.Filesystem.MaskedPaths...)
-	if len(removed) == 0 && len(p.Filesystem.Writable) == 0 {
-		return "", nil
-	}
-	return fmt.Sprintf("mounts: scratch %v; removed %v", p.Filesystem.Writable, removed), nil
-}
-
-func isServiceAccountMount(dst string) bool {
-	for _, d := range serviceAccountDirs {
-		if under(dst, d) {
-			return true
-		}
-	}
-	return false
-}
-
-func systemSource(src string, bases []string) bool {
-	if bases == nil {
-		return under(src, "/var/lib/kubelet/pods")
-	}
-	b := path.Base(src)
-	for _, want := range bases {
-		if b == want {
-			return true
-		}
-	}
-	return false
-}
-
-func (p *Profile) hostMountFor(src string) (HostMount, bool) {
-	src = path.Clean(src)
-	for _, hm := range p.Filesystem.HostMounts {
-		if under(src, hm.Path) {
-			return hm, true
-		}
-	}
-	return HostMount{}, false
 }
 
 func appendMissing(list []string, add ...string) []string {
@@ -336,46 +183,4 @@ func (p *Profile) rewriteResources(s *specs.Spec) (string, error) {
 	// and a small limit kills the sandbox at boot (newosproc). gVisor
 	// enforces RLIMIT_NPROC itself (see ApplyProcess).
 	return "resources: " + strings.Join(parts, ", "), nil
-}
-
-// rewriteSeccomp adds the role's denied syscalls to the spec's seccomp
-// profile (creating an allow-by-default one), enforced inside gVisor.
-func (p *Profile) rewriteSeccomp(s *specs.Spec) (string, error) {
-	if len(p.Process.DeniedSyscalls) == 0 {
-		return "", nil
-	}
-	if s.Linux == nil {
-		s.Linux = &specs.Linux{}
-	}
-	if s.Linux.Seccomp == nil {
-		s.Linux.Seccomp = &specs.LinuxSeccomp{
-			DefaultAction: specs.ActAllow,
-			Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
-		}
-	}
-	deny := map[string]bool{}
-	for _, n := range p.Process.DeniedSyscalls {
-		deny[n] = true
-	}
-	// A syscall named twice with different actions is ambiguous: the role's
-	// denial replaces what the spec said about it.
-	var rules []specs.LinuxSyscall
-	for _, sc := range s.Linux.Seccomp.Syscalls {
-		var names []string
-		for _, n := range sc.Names {
-			if !deny[n] {
-				names = append(names, n)
-			}
-		}
-		if len(names) > 0 {
-			sc.Names = names
-			rules = append(rules, sc)
-		}
-	}
-	names := append([]string(nil), p.Process.DeniedSyscalls...)
-	sort.Strings(names)
-	eperm := uint(1)
-	rules = append(rules, specs.LinuxSyscall{Names: names, Action: specs.ActErrno, ErrnoRet: &eperm})
-	s.Linux.Seccomp.Syscalls = rules
-	return fmt.Sprintf("seccomp: deny %v", names), nil
 }

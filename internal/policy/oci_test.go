@@ -58,13 +58,15 @@ func baseSpec() *specs.Spec {
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/containerd/sb/hosts", Options: []string{"rbind", "rw"}},
-			{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/sb/shm", Options: []string{"rbind", "rw"}},
-			{Destination: "/var/run/secrets/kubernetes.io/serviceaccount", Type: "bind", Source: "/var/lib/kubelet/pods/u/volumes/token", Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: testEnv.SandboxRootDir + "/hosts", Options: []string{"rbind", "rw"}},
+			{Destination: "/dev/shm", Type: "bind", Source: testEnv.SandboxStateDir + "/shm", Options: []string{"rbind", "rw"}},
+			{Destination: "/var/run/secrets/kubernetes.io/serviceaccount", Type: "bind", Source: testEnv.PodDir + "/volumes/kubernetes.io~projected/kube-api-access-x", Options: []string{"rbind", "ro"}},
 			{Destination: "/models", Type: "bind", Source: "/srv/models/llama", Options: []string{"rbind", "rw"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
 		},
 		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-x"}},
 			Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: ptr(int64(8 << 30))}},
 			Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActErrno, Syscalls: []specs.LinuxSyscall{
 				{Names: []string{"read", "ptrace", "write"}, Action: specs.ActAllow},
@@ -74,6 +76,14 @@ func baseSpec() *specs.Spec {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// testEnv is a CRI pod's directories, as the shim proves them: containerd's
+// for sandbox "sb", the kubelet's for pod UID "u".
+var testEnv = MountEnv{
+	SandboxRootDir:  "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb",
+	SandboxStateDir: "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/sb",
+	PodDir:          "/var/lib/kubelet/pods/u",
+}
 
 // TestSpecGolden compiles roles onto baseSpec and compares the resulting
 // spec, changes and runsc flags with testdata/<role>.golden.json.
@@ -87,10 +97,10 @@ func TestSpecGolden(t *testing.T) {
 			}
 			s := baseSpec()
 			if role == "minimal" {
-				s.Mounts = append(s.Mounts[:4], s.Mounts[5]) // no host volume: minimal allows none
+				s.Mounts = s.Mounts[:4] // no host volume nor tmpfs: minimal allows neither
 			}
 			secrets := map[string]string{"API_TOKEN": "s3cr3t"}
-			changes, err := ocispec.Apply(s, p.SpecRewrites(secrets)...)
+			changes, err := ocispec.Apply(s, p.SpecRewrites(secrets, testEnv)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,8 +129,8 @@ func TestSpecProperties(t *testing.T) {
 	set := mustParse(t, goldenRoles)
 	min, _ := set.Profile("minimal")
 	s := baseSpec()
-	s.Mounts = append(s.Mounts[:4], s.Mounts[5])
-	if _, err := ocispec.Apply(s, min.SpecRewrites(nil)...); err != nil {
+	s.Mounts = s.Mounts[:4]
+	if _, err := ocispec.Apply(s, min.SpecRewrites(nil, testEnv)...); err != nil {
 		t.Fatal(err)
 	}
 	if !s.Root.Readonly {
@@ -161,7 +171,7 @@ func TestSpecProperties(t *testing.T) {
 
 	full, _ := set.Profile("full")
 	s = baseSpec()
-	if _, err := ocispec.Apply(s, full.SpecRewrites(map[string]string{"API_TOKEN": "s3cr3t"})...); err != nil {
+	if _, err := ocispec.Apply(s, full.SpecRewrites(map[string]string{"API_TOKEN": "s3cr3t"}, testEnv)...); err != nil {
 		t.Fatal(err)
 	}
 	env := strings.Join(s.Process.Env, " ")
@@ -184,8 +194,12 @@ func TestSpecProperties(t *testing.T) {
 	if !sawModels || !sawToken {
 		t.Errorf("full: host mount read-only %v, token kept %v", sawModels, sawToken)
 	}
+	// The policy's rules come first (first match wins); the pod's own
+	// profile follows, without the syscalls the policy denies.
 	rules := s.Linux.Seccomp.Syscalls
-	if len(rules) != 2 || contains(rules[0].Names, "ptrace") || rules[1].Action != specs.ActErrno || !contains(rules[1].Names, "mount") {
+	last := rules[len(rules)-1]
+	if rules[0].Action != specs.ActErrno || !contains(rules[0].Names, "mount") || !contains(rules[0].Names, "ptrace") ||
+		contains(last.Names, "ptrace") || !contains(last.Names, "read") || last.Action != specs.ActAllow {
 		t.Errorf("seccomp rules %+v", rules)
 	}
 	if f := full.RunscFlags(); f["overlay2"] != "root:memory" || f["oci-seccomp"] != "true" || f["network"] != "" {
@@ -206,20 +220,20 @@ func TestHostMountRefused(t *testing.T) {
 	set := mustParse(t, goldenRoles)
 	p, _ := set.Profile("minimal")
 	s := baseSpec() // carries /srv/models/llama -> /models
-	_, err := ocispec.Apply(s, p.SpecRewrites(nil)...)
-	if err == nil || !strings.Contains(err.Error(), "/srv/models/llama -> /models") || !strings.Contains(err.Error(), "the role allows: none") {
+	_, err := ocispec.Apply(s, p.SpecRewrites(nil, testEnv)...)
+	if err == nil || !strings.Contains(err.Error(), "/srv/models/llama -> /models") || !strings.Contains(err.Error(), "the role's host mounts: none") {
 		t.Fatalf("want the mount refused and named, got %v", err)
 	}
 	// A bind mount pretending to be /etc/hosts from an arbitrary source is
 	// not a runtime mount.
 	s = baseSpec()
 	s.Mounts = []specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: "/etc/shadow"}}
-	if _, err := ocispec.Apply(s, p.SpecRewrites(nil)...); err == nil {
+	if _, err := ocispec.Apply(s, p.SpecRewrites(nil, testEnv)...); err == nil {
 		t.Fatal("host file disguised as /etc/hosts must be refused")
 	}
 	full, _ := set.Profile("full")
 	s = baseSpec()
-	if _, err := ocispec.Apply(s, full.SpecRewrites(nil)...); err == nil || !strings.Contains(err.Error(), "secret API_TOKEN") {
+	if _, err := ocispec.Apply(s, full.SpecRewrites(nil, testEnv)...); err == nil || !strings.Contains(err.Error(), "secret API_TOKEN") {
 		t.Fatalf("a missing secret must refuse the container: %v", err)
 	}
 }

@@ -41,6 +41,8 @@ type FilesystemProfile struct {
 	NoExecWritable bool        `json:"noExecWritable"`
 	HostMounts     []HostMount `json:"hostMounts"`
 	MaskedPaths    []string    `json:"maskedPaths"`
+	AllowExec      []string    `json:"allowExec"`
+	Devices        []string    `json:"devices"`
 }
 
 // NetworkProfile is the enforced egress policy.
@@ -56,6 +58,7 @@ type ProcessProfile struct {
 	RunAsUser      uint32   `json:"runAsUser"`
 	RunAsGroup     uint32   `json:"runAsGroup"`
 	DeniedSyscalls []string `json:"deniedSyscalls"`
+	AllowSyscalls  []string `json:"allowSyscalls"`
 }
 
 // CredentialsProfile is the enforced credential scope.
@@ -198,6 +201,8 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pickSlice(&m.Writable, c.Writable)
 		pickSlice(&m.HostMounts, c.HostMounts)
 		pickSlice(&m.MaskedPaths, c.MaskedPaths)
+		pickSlice(&m.AllowExec, c.AllowExec)
+		pickSlice(&m.Devices, c.Devices)
 		out.Filesystem = &m
 	}
 	if c := child.Network; c != nil {
@@ -219,6 +224,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.RunAsGroup, c.RunAsGroup)
 		pickSlice(&m.Capabilities, c.Capabilities)
 		pickSlice(&m.DeniedSyscalls, c.DeniedSyscalls)
+		pickSlice(&m.AllowSyscalls, c.AllowSyscalls)
 		out.Process = &m
 	}
 	if c := child.Credentials; c != nil {
@@ -314,6 +320,15 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	p.Filesystem.HostMounts = nonNil(p.Filesystem.HostMounts)
 	p.Filesystem.MaskedPaths = nonNil(fs.MaskedPaths)
 	errs = append(errs, checkPaths("filesystem.maskedPaths", p.Filesystem.MaskedPaths)...)
+	p.Filesystem.AllowExec = nonNil(fs.AllowExec)
+	errs = append(errs, checkPaths("filesystem.allowExec", p.Filesystem.AllowExec)...)
+	p.Filesystem.Devices = nonNil(fs.Devices)
+	errs = append(errs, checkPaths("filesystem.devices", p.Filesystem.Devices)...)
+	for i, d := range p.Filesystem.Devices {
+		if !under(d, "/dev") || d == "/dev" {
+			errs = append(errs, ferr(fmt.Sprintf("filesystem.devices[%d]", i), "%q is not a device path below /dev", d))
+		}
+	}
 
 	nw := Network{}
 	if spec.Network != nil {
@@ -370,6 +385,12 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	for i, sc := range p.Process.DeniedSyscalls {
 		if !syscallRE.MatchString(sc) {
 			errs = append(errs, ferr(fmt.Sprintf("process.deniedSyscalls[%d]", i), "%q is not a syscall name", sc))
+		}
+	}
+	p.Process.AllowSyscalls = nonNil(pr.AllowSyscalls)
+	for i, c := range p.Process.AllowSyscalls {
+		if syscallClass(c) == nil {
+			errs = append(errs, ferr(fmt.Sprintf("process.allowSyscalls[%d]", i), "%q is not a class of the baseline syscall policy (%s)", c, strings.Join(syscallClassNames(), ", ")))
 		}
 	}
 

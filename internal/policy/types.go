@@ -86,6 +86,13 @@ type Filesystem struct {
 	HostMounts []HostMount `yaml:"hostMounts,omitempty"`
 	// MaskedPaths are hidden from the agent, in addition to the runtime's.
 	MaskedPaths []string `yaml:"maskedPaths,omitempty"`
+	// AllowExec names mount destinations (scratch, pod volumes, host
+	// mounts, /dev/shm) where files the agent writes may run. Every other
+	// writable place is noexec.
+	AllowExec []string `yaml:"allowExec,omitempty"`
+	// Devices are host device paths (linux.devices) a container may ask
+	// for; any other device refuses the container.
+	Devices []string `yaml:"devices,omitempty"`
 }
 
 // HostMount allows bind mounts from a host path (and below it).
@@ -119,8 +126,13 @@ type Process struct {
 	// RunAsUser and RunAsGroup are the agent's uid and gid (default 65532).
 	RunAsUser  *uint32 `yaml:"runAsUser,omitempty"`
 	RunAsGroup *uint32 `yaml:"runAsGroup,omitempty"`
-	// DeniedSyscalls fail with EPERM, enforced by gVisor's seccomp.
+	// DeniedSyscalls fail with EPERM, enforced by gVisor's seccomp, in
+	// addition to the baseline syscall policy.
 	DeniedSyscalls []string `yaml:"deniedSyscalls,omitempty"`
+	// AllowSyscalls names classes of the baseline syscall policy
+	// (syscalls.go: namespaces, mount, ptrace, bpf, keyring, userfaultfd,
+	// perf, memfd, kernel) that this role does not deny.
+	AllowSyscalls []string `yaml:"allowSyscalls,omitempty"`
 }
 
 // Credentials scope.

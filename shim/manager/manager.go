@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	types "github.com/containerd/containerd/api/types"
@@ -23,6 +24,7 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/utils"
 
 	"agentbox.dev/agentbox/internal/cgroups"
+	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/version"
@@ -192,6 +194,10 @@ func (*manager) Stop(ctx context.Context, id string) (cdshim.StopStatus, error) 
 		if err := mount.UnmountAll(st.Rootfs, 0); err != nil {
 			log.G(ctx).WithError(err).Info("agentbox: unmount rootfs")
 		}
+	}
+	// A shim that died leaves the container's checked mounts staged.
+	if err := mountguard.Release(filepath.Join(bundle, mountguard.DirName)); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: release staged mounts")
 	}
 	// A sandbox whose shim died leaves its cgroup behind.
 	if spec, err := utils.ReadSpec(bundle); err == nil && spec.Linux != nil && !isJoining(spec.Annotations) {

@@ -32,7 +32,7 @@ pick_subnet() {
 }
 
 write_configs() {
-  mkdir -p "$DIR"/{root,state,cni/net.d,cni/ipam,agentbox/policies,runsc-stock,logs}
+  mkdir -p "$DIR"/{root,state,kubelet/pods,cni/net.d,cni/ipam,agentbox/policies,runsc-stock,logs}
   # Create the bridge with its gateway address now, so the subnet is taken
   # before any other instance looks (the CNI bridge plugin reuses it).
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
@@ -65,6 +65,12 @@ handler = "agentbox"
 
 [audit]
 dir = "$DIR/audit"
+
+# Where this containerd (and a kubelet, if one runs against it) make a
+# pod's files: pod mounts are accepted only from there.
+[cri]
+containerd_root = "$DIR/root"
+kubelet_root = "$DIR/kubelet"
 EOT
   # The benchmark's stock-gVisor reference reads gVisor's own option format.
   cat >"$DIR/runsc-stock/config.toml" <<EOT
@@ -151,6 +157,7 @@ start() {
   for ns in default k8s.io; do
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$AGENT_IMAGE" "$AGENTBOX_CACHE/images/agent.tar" >/dev/null
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$PAUSE_IMAGE" "$AGENTBOX_CACHE/images/pause.tar" >/dev/null
+    ctrq --address "$SOCK" -n "$ns" images import --index-name "$PROBE_IMAGE" "$AGENTBOX_CACHE/images/probe.tar" >/dev/null
   done
   echo "$SOCK"
 }

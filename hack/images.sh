@@ -5,7 +5,8 @@
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
 mkdir -p "$img_dir"
-stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) v2"
+probe_src=$REPO_ROOT/internal/e2e/testdata/probe.c
+stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) v3"
 if [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -26,6 +27,7 @@ build_image() {
   chmod 1777 "$rootfs/tmp"
   mkdir -p "$rootfs/usr/local/bin"
   install -m 0755 "$REPO_ROOT/examples/agent/agent.sh" "$rootfs/usr/local/bin/agent"
+  [ -z "${EXTRA_BIN:-}" ] || install -m 0755 "$EXTRA_BIN" "$rootfs/usr/local/bin/$(basename "$EXTRA_BIN")"
   cp /bin/busybox "$rootfs/bin/busybox"
   for applet in $(/bin/busybox --list); do
     [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
@@ -40,6 +42,12 @@ build_image() {
 }
 
 build_image agent latest /usr/local/bin/agent
+# The e2e suite's probe image: the agent image plus abx-probe, a small
+# static program that tries from inside the sandbox what the syscall
+# policy denies (internal/e2e/testdata/probe.c).
+step "compiling abx-probe (static)"
+gcc -static -O2 -pthread -o "$work/abx-probe" "$probe_src"
+EXTRA_BIN=$work/abx-probe build_image probe latest /usr/local/bin/agent
 # The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
 build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
 echo "$stamp" >"$img_dir/.stamp"

@@ -13,10 +13,11 @@ AGENTBOX_DEV=${AGENTBOX_DEV:-/tmp/agentbox-dev}
 GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
 CONTAINERD_VERSION=v2.4.2
 CRICTL_VERSION=v1.37.0
-APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq)
+APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev)
 
 AGENT_IMAGE=docker.io/agentbox/agent:latest
 PAUSE_IMAGE=docker.io/agentbox/pause:latest
+PROBE_IMAGE=docker.io/agentbox/probe:latest
 
 export PATH=$OUT_BIN:$TOOLS_BIN:/usr/local/go/bin:$PATH
 

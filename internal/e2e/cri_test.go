@@ -16,6 +16,7 @@ import (
 // RuntimeClass whose handler is agentbox.
 type pod struct {
 	id       string
+	uid      string
 	dir      string
 	podJSON  string
 	logDir   string
@@ -46,13 +47,20 @@ func newPod(t *testing.T, name string, annotations map[string]string) *pod {
 // tryPod runs a pod in a Kubernetes namespace and returns crictl's result.
 func tryPod(t *testing.T, name, namespace string, annotations map[string]string) (*pod, result) {
 	t.Helper()
+	return tryPodWith(t, name, namespace, annotations, map[string]any{})
+}
+
+// tryPodWith runs a pod with the given CRI linux pod config (security
+// context, sysctls).
+func tryPodWith(t *testing.T, name, namespace string, annotations map[string]string, linux map[string]any) (*pod, result) {
+	t.Helper()
 	dir := t.TempDir()
-	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs")}
+	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs"), uid: uniqueID("uid")}
 	p.podJSON = writeJSON(t, filepath.Join(dir, "pod.json"), map[string]any{
-		"metadata":      map[string]any{"name": name, "namespace": namespace, "uid": uniqueID("uid"), "attempt": 0},
+		"metadata":      map[string]any{"name": name, "namespace": namespace, "uid": p.uid, "attempt": 0},
 		"annotations":   annotations,
 		"log_directory": p.logDir,
-		"linux":         map[string]any{},
+		"linux":         linux,
 	})
 	r := dev.crictl(90*time.Second, "runp", "--runtime", handler, p.podJSON)
 	if r.code != 0 {

@@ -123,7 +123,7 @@ func TestEscapeServiceAccountToken(t *testing.T) {
 		t.Fatalf("create: %v", bad)
 	}
 	r := dev.crictl(60*time.Second, "start", strings.TrimSpace(bad.stdout))
-	if r.code == 0 || !strings.Contains(unescape(r.stderr), `host mounts not allowed by role "e2e-volumes": /etc -> /host`) {
+	if r.code == 0 || !strings.Contains(unescape(r.stderr), `mounts not allowed by role "e2e-volumes": /etc -> /host`) {
 		t.Fatalf("want the /etc mount refused: %v", r)
 	}
 }

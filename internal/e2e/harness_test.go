@@ -25,6 +25,7 @@ import (
 
 const (
 	agentImage  = "docker.io/agentbox/agent:latest"
+	probeImage  = "docker.io/agentbox/probe:latest"
 	runtimeType = "io.containerd.agentbox.v1"
 	handler     = "agentbox"
 )
@@ -130,7 +131,43 @@ func writeTestPolicies(d *daemon) error {
 	if err := os.WriteFile(filepath.Join(shared, "model.txt"), []byte("weights\n"), 0o644); err != nil {
 		return err
 	}
+	rw := filepath.Join(d.dir, "rw")
+	if err := os.MkdirAll(filepath.Join(rw, "sub"), 0o777); err != nil {
+		return err
+	}
+	os.Chmod(rw, 0o777)
+	if err := os.WriteFile(filepath.Join(rw, "sub", "data.txt"), []byte("rw-data\n"), 0o644); err != nil {
+		return err
+	}
 	roles := fmt.Sprintf(`# Roles for the e2e suite (internal/e2e).
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-ns}
+spec:
+  inherits: baseline
+  process: {allowSyscalls: [namespaces, mount, memfd]}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-rwvol}
+spec:
+  inherits: baseline
+  filesystem: {hostMounts: [{path: %s, readOnly: false}]}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-boundary}
+spec:
+  role: e2e-ns
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-rwvol}
+spec:
+  role: e2e-rwvol
+  subjects: [{containerdNamespace: default}, {namespace: "*"}]
+---
 apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-tight}
@@ -243,7 +280,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind)
+`, rw, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

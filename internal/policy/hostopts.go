@@ -52,9 +52,11 @@ func (p *Profile) checkHostOptions(s *specs.Spec) (string, error) {
 			errs = append(errs, fmt.Errorf("linux.namespaces: no %s namespace (%s): agentbox does not run pods in the host's namespaces", r.typ, r.what))
 		}
 	}
+	privileged := false
 	if r := s.Linux.Resources; r != nil {
 		for i, d := range r.Devices {
 			if d.Allow && (d.Type == "" || d.Type == "a") && d.Major == nil && d.Minor == nil {
+				privileged = true
 				errs = append(errs, fmt.Errorf("linux.resources.devices[%d]: allows every device (a privileged container): agentbox does not run privileged containers", i))
 			}
 		}
@@ -64,7 +66,8 @@ func (p *Profile) checkHostOptions(s *specs.Spec) (string, error) {
 		allowedDev[d] = true
 	}
 	for i, d := range s.Linux.Devices {
-		if !allowedDev[d.Path] {
+		// A privileged container lists every host device: said once above.
+		if !allowedDev[d.Path] && !privileged {
 			errs = append(errs, fmt.Errorf("linux.devices[%d]: device %s is not allowed by role %q (filesystem.devices)", i, d.Path, p.Role))
 		}
 	}

@@ -80,7 +80,7 @@ var serviceAccountDirs = []string{"/var/run/secrets/kubernetes.io", "/run/secret
 var runtimeFilesystems = map[string][]string{
 	"proc":    {"/proc"},
 	"sysfs":   {"/sys"},
-	"tmpfs":   {"/dev", "/dev/shm"},
+	"tmpfs":   {"/dev", "/dev/shm", "/run"},
 	"devpts":  {"/dev/pts"},
 	"mqueue":  {"/dev/mqueue"},
 	"cgroup":  {"/sys/fs/cgroup"},
@@ -332,7 +332,7 @@ func (p *Profile) runtimeFilesystem(m specs.Mount) (specs.Mount, string) {
 		ok = ok || d == m.Destination
 	}
 	if !ok {
-		return m, "not a mount a runtime adds (agentbox accepts proc at /proc, sysfs at /sys, tmpfs at /dev and /dev/shm, devpts at /dev/pts, mqueue at /dev/mqueue, cgroup at /sys/fs/cgroup; scratch comes from the role's filesystem.writable)"
+		return m, "not a mount a runtime adds (agentbox accepts proc at /proc, sysfs at /sys, tmpfs at /dev, /dev/shm and /run, devpts at /dev/pts, mqueue at /dev/mqueue, cgroup at /sys/fs/cgroup; scratch comes from the role's filesystem.writable)"
 	}
 	opts := []string{"nosuid", "nodev"}
 	drop := []string{"suid", "dev", "exec"}

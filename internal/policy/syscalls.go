@@ -51,10 +51,13 @@ var BaselineSyscalls = []SyscallClass{
 	{Name: "perf", Why: "performance counters leak timing", Syscalls: []string{"perf_event_open"}},
 	{Name: "memfd", Why: "an anonymous in-memory file can be executed (/proc/self/fd/N): code the agent wrote would run",
 		Syscalls: []string{"memfd_create", "memfd_secret"}},
+	// syslog stays allowed: Moby denies it for the host's kernel log, but
+	// under gVisor it reads the Sentry's own boot messages (dmesg shows
+	// "Starting gVisor...").
 	{Name: "kernel", Why: "modules, clocks, reboot, swap, accounting, handles and raw I/O are the host's business",
 		Syscalls: []string{"acct", "adjtimex", "clock_adjtime", "clock_settime", "delete_module", "fanotify_init", "finit_module",
 			"init_module", "ioperm", "iopl", "kexec_file_load", "kexec_load", "lookup_dcookie", "name_to_handle_at",
-			"open_by_handle_at", "personality", "quotactl", "reboot", "settimeofday", "swapoff", "swapon", "syslog", "vhangup"}},
+			"open_by_handle_at", "personality", "quotactl", "reboot", "settimeofday", "swapoff", "swapon", "vhangup"}},
 }
 
 // Clone flags that create namespaces (CLONE_NEWTIME is clone3/unshare

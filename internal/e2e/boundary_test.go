@@ -1,0 +1,283 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The boundary against pod authors and agents: one test per class of
+// escape. Each shows the attempt refused or blocked, with its message, and
+// the legitimate twin working.
+
+// startFails creates a CRI container and expects its start to be refused
+// by the shim with want in the message.
+func (p *pod) startFails(t *testing.T, name string, extra map[string]any, want string) {
+	t.Helper()
+	if extra["command"] == nil {
+		extra["command"] = []string{"true"}
+	}
+	c := p.tryContainer(t, name, extra)
+	if c.code != 0 {
+		if strings.Contains(unescape(c.stderr), want) {
+			return
+		}
+		t.Fatalf("create %s: %v", name, c)
+	}
+	r := dev.crictl(60*time.Second, "start", strings.TrimSpace(c.stdout))
+	if r.code == 0 || !strings.Contains(unescape(r.stderr), want) {
+		t.Fatalf("%s: want the start refused with %q, got %v", name, want, r)
+	}
+}
+
+// kubeletPodDir makes the kubelet's directory of a pod's UID, as a kubelet
+// would (the private containerd's cri.kubelet_root).
+func kubeletPodDir(t *testing.T, uid string) string {
+	t.Helper()
+	dir := filepath.Join(dev.dir, "kubelet", "pods", uid)
+	for _, d := range []string{"volumes/kubernetes.io~secret/creds", "volumes/kubernetes.io~empty-dir/scratch", "containers/c", "volumes/kubernetes.io~projected/kube-api-access-x"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(filepath.Join(dir, "volumes/kubernetes.io~empty-dir/scratch"), 0o777)
+	os.WriteFile(filepath.Join(dir, "volumes/kubernetes.io~secret/creds/token"), []byte("secret-of-"+uid+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "volumes/kubernetes.io~projected/kube-api-access-x/token"), []byte("sa-token-of-"+uid+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "containers/c/termlog"), nil, 0o666)
+	os.Chmod(filepath.Join(dir, "containers/c/termlog"), 0o666) // as the kubelet does
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// Class 1: runtime mounts are recognised by where they provably are: this
+// pod's kubelet directory (by UID) and containerd's directories for its
+// sandbox id. Never by name or by prefix text.
+func TestBoundaryPodVolumes(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	p := newPodIn(t, "vols", "team", nil)
+	own := kubeletPodDir(t, p.uid)
+	other := kubeletPodDir(t, uniqueID("other-uid"))
+
+	// The pod's own volumes work under baseline: its secret read-only, its
+	// emptyDir writable but noexec, its termination message writable.
+	id := p.containerWith(t, "c", map[string]any{
+		"command": []string{"sh", "-c", `cat /creds/token; echo done > /work/f && cat /work/f
+			cp /bin/busybox /work/busybox; /work/busybox echo emptydir-exec-ran; echo "emptydir exec status $?"
+			echo "terminated: reason" > /dev/termination-log && echo termlog-written
+			echo x > /creds/new 2>/dev/null || echo secret-read-only; sleep 600`},
+		"mounts": []map[string]any{
+			{"container_path": "/creds", "host_path": own + "/volumes/kubernetes.io~secret/creds", "readonly": true},
+			{"container_path": "/work", "host_path": own + "/volumes/kubernetes.io~empty-dir/scratch"},
+			{"container_path": "/dev/termination-log", "host_path": own + "/containers/c/termlog"},
+		},
+	})
+	logs := waitLogs(t, id, "secret-read-only")
+	for _, want := range []string{"secret-of-" + p.uid, "done", "emptydir exec status 126", "termlog-written", "secret-read-only"} {
+		if !strings.Contains(logs.stdout+logs.stderr, want) {
+			t.Fatalf("own volumes: %q missing: %v", want, logs)
+		}
+	}
+	if strings.Contains(logs.stdout, "emptydir-exec-ran") {
+		t.Fatalf("a binary written to an emptyDir ran: %v", logs)
+	}
+	if b, _ := os.ReadFile(own + "/containers/c/termlog"); string(b) != "terminated: reason\n" {
+		t.Fatalf("termination message did not reach the host file: %q", b)
+	}
+
+	// Another pod's secret, a walk out of this pod's directory, the
+	// projected token volume at another place, and a host file that only
+	// carries a runtime file's name are all refused.
+	fake := t.TempDir()
+	os.WriteFile(filepath.Join(fake, "hosts"), []byte("6.6.6.6 evil\n"), 0o644)
+	for name, m := range map[string]map[string]any{
+		"other-pod": {"container_path": "/creds", "host_path": other + "/volumes/kubernetes.io~secret/creds"},
+		"dotdot":    {"container_path": "/dev/termination-log", "host_path": own + "/containers/../../../../../../../etc/passwd"},
+		"projected": {"container_path": "/tok", "host_path": own + "/volumes/kubernetes.io~projected/kube-api-access-x"},
+		"by-name":   {"container_path": "/etc/hosts", "host_path": filepath.Join(fake, "hosts")},
+	} {
+		p.startFails(t, name, map[string]any{"mounts": []map[string]any{m}}, "mounts not allowed by role \"baseline\"")
+	}
+}
+
+// Class 2: a symlink an agent plants in a writable host mount does not
+// redirect a later container's mount: sources are resolved without
+// following any symlink, and the opened file is what gets mounted.
+func TestBoundarySymlinkInHostMount(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	rw := filepath.Join(dev.dir, "rw")
+	t.Cleanup(func() { os.Remove(filepath.Join(rw, "link")) })
+	ann := []string{"--annotation", "agentbox.dev/role=e2e-rwvol"}
+	// The agent plants rw/link -> / through its writable mount, and what
+	// it writes there does not run.
+	r := dev.runAgent(t, uniqueID("plant"), append(ann, "--mount", "type=bind,src="+rw+",dst=/data,options=rbind:rw"), "sh", "-c",
+		`ln -s / /data/link && echo planted; cp /bin/busybox /data/busybox; /data/busybox echo hostmount-exec-ran; echo "exec status $?"; rm -f /data/busybox`)
+	expectCode(t, r, 0, "planted", "exec status 126")
+	if strings.Contains(r.stdout, "hostmount-exec-ran") {
+		t.Fatalf("a binary written to a writable host mount ran: %v", r)
+	}
+	if target, err := os.Readlink(filepath.Join(rw, "link")); err != nil || target != "/" {
+		t.Fatalf("the planted symlink is not on the host (%q, %v): the test proves nothing", target, err)
+	}
+	// A later container names ALLOWED/link/etc: text under the allowlist,
+	// the host's /etc on the disk.
+	r = dev.runAgent(t, uniqueID("follow"), append(ann, "--mount", "type=bind,src="+rw+"/link/etc,dst=/hostetc,options=rbind:ro"), "cat", "/hostetc/hostname")
+	if r.code == 0 || !strings.Contains(r.stderr, "symlink component") {
+		t.Fatalf("a mount through a planted symlink must be refused: %v", r)
+	}
+	// The legitimate twin: a real directory below the allowed path.
+	r = dev.runAgent(t, uniqueID("sub"), append(ann, "--mount", "type=bind,src="+rw+"/sub,dst=/sub,options=rbind:ro"), "cat", "/sub/data.txt")
+	expectCode(t, r, 0, "rw-data")
+}
+
+// Class 3: mounts that are not binds are limited to what a runtime adds.
+func TestBoundaryNonBindMount(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := dev.runAgent(t, uniqueID("tmpfs"), []string{"--mount", "type=tmpfs,src=tmpfs,dst=/mnt,options=exec"}, "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "tmpfs at /mnt: not a mount a runtime adds") {
+		t.Fatalf("an exec tmpfs must be refused: %v", r)
+	}
+	// The runtime's own (proc, dev, shm, /run, ...) are accepted, hardened.
+	r = dev.runAgent(t, uniqueID("mounts"), nil, "sh", "-c", "grep -E ' /(dev/shm|run) ' /proc/mounts")
+	expectCode(t, r, 0, "/dev/shm", "/run")
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		if !strings.Contains(l, "noexec") || !strings.Contains(l, "nosuid") {
+			t.Fatalf("runtime scratch must be nosuid,noexec: %q", l)
+		}
+	}
+}
+
+// Class 4: the agent cannot run what it wrote: no new namespaces (clone
+// flags, clone3, unshare, setns), no mounts, no memfd, and every writable
+// place noexec. Tried by abx-probe, a static program, inside gVisor; the
+// twin role that allows those classes shows the probe would succeed.
+func TestBoundaryNoExecOfWrittenCode(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	probe := func(role, what string) result {
+		return dev.ctr(90*time.Second, "run", "--rm", "--runtime", runtimeType, "--annotation", "agentbox.dev/role="+role, probeImage, uniqueID("probe"), "abx-probe", what)
+	}
+	blocked := map[string][]string{
+		"userns":  {"clone-newuser errno=EPERM"},
+		"unshare": {"unshare-newuser errno=EPERM"},
+		"setns":   {"setns errno=EPERM"},
+		"clone3":  {"clone3 errno=ENOSYS"},
+		"mount":   {"mount errno=EPERM"},
+		"memfd":   {"memfd_create errno=EPERM"},
+		"others": {"bpf errno=EPERM", "keyctl errno=EPERM", "userfaultfd errno=EPERM", "perf_event_open errno=EPERM",
+			"ptrace errno=EPERM", "process_vm_readv errno=EPERM", "pivot_root errno=EPERM"},
+	}
+	for what, want := range blocked {
+		r := probe("baseline", what)
+		expectCode(t, r, 0, want...)
+		if strings.Contains(r.stdout, "-ran") {
+			t.Fatalf("%s: code the agent wrote ran: %v", what, r)
+		}
+	}
+	// Threads (glibc's clone3 falls back to clone on ENOSYS) and fork work.
+	expectCode(t, probe("baseline", "legit"), 0, "pthread_create ok", "fork ok")
+	// /dev/shm is noexec (CRI's and ctr's alike).
+	r := dev.runAgent(t, uniqueID("shm"), nil, "sh", "-c", `cp /bin/busybox /dev/shm/busybox; /dev/shm/busybox echo shm-exec-ran; echo "shm exec status $?"`)
+	expectCode(t, r, 0, "shm exec status 126")
+	// The twin: a role that allows the namespaces, mount and memfd classes.
+	// The same probes then get through, so the refusals above are the
+	// policy's doing, not the probe's.
+	r = probe("e2e-ns", "userns")
+	expectCode(t, r, 0, "clone-newuser ok", "child-mount ok", "userns-exec-ran")
+	expectCode(t, probe("e2e-ns", "memfd"), 0, "memfd_create ok", "memfd-exec-ran")
+	expectCode(t, probe("e2e-ns", "clone3"), 0, "clone3 ok")
+}
+
+// Class 5: host options are refused with the field named; a pod without
+// them runs.
+func TestBoundaryHostOptions(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	const node = 2 // CRI NamespaceMode NODE
+	for name, tc := range map[string]struct {
+		linux map[string]any
+		want  string
+	}{
+		"host-network": {map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": node}}}, "no network namespace (host network)"},
+		"host-pid":     {map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": node}}}, "no pid namespace (host PID)"},
+		"host-ipc":     {map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"ipc": node}}}, "no ipc namespace (host IPC)"},
+		"sysctl":       {map[string]any{"sysctls": map[string]string{"kernel.msgmax": "65536"}}, `linux.sysctl["kernel.msgmax"]: not a safe sysctl`},
+	} {
+		_, r := tryPodWith(t, name, "team", nil, tc.linux)
+		if r.code == 0 || !strings.Contains(unescape(r.stderr), tc.want) {
+			t.Errorf("%s: want the pod refused with %q, got %v", name, tc.want, r)
+		}
+	}
+	// A safe sysctl is fine; a privileged container in that pod is not.
+	p, r := tryPodWith(t, "safe", "team", nil, map[string]any{"sysctls": map[string]string{"net.ipv4.ping_group_range": "0 65535"}})
+	if r.code != 0 {
+		t.Fatalf("a pod with a safe sysctl must run: %v", r)
+	}
+	id := p.container(t, "ok", "sh", "-c", "echo pod-runs; sleep 600")
+	if logs := waitLogs(t, id, "pod-runs"); !strings.Contains(logs.stdout, "pod-runs") {
+		t.Fatalf("the legitimate container did not run: %v", logs)
+	}
+	// A privileged pod's sandbox (pause) carries nothing privileged; each
+	// privileged container in it is refused.
+	pp, r := tryPodWith(t, "priv", "team", nil, map[string]any{"security_context": map[string]any{"privileged": true}})
+	if r.code != 0 {
+		t.Fatalf("runp: %v", r)
+	}
+	pp.startFails(t, "priv", map[string]any{"linux": map[string]any{"security_context": map[string]any{"privileged": true}}}, "agentbox does not run privileged containers")
+	// A device through ctr.
+	r = dev.runAgent(t, uniqueID("dev"), []string{"--device", "/dev/kvm"}, "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "device /dev/kvm is not allowed") {
+		t.Fatalf("a device must be refused: %v", r)
+	}
+}
+
+// Class 6: outside containerd's CRI namespace the CRI's annotations are
+// anybody's: a ctr container claiming a pod namespace binds nothing.
+func TestBoundaryBindingOutsideCRI(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := dev.runAgent(t, uniqueID("forge"), []string{"--annotation", "agentbox.dev/role=coder",
+		"--annotation", "io.kubernetes.cri.container-type=sandbox", "--annotation", "io.kubernetes.cri.sandbox-namespace=agents"}, "echo", "should-not-run")
+	if r.code == 0 || strings.Contains(r.stdout, "should-not-run") || !strings.Contains(r.stderr, `role "coder" is not bound to containerd namespace "default"`) {
+		t.Fatalf("a forged pod namespace must not bind: %v", r)
+	}
+	// The real pod in namespace agents claims coder (TestEscapeUnboundRole
+	// shows it running); here the ctr twin under baseline runs.
+	expectCode(t, dev.runAgent(t, uniqueID("plain"), nil, "echo", "runs"), 0, "runs")
+}
+
+// The smaller items: an odd-cased agentbox key is refused, a container id
+// can be reused (each run its own trail), and an editor's lock file in the
+// policy directory does not stop anything.
+func TestBoundarySmallerItems(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := dev.runAgent(t, uniqueID("case"), []string{"--annotation", "Agentbox.dev/role=researcher"}, "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "annotation Agentbox.dev/role: agentbox reads agentbox.dev/* keys in lower case only") {
+		t.Fatalf("an odd-cased key must be refused: %v", r)
+	}
+	lock := filepath.Join(dev.dir, "agentbox", "policies", ".#zz-e2e.yaml")
+	if err := os.Symlink("root@node.4242:1700000000", lock); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(lock)
+	id := uniqueID("reuse")
+	for i := 0; i < 2; i++ {
+		expectCode(t, dev.runAgent(t, id, nil, "echo", "run"), 0, "run")
+	}
+	for _, f := range []string{id + ".jsonl", id + "@2.jsonl"} {
+		if b, err := os.ReadFile(filepath.Join(dev.dir, "audit", f)); err != nil || !strings.Contains(string(b), "agentbox/sandbox_end") {
+			t.Fatalf("trail %s of a reused id: %v", f, err)
+		}
+	}
+	v := dev.run(30*time.Second, "agentbox", "audit", "verify", filepath.Join(dev.dir, "audit", id+".jsonl"), filepath.Join(dev.dir, "audit", id+"@2.jsonl"))
+	if v.code != 0 || strings.Count(v.stdout, "OK") != 2 {
+		t.Fatalf("both trails must verify: %v", v)
+	}
+}

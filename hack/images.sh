@@ -6,7 +6,7 @@ source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
 mkdir -p "$img_dir"
 probe_src=$REPO_ROOT/internal/e2e/testdata/probe.c
-stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) v3"
+stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) v5"
 if [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -27,6 +27,7 @@ build_image() {
   chmod 1777 "$rootfs/tmp"
   mkdir -p "$rootfs/usr/local/bin"
   install -m 0755 "$REPO_ROOT/examples/agent/agent.sh" "$rootfs/usr/local/bin/agent"
+  if [ -n "${VOLUME:-}" ]; then mkdir -p "$rootfs$VOLUME"; chmod 1777 "$rootfs$VOLUME"; fi
   [ -z "${EXTRA_BIN:-}" ] || install -m 0755 "$EXTRA_BIN" "$rootfs/usr/local/bin/$(basename "$EXTRA_BIN")"
   cp /bin/busybox "$rootfs/bin/busybox"
   for applet in $(/bin/busybox --list); do
@@ -37,6 +38,7 @@ build_image() {
   umoci repack --image "$layout:$tag" "$work/$name-bundle" >/dev/null
   local cfg=(--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --config.workingdir /)
   for c in "$@"; do cfg+=(--config.cmd "$c"); done
+  [ -z "${VOLUME:-}" ] || cfg+=(--config.volume "$VOLUME")
   umoci config --image "$layout:$tag" "${cfg[@]}"
   tar -C "$layout" -cf "$img_dir/$name.tar" .
 }
@@ -47,7 +49,8 @@ build_image agent latest /usr/local/bin/agent
 # policy denies (internal/e2e/testdata/probe.c).
 step "compiling abx-probe (static)"
 gcc -static -O2 -pthread -o "$work/abx-probe" "$probe_src"
-EXTRA_BIN=$work/abx-probe build_image probe latest /usr/local/bin/agent
+# Its VOLUME makes containerd's CRI add an image-volume mount.
+EXTRA_BIN=$work/abx-probe VOLUME=/var/lib/probe build_image probe latest /usr/local/bin/agent
 # The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
 build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
 echo "$stamp" >"$img_dir/.stamp"

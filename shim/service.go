@@ -255,7 +255,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		}
 		plan.profile, plan.joins = sb.profile, sandboxID
 		if sb.inCRI {
-			mounts = criMountEnv(cfg, r.Bundle, sandboxID, sb.podUID)
+			mounts = criMountEnv(cfg, r.Bundle, r.ID, sandboxID, sb.podUID)
 		}
 	} else {
 		meta := audit.Meta{Sandbox: r.ID, PodNamespace: spec.Annotations[ocispec.SandboxNamespaceAnnotation], PodName: spec.Annotations[ocispec.SandboxNameAnnotation]}
@@ -287,7 +287,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 			if podUID, err = ocispec.PodUID(spec); err != nil {
 				return nil, err
 			}
-			mounts = criMountEnv(cfg, r.Bundle, r.ID, podUID)
+			mounts = criMountEnv(cfg, r.Bundle, r.ID, r.ID, podUID)
 		}
 		if plan.profile, err = set.Select(req); err != nil {
 			return nil, err
@@ -486,10 +486,14 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 }
 
 // criMountEnv is where the runtime made this pod's files: containerd's CRI
-// directories for its sandbox id, the kubelet's for its UID.
-func criMountEnv(cfg *config.Config, bundle, sandboxID, podUID string) policy.MountEnv {
+// directories for its sandbox id and for the container's own id, the
+// kubelet's for the pod's UID.
+func criMountEnv(cfg *config.Config, bundle, containerID, sandboxID, podUID string) policy.MountEnv {
 	const cri = "io.containerd.grpc.v1.cri"
-	env := policy.MountEnv{SandboxRootDir: filepath.Join(cfg.CRI.ContainerdRoot, cri, "sandboxes", sandboxID)}
+	env := policy.MountEnv{
+		SandboxRootDir: filepath.Join(cfg.CRI.ContainerdRoot, cri, "sandboxes", sandboxID),
+		ContainerDir:   filepath.Join(cfg.CRI.ContainerdRoot, cri, "containers", containerID),
+	}
 	state := cfg.CRI.ContainerdState
 	if state == "" {
 		// containerd puts bundles at STATE/io.containerd.runtime.v2.task/NS/ID.

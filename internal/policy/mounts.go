@@ -14,7 +14,8 @@ import (
 //
 //   - containerd's CRI files of this pod's sandbox (hosts, hostname,
 //     resolv.conf in its root directory, shm in its state directory), at
-//     their own destinations;
+//     their own destinations, and the image VOLUMEs it made for this very
+//     container;
 //   - the kubelet's directory of this pod's UID: its volumes (emptyDir,
 //     configMap, secret, downwardAPI, projected), subPaths, termination
 //     message files and etc-hosts;
@@ -31,8 +32,9 @@ import (
 // value is a container outside the CRI: only the role's host mounts.
 type MountEnv struct {
 	// SandboxRootDir and SandboxStateDir are containerd's CRI directories
-	// for this container's sandbox id.
-	SandboxRootDir, SandboxStateDir string
+	// for this container's sandbox id; ContainerDir its directory for this
+	// container's own id (the image's VOLUMEs).
+	SandboxRootDir, SandboxStateDir, ContainerDir string
 	// PodDir is the kubelet's directory for this pod's UID.
 	PodDir string
 	// Stage resolves and mounts an accepted bind and returns the path the
@@ -192,6 +194,13 @@ func (p *Profile) classifyBind(m specs.Mount, env MountEnv) (Bind, string) {
 			return b, fmt.Sprintf("%s is containerd's state of this pod, but only its shm belongs at /dev/shm", src)
 		}
 		b.Root, b.Rel, b.Kind, b.Origin, b.ReadOnly = env.SandboxStateDir, "shm", "dir", "pod shm", false
+	case env.ContainerDir != "" && under(src, env.ContainerDir):
+		r := rel(src, env.ContainerDir)
+		parts := strings.Split(r, "/")
+		if len(parts) != 2 || parts[0] != "volumes" {
+			return b, fmt.Sprintf("%s is containerd's directory for this container, but not one of its image volumes", src)
+		}
+		b.Root, b.Rel, b.Kind, b.Origin = env.ContainerDir, r, "dir", "image volume "+parts[1]
 	case env.PodDir != "" && under(src, env.PodDir):
 		r := rel(src, env.PodDir)
 		parts := strings.Split(r, "/")

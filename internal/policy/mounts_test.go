@@ -59,6 +59,9 @@ func TestMountClassification(t *testing.T) {
 		{"relative source", "vols", testEnv, bind("srv/data/x", "/data"), nil, nil, "not a clean"},
 		{"termination message", "vols", testEnv, bind(pod+"/containers/c/abc", "/dev/termination-log", "rw"), []string{"noexec"}, []string{"ro"}, ""},
 		{"termination message dir", "vols", testEnv, bind(pod+"/containers/c", "/x"), nil, nil, "not a volume"},
+		{"image volume of this container", "vols", testEnv, bind(testEnv.ContainerDir+"/volumes/0123abcd", "/var/lib/data", "rw"), []string{"noexec"}, nil, ""},
+		{"image volume of another container", "vols", testEnv, bind("/var/lib/containerd/io.containerd.grpc.v1.cri/containers/other/volumes/0123abcd", "/data"), nil, nil, "not a mount the runtime made"},
+		{"container dir beyond volumes", "vols", testEnv, bind(testEnv.ContainerDir+"/status", "/x"), nil, nil, "not one of its image volumes"},
 		{"pod emptyDir", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~empty-dir/scratch", "/work", "rw"), []string{"noexec", "nosuid", "nodev"}, nil, ""},
 		{"pod emptyDir where the role allows exec", "builder", testEnv, bind(pod+"/volumes/kubernetes.io~empty-dir/ws", "/workspace", "rw"), []string{"nosuid"}, []string{"noexec"}, ""},
 		{"pod secret read-only", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~secret/creds", "/creds", "ro"), []string{"ro"}, []string{"noexec"}, ""},
@@ -194,19 +197,7 @@ func TestBaselineSyscallsGolden(t *testing.T) {
 	p, _ := set.Profile("minimal")
 	sp := p.Syscalls()
 	got, _ := json.MarshalIndent(map[string]any{"policy": sp, "rules": sp.SeccompRules()}, "", "  ")
-	golden := filepath.Join("testdata", "syscalls-baseline.golden.json")
-	if *update {
-		if err := os.WriteFile(golden, append(got, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if strings.TrimSpace(string(want)) != strings.TrimSpace(string(got)) {
-		t.Fatalf("syscall policy differs from %s (go test -update to accept):\n%s", golden, got)
-	}
+	checkGolden(t, "syscalls-baseline.golden.json", got)
 	for _, n := range []string{"unshare", "setns", "mount", "umount2", "pivot_root", "bpf", "keyctl", "userfaultfd", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "memfd_create"} {
 		if !contains(sp.Denied, n) {
 			t.Errorf("baseline must deny %s", n)

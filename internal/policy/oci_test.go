@@ -82,6 +82,7 @@ func ptr[T any](v T) *T { return &v }
 var testEnv = MountEnv{
 	SandboxRootDir:  "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb",
 	SandboxStateDir: "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/sb",
+	ContainerDir:    "/var/lib/containerd/io.containerd.grpc.v1.cri/containers/ctr",
 	PodDir:          "/var/lib/kubelet/pods/u",
 }
 
@@ -105,21 +106,27 @@ func TestSpecGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, _ := json.MarshalIndent(map[string]any{"changes": changes, "spec": s, "runscFlags": p.RunscFlags()}, "", "  ")
-			golden := filepath.Join("testdata", role+".golden.json")
-			if *update {
-				os.MkdirAll("testdata", 0o755)
-				if err := os.WriteFile(golden, append(got, '\n'), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -update)", err)
-			}
-			if strings.TrimSpace(string(want)) != strings.TrimSpace(string(got)) {
-				t.Fatalf("spec differs from %s (go test -update to accept):\n%s", golden, got)
-			}
+			checkGolden(t, role+".golden.json", got)
 		})
+	}
+}
+
+// checkGolden compares got with testdata/name, rewriting it under -update.
+func checkGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	golden := filepath.Join("testdata", name)
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(golden, append(got, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if strings.TrimSpace(string(want)) != strings.TrimSpace(string(got)) {
+		t.Fatalf("differs from %s (go test -update to accept):\n%s", golden, got)
 	}
 }
 

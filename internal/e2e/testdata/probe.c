@@ -72,6 +72,17 @@ int main(int argc, char **argv) {
 		report("pivot_root", syscall(SYS_pivot_root, "/", "/"));
 		return 0;
 	}
+	if (!strcmp(what, "alloc") && argc > 2) {
+		// Allocate and touch N MiB: a memory bomb, or its legitimate twin.
+		long mib = atol(argv[2]);
+		for (long i = 0; i < mib; i++) {
+			char *p = malloc(1 << 20);
+			if (!p) { report("alloc", -1); return 1; }
+			memset(p, 1, 1 << 20);
+		}
+		printf("held %ld MiB\n", mib);
+		return 0;
+	}
 	if (!strcmp(what, "legit")) {
 		// glibc's pthread_create tries clone3 first and falls back to clone
 		// on ENOSYS; fork is clone without namespace flags.
@@ -86,6 +97,6 @@ int main(int argc, char **argv) {
 		if (pid > 0) waitpid(pid, 0, 0);
 		return 0;
 	}
-	fprintf(stderr, "usage: abx-probe userns|unshare|setns|clone3|mount|memfd|others|legit\n");
+	fprintf(stderr, "usage: abx-probe userns|unshare|setns|clone3|mount|memfd|others|legit|alloc MIB\n");
 	return 2;
 }

@@ -28,6 +28,7 @@ func App() *cli.App {
 				},
 			},
 			doctorCommand(),
+			probeClone3Command(),
 			policyCommand(),
 			auditCommand(),
 		},

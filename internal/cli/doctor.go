@@ -52,6 +52,7 @@ func doctorCommand() *cli.Command {
 			defer cancel()
 			checks := []check{
 				checkRunsc(c.String("config"), c.IsSet("config")),
+				checkSeccompErrno(c.Context, c.String("config"), c.IsSet("config")),
 				checkShimBinary(),
 				checkContainerd(ctx, c.String("address"), c.String("handler")),
 				checkNftables(),

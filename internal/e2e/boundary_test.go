@@ -290,3 +290,14 @@ func TestBoundarySmallerItems(t *testing.T) {
 		t.Fatalf("both trails must verify: %v", v)
 	}
 }
+
+// The clone3 ENOSYS rule needs a runsc that honours errnoRet: doctor boots
+// a sandbox to check it (a stock runsc answers EPERM and glibc threads
+// fail under the baseline policy).
+func TestBoundaryDoctorChecksSeccompErrno(t *testing.T) {
+	requireEnv(t)
+	r := dev.run(90*time.Second, "agentbox", "doctor", "--address", dev.sock, "--config", filepath.Join(dev.dir, "agentbox", "config.toml"))
+	if !strings.Contains(r.stdout, "PASS  seccomp      runsc honours errnoRet") {
+		t.Fatalf("doctor must find the shipped runsc honouring errnoRet: %v", r)
+	}
+}

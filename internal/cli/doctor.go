@@ -50,9 +50,10 @@ func doctorCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 			defer cancel()
+			runsc, found := findRunsc(c.String("config"), c.IsSet("config"))
 			checks := []check{
-				checkRunsc(c.String("config"), c.IsSet("config")),
-				checkSeccompErrno(c.Context, c.String("config"), c.IsSet("config")),
+				checkRunsc(runsc, found),
+				checkSeccompErrno(c.Context, runsc, found),
 				checkShimBinary(),
 				checkContainerd(ctx, c.String("address"), c.String("handler")),
 				checkNftables(),
@@ -78,16 +79,22 @@ func report(w io.Writer, checks []check) error {
 	return nil
 }
 
-func checkRunsc(cfgPath string, named bool) check {
-	c := check{name: "runsc"}
+// findRunsc returns the runsc binary the shim config names.
+func findRunsc(cfgPath string, named bool) (string, error) {
 	cfg, err := config.Load(cfgPath, named)
 	if err != nil {
-		c.err = err
-		return c
+		return "", err
 	}
 	path, err := exec.LookPath(cfg.Runsc.Binary)
 	if err != nil {
-		c.err = fmt.Errorf("%q not found (config %s): %w", cfg.Runsc.Binary, sourceName(cfg), err)
+		return "", fmt.Errorf("%q not found (config %s): %w", cfg.Runsc.Binary, sourceName(cfg), err)
+	}
+	return path, nil
+}
+
+func checkRunsc(path string, found error) check {
+	c := check{name: "runsc", err: found}
+	if found != nil {
 		return c
 	}
 	if err := requireStatic(path); err != nil {

@@ -14,8 +14,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
-
-	"agentbox.dev/agentbox/internal/config"
 )
 
 // The baseline syscall policy makes clone3 answer ENOSYS so that glibc
@@ -37,20 +35,14 @@ func probeClone3Command() *cli.Command {
 	}
 }
 
-func checkSeccompErrno(ctx context.Context, cfgPath string, named bool) check {
+func checkSeccompErrno(ctx context.Context, runsc string, found error) check {
 	c := check{name: "seccomp"}
-	if os.Geteuid() != 0 {
+	switch {
+	case found != nil:
+		c.err = fmt.Errorf("no runsc to check: %w", found)
+		return c
+	case os.Geteuid() != 0:
 		c.err = fmt.Errorf("needs root to boot a test sandbox")
-		return c
-	}
-	cfg, err := config.Load(cfgPath, named)
-	if err != nil {
-		c.err = err
-		return c
-	}
-	runsc, err := exec.LookPath(cfg.Runsc.Binary)
-	if err != nil {
-		c.err = err
 		return c
 	}
 	self, err := os.Executable()

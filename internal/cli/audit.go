@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
@@ -206,57 +209,81 @@ func tailFile(w io.Writer, file string, off int64, f tailFilter, asJSON bool) (i
 	}
 }
 
+// formatRecord renders a record on one line for people. Every field came
+// from the sandbox or from names the agent chose: a value with anything
+// but graphic, unquoted characters is quoted with Go escapes, so a file
+// name with a newline or a forged "field=value" cannot pass for another
+// record or field. -o json prints the record exactly.
 func formatRecord(r *audit.Record) string {
 	var b strings.Builder
 	t := r.Time
 	if len(t) > 23 {
 		t = t[11:23]
 	}
-	fmt.Fprintf(&b, "%s %s #%d %-26s", t, r.Sandbox, r.Seq, r.Event)
+	fmt.Fprintf(&b, "%s %s #%d %-26s", esc(t), esc(r.Sandbox), r.Seq, esc(r.Event))
 	if r.Role != "" {
-		fmt.Fprintf(&b, " role=%s", r.Role)
+		fmt.Fprintf(&b, " role=%s", esc(r.Role))
 	}
 	if r.PodName != "" {
-		fmt.Fprintf(&b, " pod=%s/%s", r.PodNamespace, r.PodName)
+		fmt.Fprintf(&b, " pod=%s/%s", esc(r.PodNamespace), esc(r.PodName))
 	}
 	if p := r.Process; p != nil {
 		if p.PID != 0 {
 			fmt.Fprintf(&b, " pid=%d", p.PID)
 		}
 		if p.Name != "" {
-			fmt.Fprintf(&b, " comm=%s", p.Name)
+			fmt.Fprintf(&b, " comm=%s", esc(p.Name))
 		}
 		if len(p.Argv) > 0 {
-			fmt.Fprintf(&b, " argv=%q", p.Argv)
+			q := make([]string, len(p.Argv))
+			for i, a := range p.Argv {
+				q[i] = strconv.QuoteToGraphic(a)
+			}
+			fmt.Fprintf(&b, " argv=[%s]", strings.Join(q, " "))
 		}
 		if p.ExitSts != nil {
 			fmt.Fprintf(&b, " exit=%d", *p.ExitSts)
 		}
 	}
 	if r.File != nil {
-		fmt.Fprintf(&b, " path=%s", r.File.Path)
+		fmt.Fprintf(&b, " path=%s", esc(r.File.Path))
 		if r.File.Flags != "" {
-			fmt.Fprintf(&b, " flags=%s", r.File.Flags)
+			fmt.Fprintf(&b, " flags=%s", esc(r.File.Flags))
 		}
 	}
 	if d := r.Dst; d != nil {
 		switch {
 		case d.IP != "":
-			fmt.Fprintf(&b, " dst=%s:%d", d.IP, d.Port)
+			fmt.Fprintf(&b, " dst=%s:%d", esc(d.IP), d.Port)
 		case d.Path != "":
-			fmt.Fprintf(&b, " dst=%s", d.Path)
+			fmt.Fprintf(&b, " dst=%s", esc(d.Path))
 		default:
-			fmt.Fprintf(&b, " family=%s type=%s", d.Family, d.Type)
+			fmt.Fprintf(&b, " family=%s type=%s", esc(d.Family), esc(d.Type))
 		}
 	}
 	if r.Status != "" {
-		fmt.Fprintf(&b, " %s", r.Status)
+		fmt.Fprintf(&b, " %s", esc(r.Status))
 		if r.Errno != 0 {
 			fmt.Fprintf(&b, "(errno %d)", r.Errno)
 		}
 	}
 	if r.Message != "" {
-		fmt.Fprintf(&b, " %q", r.Message)
+		fmt.Fprintf(&b, " %s", strconv.QuoteToGraphic(r.Message))
 	}
 	return b.String()
+}
+
+// esc returns s as is when every rune is graphic and none is a space, a
+// quote, a backslash or '=', and Go-quoted (strconv.QuoteToGraphic)
+// otherwise.
+func esc(s string) string {
+	if s == "" {
+		return `""`
+	}
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsGraphic(r) || unicode.IsSpace(r) || r == '"' || r == '\\' || r == '=' || r == '\'' || r == '`' {
+			return strconv.QuoteToGraphic(s)
+		}
+	}
+	return s
 }

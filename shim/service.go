@@ -347,13 +347,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	if err := os.MkdirAll(filepath.Join(root, namespaceOf(ctx)), 0o711); err != nil {
 		return nil, fmt.Errorf("create runsc root %s: %w", root, err)
 	}
-	flags := map[string]string{}
-	for k, v := range cfg.Runsc.Flags {
-		flags[k] = v
-	}
-	for k, v := range plan.profile.RunscFlags() { // the role wins over the config
-		flags[k] = v
-	}
+	flags := cfg.RunscFlags(plan.profile.RunscFlags())
 	if plan.audit != nil {
 		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.sandbox, plan.egress)
 		if err != nil {

@@ -120,7 +120,7 @@ func explain(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	ex := explanation{Request: req, Profile: p, SpecChange: changes, Spec: spec, RunscFlags: p.RunscFlags()}
+	ex := explanation{Request: req, Profile: p, SpecChange: changes, Spec: spec, RunscFlags: cfg.RunscFlags(p.RunscFlags())}
 	if c.String("output") == "json" {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -215,15 +215,12 @@ func writeExplanation(w io.Writer, ex explanation) {
 	for _, ch := range ex.SpecChange {
 		fmt.Fprintln(w, "  - "+ch)
 	}
-	fmt.Fprintln(w, "\nrunsc flags:")
+	fmt.Fprintln(w, "\nrunsc flags (the shim config's tuning flags, then the role's; the shim adds each sandbox's --pod-init-config):")
 	keys := make([]string, 0, len(ex.RunscFlags))
 	for k := range ex.RunscFlags {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	if len(keys) == 0 {
-		fmt.Fprintln(w, "  (none beyond the shim config's)")
-	}
 	for _, k := range keys {
 		fmt.Fprintf(w, "  --%s=%s\n", k, ex.RunscFlags[k])
 	}

@@ -67,6 +67,23 @@ log_level = "debug"
 		},
 		{name: "version required", in: "[runsc]\nbinary = \"runsc\"\n", wantErr: []string{"version: must be 1, got 0"}},
 		{name: "unknown key with position", in: "version = 1\n[runsc]\nbinaryy = \"x\"\n", wantErr: []string{"line 3", `unknown key "runsc.binaryy"`}},
+		{
+			name: "weakening runsc flags",
+			in:   "version = 1\n[runsc.flags]\nignore-cgroups = \"true\"\nnet-raw = \"true\"\nhost-uds = \"all\"\nnetwork = \"host\"\nTESTONLY-unsafe = \"1\"\noci-seccomp = \"false\"\n",
+			wantErr: []string{
+				"runsc.flags.ignore-cgroups: would weaken what a role enforces: the sandbox would ignore its cgroup",
+				"runsc.flags.net-raw: would weaken what a role enforces",
+				"runsc.flags.host-uds: would weaken",
+				"runsc.flags.network: would weaken",
+				"runsc.flags.oci-seccomp: would weaken",
+				"runsc.flags.TESTONLY-unsafe: not a runsc flag name",
+			},
+		},
+		{
+			name:    "unknown runsc flag",
+			in:      "version = 1\n[runsc.flags]\nfancy-new-flag = \"1\"\n",
+			wantErr: []string{"runsc.flags.fancy-new-flag: not one of the tuning flags agentbox accepts (cpu-num-from-quota, dcache, debug,"},
+		},
 		{name: "unknown table", in: "version = 1\n[polcy]\ndir = \"x\"\n", wantErr: []string{"line 2", `unknown key "polcy"`}},
 		{name: "syntax error", in: "version = \n", wantErr: []string{"line 1"}},
 		{name: "wrong type", in: "version = \"one\"\n", wantErr: []string{"line 1"}},

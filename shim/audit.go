@@ -173,6 +173,11 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 			addrs = append(addrs, a.String())
 		}
 		detail["addresses"] = strings.Join(addrs, ", ")
+		var withheld []string
+		for _, w := range d.Withheld {
+			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
+		}
+		detail["withheld"] = strings.Join(withheld, "; ")
 		if d.TTL > 0 {
 			detail["allowed_for"] = d.TTL.String()
 		}
@@ -192,6 +197,17 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 		msg += ": " + d.Err.Error()
 	}
 	return decision(event, activity, status, msg, detail)
+}
+
+// withheldRecord says that an answered address was not opened, and why.
+func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
+	name := d.Name
+	if scrub != nil {
+		name = scrub.Args([]string{name})[0]
+	}
+	return decision("agentbox/dns_address_withheld", "DNS Address Withheld", "Failure",
+		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
+		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
 }
 
 // decision is a record of the shim's own.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -431,10 +432,20 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	if err != nil {
 		return err
 	}
+	cluster, err := cfg.Network.ClusterPrefixes()
+	if err != nil {
+		return err
+	}
+	node, err := nodeAddrs()
+	if err != nil {
+		return err
+	}
+	dests := netpolicy.Destinations{Node: node, Cluster: cluster, Link: []netip.Addr{addr, peer}}
 	sb.resolved = netpolicy.NewResolutions(nil)
 	ns, trail := sb.netns, sb.audit.trail
 	h := &dnsproxy.Handler{
 		Plan:     pl,
+		Refuse:   dests.Refuse,
 		Exchange: dnsproxy.Exchange(ups),
 		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
 			if err := netpolicy.Update(ns, pl.Elements(r, addrs, ttl)); err != nil {
@@ -446,7 +457,12 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 		Remaining: sb.resolved.Remaining,
 		MinTTL:    time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
 		MaxTTL:    time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
-		Record:    func(d dnsproxy.Decision) { trail.Emit(dnsRecord(d, scrub), false) },
+		Record: func(d dnsproxy.Decision) {
+			trail.Emit(dnsRecord(d, scrub), false)
+			for _, w := range d.Withheld {
+				trail.Emit(withheldRecord(d, w, scrub), false)
+			}
+		},
 		ID:        func() uint16 { return uint16(rand.Uint32()) },
 	}
 	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Handler: h})
@@ -455,6 +471,22 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	}
 	sb.resolver, sb.dnsAddr, sb.upstreams = res, addr, ups
 	return nil
+}
+
+// nodeAddrs are the addresses of the node's own interfaces (the shim runs
+// in the host's network namespace).
+func nodeAddrs() ([]netip.Addr, error) {
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list the node's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range ifaddrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out, nil
 }
 
 // resolvConfFor returns the rewrite that writes the container's resolv.conf

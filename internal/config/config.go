@@ -167,6 +167,24 @@ type Network struct {
 	// connection outliving its address's allowance stalls.
 	MinTTLSeconds int `toml:"min_ttl_seconds"`
 	MaxTTLSeconds int `toml:"max_ttl_seconds"`
+	// ClusterCIDRs are the cluster's pod and service ranges, and any other
+	// range no host rule may open unless it sets allowPrivate (the private,
+	// loopback and link-local ranges and the node's own addresses are
+	// refused without being listed).
+	ClusterCIDRs []string `toml:"cluster_cidrs"`
+}
+
+// ClusterPrefixes parses ClusterCIDRs.
+func (n Network) ClusterPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, c := range n.ClusterCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("network.cluster_cidrs[%d]: %q is not a CIDR", i, c)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // DefaultResolverAddress is link-local and outside the metadata addresses.
@@ -437,6 +455,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if _, _, err := c.Network.ResolverAddrs(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Network.ClusterPrefixes(); err != nil {
 		errs = append(errs, err)
 	}
 	for i, u := range c.Network.Upstreams {

@@ -49,6 +49,9 @@ type Decision struct {
 	Rule string
 	// Addrs are the addresses answered and allowed, for TTL.
 	Addrs []netip.Addr
+	// Withheld are answered addresses the rule may not open, each with
+	// the reason: they are neither allowed nor passed to the pod.
+	Withheld []Withheld
 	TTL   time.Duration
 	// Rcode is the response code the pod got ("" when it got none).
 	Rcode string
@@ -56,9 +59,19 @@ type Decision struct {
 	TCP   bool
 }
 
+// Withheld is an answered address a rule may not open.
+type Withheld struct {
+	Addr   netip.Addr
+	Reason string
+}
+
 // Handler answers DNS queries for one pod.
 type Handler struct {
 	Plan *netpolicy.Plan
+	// Refuse, if set, says why a rule may not open an answered address
+	// ("" when it may): private, loopback, the node's own (see
+	// netpolicy.Destinations). Such addresses are withheld from the pod.
+	Refuse func(r netpolicy.Rule, a netip.Addr) string
 	// Exchange sends a query upstream and returns the response.
 	Exchange func(ctx context.Context, query []byte) ([]byte, error)
 	// Allow puts addrs into rule r's sets for ttl; an error fails the query.
@@ -143,6 +156,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 		return reply(hdr, &q, up.RCode, nil)
 	}
 	answers, addrs, ttl := chain(name, q.Type, up.Answers)
+	answers, addrs, d.Withheld = h.withhold(rule, answers, addrs)
 	allowance := h.allowance(ttl)
 	if len(addrs) > 0 {
 		if left := h.remaining(rule, addrs); left >= allowance/2 {
@@ -166,6 +180,43 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 		d.TTL = allowance
 	}
 	return fit(reply(hdr, &q, dnsmessage.RCodeSuccess, answers), hdr, q, limit, d.TCP)
+}
+
+// withhold takes the addresses the rule may not open out of the answer,
+// whichever CNAME led to them.
+func (h *Handler) withhold(r netpolicy.Rule, answers []dnsmessage.Resource, addrs []netip.Addr) ([]dnsmessage.Resource, []netip.Addr, []Withheld) {
+	if h.Refuse == nil {
+		return answers, addrs, nil
+	}
+	var withheld []Withheld
+	bad := map[netip.Addr]bool{}
+	var ok []netip.Addr
+	for _, a := range addrs {
+		if why := h.Refuse(r, a); why != "" {
+			withheld = append(withheld, Withheld{Addr: a, Reason: why})
+			bad[a] = true
+		} else {
+			ok = append(ok, a)
+		}
+	}
+	if len(withheld) == 0 {
+		return answers, addrs, nil
+	}
+	var kept []dnsmessage.Resource
+	for _, rr := range answers {
+		switch b := rr.Body.(type) {
+		case *dnsmessage.AResource:
+			if bad[netip.AddrFrom4(b.A)] {
+				continue
+			}
+		case *dnsmessage.AAAAResource:
+			if bad[netip.AddrFrom16(b.AAAA)] {
+				continue
+			}
+		}
+		kept = append(kept, rr)
+	}
+	return kept, ok, withheld
 }
 
 func (h *Handler) nxdomain(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision) []byte {

@@ -328,3 +328,72 @@ func TestRepeatedAnswerSkipsTheUpdate(t *testing.T) {
 		}
 	}
 }
+
+// An allowed name never opens a private, loopback, node or cluster address,
+// however many CNAMEs lead there, unless its rule sets allowPrivate; the
+// resolver link never.
+func TestPrivateAnswersWithheld(t *testing.T) {
+	prof := &policy.Profile{}
+	prof.Network.Egress = policy.EgressAllowlist
+	prof.Network.Allow = []policy.EgressRule{{Host: "api.example.com", Ports: []int{443}}, {Host: "*.corp.test", AllowPrivate: true}}
+	pl, err := netpolicy.Compile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests := netpolicy.Destinations{
+		Node:    []netip.Addr{netip.MustParseAddr("198.51.100.7")},
+		Cluster: []netip.Prefix{netip.MustParsePrefix("100.0.0.0/16")},
+		Link:    []netip.Addr{netip.MustParseAddr("169.254.53.53"), netip.MustParseAddr("169.254.53.54")},
+	}
+	chainTo := func(name string, addrs ...string) []dnsmessage.Resource {
+		rrs := []dnsmessage.Resource{
+			rr(name, 300, &dnsmessage.CNAMEResource{CNAME: dnsmessage.MustNewName("hop.example.net.")}),
+			rr("hop.example.net.", 300, &dnsmessage.CNAMEResource{CNAME: dnsmessage.MustNewName("edge.example.net.")}),
+		}
+		for _, s := range addrs {
+			rrs = append(rrs, rr("edge.example.net.", 60, a(s)))
+		}
+		return rrs
+	}
+	up := &upstream{answers: map[string][]dnsmessage.Resource{
+		"api.example.com.": chainTo("api.example.com.", "192.0.2.10", "10.1.2.3", "127.0.0.1", "198.51.100.7", "100.0.4.4", "169.254.169.254", "100.64.0.1"),
+		"db.corp.test.":    chainTo("db.corp.test.", "10.1.2.3", "198.51.100.7", "169.254.53.53"),
+	}}
+	h, calls, decisions := handler(t, up, nil)
+	h.Plan, h.Refuse = pl, dests.Refuse
+	resp := parse(t, h.Handle(context.Background(), query(t, 1, "api.example.com.", dnsmessage.TypeA, 0), false))
+	var got []string
+	for _, ans := range resp.Answers {
+		if b, ok := ans.Body.(*dnsmessage.AResource); ok {
+			got = append(got, netip.AddrFrom4(b.A).String())
+		}
+	}
+	if strings.Join(got, ",") != "192.0.2.10" || len(resp.Answers) != 3 {
+		t.Fatalf("the pod must get the public address only (and the CNAMEs): %v", resp.Answers)
+	}
+	if len(*calls) != 1 || len((*calls)[0].addrs) != 1 || (*calls)[0].addrs[0].String() != "192.0.2.10" {
+		t.Fatalf("only the public address may be allowed: %+v", *calls)
+	}
+	reasons := map[string]string{}
+	for _, w := range (*decisions)[0].Withheld {
+		reasons[w.Addr.String()] = w.Reason
+	}
+	for addr, want := range map[string]string{
+		"10.1.2.3": "private (RFC 1918) 10.0.0.0/8", "127.0.0.1": "loopback", "198.51.100.7": "the node's own address",
+		"100.0.4.4": "the cluster's range 100.0.0.0/16", "169.254.169.254": "link-local", "100.64.0.1": "CGNAT",
+	} {
+		if !strings.Contains(reasons[addr], want) || !strings.Contains(reasons[addr], "allowPrivate") {
+			t.Errorf("%s: reason %q, want %q", addr, reasons[addr], want)
+		}
+	}
+	// The opt-in rule opens private and node addresses, never the link.
+	*calls = nil
+	h.Handle(context.Background(), query(t, 2, "db.corp.test.", dnsmessage.TypeA, 0), false)
+	if len(*calls) != 1 || len((*calls)[0].addrs) != 2 {
+		t.Fatalf("allowPrivate must open 10.1.2.3 and the node address: %+v", *calls)
+	}
+	last := (*decisions)[len(*decisions)-1]
+	if len(last.Withheld) != 1 || last.Withheld[0].Reason != "the pod's resolver link" {
+		t.Fatalf("the resolver link must stay closed: %+v", last.Withheld)
+	}
+}

@@ -92,6 +92,9 @@ const (
 	dnsWild      = "x.wild.e2e.test"
 	dnsNotListed = "notlisted.e2e.test"
 	dnsRebind    = "meta.e2e.test" // allowed, but resolves to the metadata address
+	// dnsPrivate is allowed by a rule without allowPrivate, and resolves
+	// to the node's bridge address (a CNAME chain is unit-tested).
+	dnsPrivate = "private.e2e.test"
 )
 
 // startDNSServers starts the upstream the pods' resolvers use (on
@@ -104,6 +107,7 @@ func startDNSServers(d *daemon) error {
 		dnsWild + ".":      other,
 		dnsNotListed + ".": other,
 		dnsRebind + ".":    netip.MustParseAddr(egress.metadata),
+		dnsPrivate + ".":   other,
 	}
 	var err error
 	if egress.upstream, err = newDNSServer("127.0.0.1:0", answers); err != nil {
@@ -157,6 +161,8 @@ func TestEgressDNS(t *testing.T) {
 	id := p.container(t, "c", "sh", "-c", dnsScript(
 		"cat /etc/resolv.conf | sed 's/^/resolv: /'",
 		connect(otherAllowed), // before any answer: closed
+		lookup(dnsPrivate, ""),
+		connect(otherDenied), // private.e2e.test's rule allows this port, but the answer was withheld
 		lookup(dnsAllowed, ""),
 		connect(otherAllowed),
 		connect(otherDenied),
@@ -171,6 +177,7 @@ func TestEgressDNS(t *testing.T) {
 	want := []string{
 		"resolv: nameserver 169.254.53.53",
 		"probe " + otherAllowed + ": nc: timed out",
+		"lookup " + dnsPrivate + "@: rc=",
 		"lookup " + dnsAllowed + "@: rc=0 ",
 		"probe " + otherAllowed + ": allowed-server",
 		"probe " + otherDenied + ": nc: timed out",
@@ -236,13 +243,18 @@ func TestEgressDNS(t *testing.T) {
 	if !strings.Contains(string(tables), egress.other+" timeout") {
 		t.Errorf("the answered address is not in the rule's set:\n%s", tables)
 	}
+	// The private answer was withheld: its rule's set stays empty.
+	private, _ := exec.Command("nsenter", "--net="+netns, "nft", "list", "set", "netdev", "agentbox", "host4_3").CombinedOutput()
+	if strings.Contains(string(private), egress.other) || !strings.Contains(string(private), "host4_3") {
+		t.Errorf("a private answer entered its rule's set:\n%s", private)
+	}
 	dev.crictl(60*time.Second, "stopp", p.id)
 	dev.crictl(60*time.Second, "rmp", p.id)
 	p.released = true
 
 	recs := readTrail(t, p.id)
 	type seen struct {
-		answered, refused, otherResolver, allowedConnect, deniedConnect, stopped, drops, deniedQuery bool
+		answered, refused, otherResolver, allowedConnect, deniedConnect, stopped, drops, deniedQuery, withheld bool
 	}
 	var s seen
 	for _, r := range recs {
@@ -251,6 +263,10 @@ func TestEgressDNS(t *testing.T) {
 			if r.Detail["name"] == dnsAllowed && r.Detail["type"] == "A" && r.Detail["addresses"] == egress.other &&
 				r.Detail["rule"] == fmt.Sprintf("allow[0] host %s ports %v", dnsAllowed, sortedPorts(egress.allowed.port, egress.sink.port)) && r.Detail["allowed_for"] == "5m0s" {
 				s.answered = true
+			}
+		case "agentbox/dns_address_withheld":
+			if r.Detail["name"] == dnsPrivate && r.Detail["address"] == egress.other && strings.Contains(r.Detail["reason"], "allowPrivate") {
+				s.withheld = true
 			}
 		case "agentbox/dns_refused":
 			if r.Detail["name"] == dnsNotListed && r.Detail["rule"] == "no host rule matches" && r.Detail["rcode"] == "RCodeNameError" {
@@ -283,7 +299,7 @@ func TestEgressDNS(t *testing.T) {
 			}
 		}
 	}
-	if s != (seen{true, true, true, true, true, true, true, true}) {
+	if s != (seen{true, true, true, true, true, true, true, true, true}) {
 		for _, r := range recs {
 			if strings.HasPrefix(r.Event, "agentbox/") || r.Event == "syscall/connect" {
 				t.Logf("%s %s %v %v", r.Event, r.Status, r.Dst, r.Detail)

@@ -242,9 +242,11 @@ spec:
   network:
     egress: allowlist
     allow:
-      - {host: %s, ports: [%d, %d]}
-      - {host: "*.wild.e2e.test", ports: [%d]}
+      # The test servers sit on the node's bridge: these rules opt in.
+      - {host: %s, ports: [%d, %d], allowPrivate: true}
+      - {host: "*.wild.e2e.test", ports: [%d], allowPrivate: true}
       - {host: %s, ports: [80]}
+      - {host: %s, ports: [%d]}
 ---
 apiVersion: agentbox.dev/v1
 kind: RoleBinding
@@ -280,7 +282,7 @@ metadata: {name: e2e-volumes}
 spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
-`, rw, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind)
+`, rw, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind, dnsPrivate, egress.denied.port)
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
 }
 

@@ -45,6 +45,8 @@ type Rule struct {
 	// Name describes the rule in records ("allow[2] 10.0.0.0/8 ports [443]",
 	// "allow[0] host api.github.com ports [443]").
 	Name string
+	// AllowPrivate: a host rule may open private destinations.
+	AllowPrivate bool
 }
 
 // Plan is a role's egress policy, compiled.
@@ -90,7 +92,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 		if r.Host != "" {
 			host := strings.TrimSuffix(strings.ToLower(r.Host), ".")
 			pl.Allow = append(pl.Allow, Rule{Host: host, Ports: ports,
-				Set4: fmt.Sprintf("host4_%d", i), Set6: fmt.Sprintf("host6_%d", i),
+				Set4: fmt.Sprintf("host4_%d", i), Set6: fmt.Sprintf("host6_%d", i), AllowPrivate: r.AllowPrivate,
 				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)})
 			continue
 		}

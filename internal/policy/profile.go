@@ -517,6 +517,9 @@ func checkEgressRule(field string, r EgressRule) []error {
 			errs = append(errs, ferr(field+".host", "%q is not a DNS name", r.Host))
 		}
 	default:
+		if r.AllowPrivate {
+			errs = append(errs, ferr(field+".allowPrivate", "only a host rule takes it; a CIDR rule names its addresses already"))
+		}
 		if _, _, err := net.ParseCIDR(r.CIDR); err != nil {
 			errs = append(errs, ferr(field+".cidr", "%q is not a CIDR (like 10.0.0.0/8)", r.CIDR))
 		}

@@ -115,6 +115,10 @@ type EgressRule struct {
 	Host  string `yaml:"host,omitempty" json:"host,omitempty"`
 	CIDR  string `yaml:"cidr,omitempty" json:"cidr,omitempty"`
 	Ports []int  `yaml:"ports,omitempty" json:"ports,omitempty"`
+	// AllowPrivate lets a host rule open the private, loopback,
+	// link-local and node addresses its name resolves to (refused by
+	// default: a name must not become a way into the node or its network).
+	AllowPrivate bool `yaml:"allowPrivate,omitempty" json:"allowPrivate,omitempty"`
 }
 
 // Process limits and identity.

@@ -463,7 +463,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 				trail.Emit(withheldRecord(d, w, scrub), false)
 			}
 		},
-		ID:        func() uint16 { return uint16(rand.Uint32()) },
+		ID: func() uint16 { return uint16(rand.Uint32()) },
 	}
 	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Handler: h})
 	if err != nil {

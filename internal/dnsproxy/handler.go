@@ -52,7 +52,7 @@ type Decision struct {
 	// Withheld are answered addresses the rule may not open, each with
 	// the reason: they are neither allowed nor passed to the pod.
 	Withheld []Withheld
-	TTL   time.Duration
+	TTL      time.Duration
 	// Rcode is the response code the pod got ("" when it got none).
 	Rcode string
 	Err   error

@@ -904,7 +904,8 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 			log.G(ctx).WithError(err).Warn("agentbox: stopping the DNS resolver")
 			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Failure", err.Error(), nil), true)
 		} else {
-			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+sb.netns, nil), true)
+			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+sb.netns,
+				map[string]string{"tcp_connections_rejected": fmt.Sprint(res.Rejected())}), true)
 		}
 	}
 	defer func() { sb.netns = "" }()

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -47,7 +48,22 @@ type Config struct {
 	// MaxInFlight bounds the questions handled at once; more are answered
 	// SERVFAIL at once (and recorded).
 	MaxInFlight int
+	// MaxTCPConns bounds the pod's open TCP connections; more are closed
+	// as soon as they are accepted, and counted.
+	MaxTCPConns int
 }
+
+// Limits on what one pod can make its resolver hold (memory outside the
+// pod's cgroup): at most MaxTCPConns connections, each holding one frame
+// of at most 64 KiB that grows only with bytes actually received, idle
+// for at most tcpIdle, and sending its frame within tcpFrame.
+const (
+	defaultMaxTCPConns = 16
+	// tcpIdle closes a pod's TCP connection that sends nothing for this long.
+	tcpIdle = 10 * time.Second
+	// tcpFrame bounds the time from a frame's length to its last byte.
+	tcpFrame = 5 * time.Second
+)
 
 // Resolver serves one pod.
 type Resolver struct {
@@ -61,7 +77,13 @@ type Resolver struct {
 	stop  context.CancelFunc
 	mu    sync.Mutex
 	conns map[net.Conn]bool
+	// rejected counts TCP connections closed for MaxTCPConns.
+	rejected atomic.Int64
 }
+
+// Rejected is how many TCP connections were closed at once because the
+// pod held MaxTCPConns already.
+func (r *Resolver) Rejected() int64 { return r.rejected.Load() }
 
 // Start creates the resolver's network namespace (held by the shim
 // process only: it disappears with the shim, taking the link with it),
@@ -72,6 +94,9 @@ func Start(cfg Config) (*Resolver, error) {
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 128
+	}
+	if cfg.MaxTCPConns <= 0 {
+		cfg.MaxTCPConns = defaultMaxTCPConns
 	}
 	r := &Resolver{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), conns: map[net.Conn]bool{}}
 	var err error
@@ -259,9 +284,6 @@ func (r *Resolver) busy(q []byte, send func([]byte)) {
 	}
 }
 
-// tcpIdle closes a pod's TCP connection that sends nothing for this long.
-const tcpIdle = 10 * time.Second
-
 func (r *Resolver) serveTCP() {
 	defer r.wg.Done()
 	for {
@@ -273,8 +295,16 @@ func (r *Resolver) serveTCP() {
 			continue
 		}
 		r.mu.Lock()
-		r.conns[c] = true
+		full := len(r.conns) >= r.cfg.MaxTCPConns
+		if !full {
+			r.conns[c] = true
+		}
 		r.mu.Unlock()
+		if full {
+			r.rejected.Add(1)
+			c.Close()
+			continue
+		}
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -286,7 +316,7 @@ func (r *Resolver) serveTCP() {
 			}()
 			for {
 				c.SetReadDeadline(time.Now().Add(tcpIdle))
-				q, err := readFrame(c)
+				q, err := readFrame(c, func() { c.SetReadDeadline(time.Now().Add(tcpFrame)) })
 				if err != nil {
 					return
 				}
@@ -309,14 +339,24 @@ func (r *Resolver) serveTCP() {
 	}
 }
 
-func readFrame(c io.Reader) ([]byte, error) {
+// readFrame reads one length-prefixed DNS message. Its buffer grows with
+// the bytes received, not with the length announced; started is called
+// once the length is read (to start the frame's deadline).
+func readFrame(c io.Reader, started func()) ([]byte, error) {
 	var n [2]byte
 	if _, err := io.ReadFull(c, n[:]); err != nil {
 		return nil, err
 	}
-	b := make([]byte, binary.BigEndian.Uint16(n[:]))
-	_, err := io.ReadFull(c, b)
-	return b, err
+	if started != nil {
+		started()
+	}
+	want := int64(binary.BigEndian.Uint16(n[:]))
+	var b bytes.Buffer
+	got, err := b.ReadFrom(io.LimitReader(c, want))
+	if err == nil && got < want {
+		err = io.ErrUnexpectedEOF
+	}
+	return b.Bytes(), err
 }
 
 func writeFrame(c io.Writer, b []byte) error {
@@ -395,7 +435,7 @@ func exchangeOnce(ctx context.Context, network string, u netip.AddrPort, query [
 		if err := writeFrame(c, query); err != nil {
 			return nil, err
 		}
-		return readFrame(c)
+		return readFrame(c, nil)
 	}
 	if _, err := c.Write(query); err != nil {
 		return nil, err

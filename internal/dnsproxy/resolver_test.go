@@ -3,10 +3,12 @@ package dnsproxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -78,7 +80,7 @@ func newTestUpstream(t *testing.T) *testUpstream {
 			if err != nil {
 				return
 			}
-			q, err := readFrame(c)
+			q, err := readFrame(c, nil)
 			if err == nil {
 				u.mu.Lock()
 				u.tcpQueries++
@@ -109,7 +111,7 @@ func ask(t *testing.T, network, name string) (*dnsmessage.Message, error) {
 		if err := writeFrame(c, q); err != nil {
 			return nil, err
 		}
-		raw, err = readFrame(c)
+		raw, err = readFrame(c, nil)
 	} else {
 		if _, err := c.Write(q); err != nil {
 			return nil, err
@@ -284,5 +286,113 @@ func TestBusyAnswersAtOnce(t *testing.T) {
 	r.busy(query(t, 4, "elsewhere.test.", dnsmessage.TypeA, 0), func(b []byte) { got = b })
 	if err := m.Unpack(got); err != nil || m.RCode != dnsmessage.RCodeNameError {
 		t.Errorf("a refused name while busy: %v %v", m.Header, err)
+	}
+}
+
+// TestResolverTCPFlood: a pod that opens many TCP connections, each
+// announcing a 64 KiB frame and sending one byte, holds at most
+// MaxTCPConns of them, costs the shim almost nothing, and its resolver
+// still answers over UDP.
+func TestResolverTCPFlood(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces")
+	}
+	ns := fmt.Sprintf("abx-dnsflood-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	path := "/var/run/netns/" + ns
+	up := newTestUpstream(t)
+	h := &Handler{Plan: plan(t), Exchange: Exchange([]netip.AddrPort{up.addr()}),
+		Allow:  func(netpolicy.Rule, []netip.Addr, time.Duration) error { return nil },
+		MinTTL: time.Minute, MaxTTL: time.Hour, ID: func() uint16 { return 7 }}
+	r, err := Start(Config{PodNetns: path, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"), Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	before := heap()
+	const flood = 500
+	var conns []net.Conn
+	nsthread.Run(nsthread.Path(path), func() error {
+		for i := 0; i < flood; i++ {
+			c, err := net.DialTimeout("tcp4", "169.254.53.53:53", time.Second)
+			if err != nil {
+				continue
+			}
+			c.Write([]byte{0xff, 0xff, 0})
+			conns = append(conns, c)
+		}
+		return nil
+	})
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	during := heap()
+	var answered bool
+	nsthread.Run(nsthread.Path(path), func() error {
+		m, err := ask(t, "udp", "api.example.com.")
+		answered = err == nil && m.RCode == dnsmessage.RCodeSuccess
+		return nil
+	})
+	r.mu.Lock()
+	held := len(r.conns)
+	r.mu.Unlock()
+	growth := int64(during) - int64(before)
+	t.Logf("%d connections opened: %d held, %d rejected; heap %+d KiB", len(conns), held, r.Rejected(), growth>>10)
+	if held > defaultMaxTCPConns || r.Rejected() < int64(len(conns)-defaultMaxTCPConns) {
+		t.Errorf("held %d, rejected %d of %d: the cap is %d", held, r.Rejected(), len(conns), defaultMaxTCPConns)
+	}
+	if growth > 4<<20 {
+		t.Errorf("the flood grew the heap by %d KiB (announced frames must not be allocated)", growth>>10)
+	}
+	if !answered {
+		t.Error("the resolver must keep answering over UDP during a TCP flood")
+	}
+}
+
+// dribble sends a frame announcing 64 KiB, one byte per read, and notes
+// the largest buffer it was asked to fill.
+type dribble struct {
+	sent, maxAsked int
+}
+
+func (d *dribble) Read(p []byte) (int, error) {
+	if len(p) > d.maxAsked {
+		d.maxAsked = len(p)
+	}
+	if d.sent >= 2+10 {
+		return 0, io.EOF
+	}
+	d.sent++
+	if d.sent <= 2 {
+		p[0] = 0xff
+	} else {
+		p[0] = 'x'
+	}
+	return 1, nil
+}
+
+// readFrame's buffer grows with the bytes received, not the length
+// announced.
+func TestReadFrameGrowsWithData(t *testing.T) {
+	d := &dribble{}
+	started := false
+	b, err := readFrame(d, func() { started = true })
+	if err != io.ErrUnexpectedEOF || len(b) != 10 || !started {
+		t.Fatalf("got %d bytes, %v (started %v)", len(b), err, started)
+	}
+	if d.maxAsked > 4096 {
+		t.Fatalf("readFrame offered a %d-byte buffer for a frame that sent 10 bytes", d.maxAsked)
 	}
 }

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
@@ -83,6 +86,24 @@ int main(int argc, char **argv) {
 		printf("held %ld MiB\n", mib);
 		return 0;
 	}
+	if (!strcmp(what, "dnsflood") && argc > 3) {
+		// Open N TCP connections to the pod's resolver, each announcing a
+		// 64 KiB frame and sending one byte, and hold them S seconds.
+		int n = atoi(argv[2]), secs = atoi(argv[3]), open_ = 0;
+		for (int i = 0; i < n; i++) {
+			int fd = socket(AF_INET, SOCK_STREAM, 0);
+			struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(53)};
+			inet_pton(AF_INET, "169.254.53.53", &sa.sin_addr);
+			if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) { if (fd >= 0) close(fd); continue; }
+			unsigned char b[3] = {0xff, 0xff, 0};
+			write(fd, b, 3);
+			open_++;
+		}
+		printf("dnsflood opened %d\n", open_);
+		fflush(stdout);
+		sleep(secs);
+		return 0;
+	}
 	if (!strcmp(what, "legit")) {
 		// glibc's pthread_create tries clone3 first and falls back to clone
 		// on ENOSYS; fork is clone without namespace flags.
@@ -97,6 +118,6 @@ int main(int argc, char **argv) {
 		if (pid > 0) waitpid(pid, 0, 0);
 		return 0;
 	}
-	fprintf(stderr, "usage: abx-probe userns|unshare|setns|clone3|mount|memfd|others|legit|alloc MIB\n");
+	fprintf(stderr, "usage: abx-probe userns|unshare|setns|clone3|mount|memfd|others|legit|alloc MIB|dnsflood N SECS\n");
 	return 2;
 }

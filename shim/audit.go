@@ -40,13 +40,70 @@ type sandboxAudit struct {
 	// scrub is the sandbox's scrubber (its role's env allowlist and the
 	// config's redactions), for exec records too.
 	scrub *audit.RoleScrubber
+	// stopWatch ends the full-trail watch (watchFull), once.
+	stopWatch chan struct{}
+	stopOnce  sync.Once
+}
+
+// watchFull watches a sandbox's trail: when its records stop fitting, it
+// records why (once per episode, from the trail's reserve), and when that
+// lasts full_grace_seconds under on_full = "stop", it stops the sandbox.
+// Under "stall" the sandbox stays held back: the receiver does not read its
+// events, and gVisor's retries slow it down.
+func (s *service) watchFull(cfg *config.Config, sb *sandboxState) {
+	a := sb.audit
+	a.stopWatch = make(chan struct{})
+	stop := a.stopWatch
+	grace := time.Duration(cfg.Audit.FullGraceSeconds) * time.Second
+	go func() {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		var episode time.Time
+		stopped := false
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			full, since := a.trail.Full()
+			if full == nil {
+				episode = time.Time{}
+				continue
+			}
+			if !since.Equal(episode) {
+				episode = since
+				a.trail.Emit(decision("agentbox/audit_full", "Audit Trail Full", "Failure",
+					fmt.Sprintf("the sandbox's records do not fit (%s): it is held back; on_full=%s after %v", full.Reason, cfg.Audit.OnFull, grace),
+					map[string]string{"reason": full.Reason, "on_full": cfg.Audit.OnFull}), true)
+			}
+			if cfg.Audit.OnFull == "stop" && !stopped && time.Since(since) >= grace {
+				stopped = true
+				s.stopSandbox(sb.id, "audit", fmt.Sprintf("audit trail full for %v (%s): stopping the sandbox (audit.on_full = stop)", grace, full.Reason))
+			}
+		}
+	}()
 }
 
 // openTrail starts the trail of a sandbox root. Failing to start it refuses
 // the container: nothing runs unaudited.
 func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, error) {
+	spool := ""
+	if cfg.Audit.Webhook.URL != "" {
+		spool = webhookConfig(cfg).SpoolDir
+	}
+	if removed, err := audit.Prune(cfg.Audit.Dir, spool, cfg.Audit.MaxTotalBytes); err != nil {
+		log.L.WithError(err).Warn("agentbox: audit retention")
+	} else if len(removed) > 0 {
+		log.L.Infof("agentbox: audit retention removed %d ended trail(s) past audit.max_total_bytes: %v", len(removed), removed)
+	}
 	file, err := audit.NewFileSink(cfg.Audit.Dir, id, cfg.Audit.MaxFileBytes)
 	if err != nil {
+		return nil, fmt.Errorf("audit trail: %w", err)
+	}
+	if err := file.SetBudget(audit.Budget{MaxBytes: cfg.Audit.MaxSandboxBytes, MinFree: cfg.Audit.MinFreeBytes, Reserve: cfg.Audit.ReserveBytes}); err != nil {
+		file.Close()
+		os.Remove(file.Path())
 		return nil, fmt.Errorf("audit trail: %w", err)
 	}
 	var fwd []audit.Forwarder
@@ -110,6 +167,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
+	rcv.SetRate(cfg.Audit.MaxEventsPerSecond)
 	if egress != nil && egress.Enforced {
 		var resolved netpolicy.Resolved
 		if sb.resolved != nil {
@@ -222,6 +280,11 @@ func decision(event, activity, status, msg string, detail map[string]string) *au
 func closeAudit(ctx context.Context, a *sandboxAudit, status string) {
 	if a == nil {
 		return
+	}
+	// A receiver held back by a full trail must not hold up the end.
+	a.trail.Drain()
+	if a.stopWatch != nil {
+		a.stopOnce.Do(func() { close(a.stopWatch) })
 	}
 	if a.receiver != nil {
 		a.receiver.Close(receiverDrain)

@@ -158,3 +158,10 @@ func (r *sandboxRegistry) armTimer(sandboxID string, fire func(string)) (time.Du
 	sb.timer = time.AfterFunc(d, func() { fire(sandboxID) })
 	return d, true
 }
+
+// containersOf lists a sandbox's containers.
+func (r *sandboxRegistry) containersOf(sb *sandboxState) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), sb.containers...)
+}

@@ -186,6 +186,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		}
 		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
+		s.watchFull(plan.cfg, plan.sandbox)
 	} else {
 		s.sandboxes.join(plan.joins, r.ID)
 		s.record(r.ID, decision("agentbox/container_created", "Container Created", "Success",
@@ -210,6 +211,8 @@ type createPlan struct {
 	egress *netpolicy.Plan
 	// stager holds the container's checked bind mounts.
 	stager *mountguard.Stager
+	// cfg is the shim config the container was created with.
+	cfg *config.Config
 }
 
 // prepare does the agentbox part of Create. For a sandbox root it opens the
@@ -227,7 +230,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	if err != nil {
 		return nil, fmt.Errorf("read OCI spec: %w", err)
 	}
-	plan := &createPlan{stager: mountguard.New(r.Bundle)}
+	plan := &createPlan{stager: mountguard.New(r.Bundle), cfg: cfg}
 	defer func() {
 		if retErr != nil {
 			releaseMounts(ctx, plan.stager)
@@ -680,9 +683,27 @@ func (s *service) expire(sandboxID string) {
 	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
 	s.record(sandboxID, decision("agentbox/limit", "Limit Hit", "Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
 		map[string]string{"limit": "wallClock"}), true)
+	s.killAll(ctx, ids)
+}
+
+// stopSandbox kills every container of a sandbox for a limit other than
+// the wall clock (their exits report 137), recording why first.
+func (s *service) stopSandbox(sandboxID, limit, why string) {
+	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
+	sb, ok := s.sandboxes.sandbox(sandboxID)
+	if !ok {
+		return
+	}
+	ids := s.sandboxes.containersOf(sb)
+	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(ids))
+	s.record(sandboxID, decision("agentbox/limit", "Limit Hit", "Failure", why, map[string]string{"limit": limit}), true)
+	s.killAll(ctx, ids)
+}
+
+func (s *service) killAll(ctx context.Context, ids []string) {
 	for _, id := range ids {
 		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
-			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: wall-clock kill")
+			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill")
 		}
 	}
 }

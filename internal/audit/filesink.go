@@ -17,6 +17,11 @@ type FileSink struct {
 	f            *os.File
 	size         int64
 	segments     int
+	// total counts the bytes of all segments, for the budget.
+	total       int64
+	budget      Budget
+	reserve     *os.File
+	reserveLeft int64
 }
 
 // maxRuns bounds how often one sandbox id's trail may be started in one
@@ -57,9 +62,32 @@ func (s *FileSink) Name() string { return s.sandbox }
 // Path is the active file.
 func (s *FileSink) Path() string { return filepath.Join(s.dir, FileName(s.sandbox)) }
 
-// WriteBatch appends whole lines, rotating first when they would pass the
-// size limit. On error nothing of the batch stays in the file.
+// WriteBatch appends whole lines of the sandbox's records, rotating first
+// when they would pass the size limit. A batch the budget does not admit
+// is refused with a FullError and nothing is written. On error nothing of
+// the batch stays in the file.
 func (s *FileSink) WriteBatch(b []byte) error {
+	if err := s.admit(int64(len(b))); err != nil {
+		return err
+	}
+	return s.write(b)
+}
+
+// WriteOwn appends a batch that carries the trail's own records: past the
+// budget it is written from the reserve.
+func (s *FileSink) WriteOwn(b []byte) error {
+	if err := s.admit(int64(len(b))); err != nil {
+		if !IsFull(err) {
+			return err
+		}
+		if err := s.takeReserve(int64(len(b))); err != nil {
+			return err
+		}
+	}
+	return s.write(b)
+}
+
+func (s *FileSink) write(b []byte) error {
 	if s.maxBytes > 0 && s.size > 0 && s.size+int64(len(b)) > s.maxBytes {
 		if err := s.rotate(); err != nil {
 			return err
@@ -78,6 +106,7 @@ func (s *FileSink) WriteBatch(b []byte) error {
 		return err
 	}
 	s.size += int64(n)
+	s.total += int64(n)
 	return nil
 }
 
@@ -103,8 +132,9 @@ func (s *FileSink) rotate() error {
 // Sync fsyncs the file.
 func (s *FileSink) Sync() error { return s.f.Sync() }
 
-// Close syncs and closes the file.
+// Close syncs and closes the file, and gives the reserve back.
 func (s *FileSink) Close() error {
+	s.closeReserve()
 	err := s.f.Sync()
 	if cerr := s.f.Close(); err == nil {
 		err = cerr

@@ -56,6 +56,13 @@ type Receiver struct {
 	connected, ended atomic.Bool
 
 	// Owned by the serving goroutine.
+	// rate is the most events per second taken from the sandbox (0: no
+	// bound). Past it the receiver reads more slowly: gVisor's sink then
+	// retries a full socket, which slows the sandbox down.
+	rate     atomic.Int64
+	tokens   float64
+	lastFill time.Time
+
 	dec         Decoder
 	lastDropped uint32
 	lastTime    time.Time
@@ -81,6 +88,34 @@ func Listen(path string, trail *Trail, scrub Scrubber) (*Receiver, error) {
 	r := &Receiver{path: path, ln: ln, trail: trail, scrub: scrub, done: make(chan struct{}), handled: make(chan struct{})}
 	go r.serve()
 	return r, nil
+}
+
+// SetRate bounds the events per second taken from the sandbox (0: none).
+func (r *Receiver) SetRate(perSecond int) { r.rate.Store(int64(perSecond)) }
+
+// throttle waits, when the sandbox is over its rate, until the next event
+// may be taken (a token bucket holding one second's worth).
+func (r *Receiver) throttle() {
+	rate := float64(r.rate.Load())
+	if rate <= 0 {
+		return
+	}
+	now := time.Now()
+	if r.lastFill.IsZero() {
+		r.lastFill, r.tokens = now, rate
+	}
+	r.tokens += now.Sub(r.lastFill).Seconds() * rate
+	if r.tokens > rate {
+		r.tokens = rate
+	}
+	r.lastFill = now
+	if r.tokens < 1 {
+		wait := time.Duration((1 - r.tokens) / rate * float64(time.Second))
+		time.Sleep(wait)
+		r.tokens, r.lastFill = 0, time.Now()
+		return
+	}
+	r.tokens--
 }
 
 // Live reports whether gVisor's session is established and still open.
@@ -149,6 +184,7 @@ func (r *Receiver) handle(c *net.UnixConn) {
 			r.anomaly("audit session ended: empty message (peer closed)", nil)
 			return
 		}
+		r.throttle()
 		r.trail.Count(func(c *Counters) { c.Received++ })
 		if flags&unix.MSG_TRUNC != 0 {
 			r.anomaly(fmt.Sprintf("oversized message (more than %d bytes) discarded", MaxMessageSize), nil)

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -61,6 +62,18 @@ type Trail struct {
 	gapPending bool
 	counters   Counters
 	closed     bool
+	// pendingOwn: the pending batch carries records of the trail's own,
+	// which may be written from the file's reserve.
+	pendingOwn bool
+	// full is set while the sandbox's records do not fit the budget; its
+	// records are then held (pending) and Emit blocks: the receiver stops
+	// reading the sandbox's socket. fullSince is when it began.
+	full      *FullError
+	fullSince time.Time
+	// draining: Close is near; Emit no longer blocks, and what does not
+	// fit is counted as lost.
+	draining bool
+	cond     *sync.Cond
 
 	stop chan struct{}
 	done chan struct{}
@@ -80,6 +93,7 @@ var (
 // and fsyncs every SyncInterval until Close.
 func NewTrail(meta Meta, file *FileSink, fwd ...Forwarder) *Trail {
 	t := &Trail{meta: meta, file: file, fwd: fwd, lost: map[string]uint64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	t.cond = sync.NewCond(&t.mu)
 	go t.loop()
 	return t
 }
@@ -97,6 +111,7 @@ func (t *Trail) loop() {
 		case <-flush.C:
 			t.mu.Lock()
 			t.flushLocked()
+			t.retryFullLocked()
 			t.mu.Unlock()
 		case <-sync.C:
 			t.mu.Lock()
@@ -115,13 +130,54 @@ func (t *Trail) SetMeta(m Meta) {
 }
 
 // Emit joins r with the sandbox's metadata, seals it into the chain and
-// queues it. Records of the shim's own (urgent) are written at once.
+// queues it. Records of the shim's own (urgent) are written at once, from
+// the reserve if need be. While the trail is full, Emit of a sandbox record
+// waits until it fits again (back-pressure), unless the trail is draining.
 func (t *Trail) Emit(r *Record, urgent bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for !urgent && t.full != nil && !t.closed && !t.draining {
+		t.cond.Wait()
+	}
+	if !urgent && t.full != nil && !t.closed {
+		t.lost["trail full: "+t.full.Reason]++
+		t.counters.Lost++
+		return
+	}
 	t.emitLocked(r)
+	if urgent {
+		t.pendingOwn = true
+	}
 	if urgent || len(t.pending) >= BatchBytes {
 		t.flushLocked()
+	}
+}
+
+// Full returns why the trail is full and since when (nil when it is not).
+func (t *Trail) Full() (*FullError, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.full, t.fullSince
+}
+
+// Drain makes Emit stop waiting: the sandbox is going, and what does not
+// fit from now on is counted as lost (and reported in the end record).
+func (t *Trail) Drain() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.draining = true
+	t.cond.Broadcast()
+}
+
+// retryFullLocked clears the full state once the budget admits records
+// again (another sandbox ended, retention freed space).
+func (t *Trail) retryFullLocked() {
+	if t.full == nil || t.closed {
+		return
+	}
+	if err := t.file.admit(int64(len(t.pending)) + 1); err == nil {
+		t.full = nil
+		t.cond.Broadcast()
 	}
 }
 
@@ -153,6 +209,7 @@ func (t *Trail) Gap(reason string, n uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.lost[reason] += n
+	t.pendingOwn = true
 	t.flushLocked()
 }
 
@@ -190,7 +247,7 @@ func (t *Trail) gapRecordLocked() *Record {
 		total += n
 	}
 	sort.Strings(reasons)
-	g := NewRecord(time.Now(), ClassBase, 99, "Gap", "agentbox/gap")
+	g := NewRecord(time.Now(), ClassBase, 99, "Gap", EventGap)
 	g.Status = "Failure"
 	g.Message = fmt.Sprintf("%d event(s) not recorded: %v", total, reasons)
 	g.Counts = counts
@@ -203,13 +260,33 @@ func (t *Trail) writePendingLocked() bool {
 		return true
 	}
 	batch, n := t.pending, t.pendingN
-	t.pending, t.pendingN = t.pending[:0], 0
-	gap := t.gapPending
-	t.gapPending = false
-	if err := t.file.WriteBatch(batch); err != nil {
+	write := t.file.WriteBatch
+	if t.pendingOwn || t.gapPending {
+		write = t.file.WriteOwn
+	}
+	if err := write(batch); err != nil {
+		var full *FullError
+		if errors.As(err, &full) && !t.closed && !t.draining {
+			// Hold the batch, sealed, for when it fits: nothing is lost
+			// and the sandbox is held back (Emit waits).
+			if t.full == nil {
+				t.fullSince = time.Now()
+			}
+			t.full = full
+			return false
+		}
+		t.pending, t.pendingN = t.pending[:0], 0
+		t.gapPending, t.pendingOwn = false, false
 		t.lost["file sink: "+err.Error()] += uint64(n)
 		t.counters.Lost += uint64(n)
 		return false
+	}
+	gap := t.gapPending
+	t.pending, t.pendingN = t.pending[:0], 0
+	t.gapPending, t.pendingOwn = false, false
+	if t.full != nil && !IsFull(t.file.admit(1)) {
+		t.full = nil
+		t.cond.Broadcast()
 	}
 	if gap {
 		t.lost = map[string]uint64{}
@@ -244,6 +321,9 @@ func (t *Trail) Close(r *Record) error {
 	if t.closed {
 		return nil
 	}
+	t.draining = true
+	t.cond.Broadcast()
+	t.pendingOwn = true
 	t.flushLocked()
 	c := t.counters
 	r.Counts = map[string]uint64{
@@ -251,8 +331,10 @@ func (t *Trail) Close(r *Record) error {
 		"written": c.Written + 1, "lost": c.Lost, "forward_lost": c.ForwardLost,
 	}
 	t.emitLocked(r)
+	t.pendingOwn = true
 	ok := t.writePendingLocked()
 	t.closed = true
+	t.cond.Broadcast()
 	err := t.file.Close()
 	for _, f := range t.fwd {
 		if ferr := f.Close(); err == nil {

@@ -19,6 +19,9 @@ import (
 // EventSandboxEnd is the record that closes a sandbox's trail.
 const EventSandboxEnd = "agentbox/sandbox_end"
 
+// EventGap reports events that were not recorded.
+const EventGap = "agentbox/gap"
+
 // VerifyResult is the outcome of verifying one sandbox's trail.
 type VerifyResult struct {
 	Sandbox string
@@ -31,6 +34,11 @@ type VerifyResult struct {
 	FirstBad uint64
 	// Problem says what is wrong; nil when the trail is intact.
 	Problem error
+	// Gaps counts the trail's gap records, and Unrecorded the events they
+	// say were not recorded: an intact chain with gaps is not a complete
+	// account.
+	Gaps       int
+	Unrecorded uint64
 }
 
 // Verifier checks a trail line by line. Feed it the lines of a sandbox's
@@ -71,8 +79,9 @@ func (v *Verifier) Line(file string, line []byte) {
 	var r struct {
 		Seq      *uint64 `json:"seq"`
 		PrevHash *string `json:"prev_hash"`
-		Sandbox  string  `json:"sandbox_id"`
-		Event    string  `json:"event"`
+		Sandbox  string            `json:"sandbox_id"`
+		Event    string            `json:"event"`
+		Counts   map[string]uint64 `json:"counts"`
 	}
 	if err := json.Unmarshal(body, &r); err != nil || r.Seq == nil || r.PrevHash == nil {
 		v.fail(v.seq+1, "%s:%d: not an audit record: the record was modified", file, v.lineNo)
@@ -109,6 +118,12 @@ func (v *Verifier) Line(file string, line []byte) {
 	}
 	v.seq, v.prev = *r.Seq, hash
 	v.res.Records++
+	if r.Event == EventGap {
+		v.res.Gaps++
+		for _, n := range r.Counts {
+			v.res.Unrecorded += n
+		}
+	}
 	if r.Event == EventSandboxEnd {
 		v.res.Ended = true
 	}

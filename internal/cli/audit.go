@@ -63,25 +63,38 @@ func auditVerify(c *cli.Context) error {
 	if len(trails) == 0 {
 		return cli.Exit("no *.jsonl trail found", 2)
 	}
-	bad := 0
+	bad, gaps := 0, 0
 	for _, t := range trails {
 		res := audit.VerifyTrail(t, c.Bool("open"))
 		if res.Problem != nil {
 			bad++
-			fmt.Fprintf(c.App.Writer, "FAIL  %s: first bad seq %d: %v\n", res.Sandbox, res.FirstBad, res.Problem)
+			fmt.Fprintf(c.App.Writer, "FAIL  %s: first bad seq %d: %v\n", esc(res.Sandbox), res.FirstBad, res.Problem)
 			continue
 		}
 		state := "ended"
 		if !res.Ended {
 			state = "open"
 		}
-		fmt.Fprintf(c.App.Writer, "OK    %s: %d records, chain intact, %s (%d file(s))\n", res.Sandbox, res.Records, state, len(res.Files))
+		if res.Gaps > 0 {
+			gaps++
+			fmt.Fprintf(c.App.Writer, "GAPS  %s: %d records, chain intact, %s (%d file(s)); %d event(s) not recorded, in %d gap record(s)\n",
+				esc(res.Sandbox), res.Records, state, len(res.Files), res.Unrecorded, res.Gaps)
+			continue
+		}
+		fmt.Fprintf(c.App.Writer, "OK    %s: %d records, chain intact, %s (%d file(s))\n", esc(res.Sandbox), res.Records, state, len(res.Files))
 	}
-	if bad > 0 {
+	switch {
+	case bad > 0:
 		return cli.Exit(fmt.Sprintf("%d of %d trail(s) failed verification", bad, len(trails)), 1)
+	case gaps > 0:
+		return cli.Exit(fmt.Sprintf("%d of %d trail(s) intact but with gaps: not a complete account", gaps, len(trails)), VerifyGapsExit)
 	}
 	return nil
 }
+
+// VerifyGapsExit is verify's exit code when every chain is intact but some
+// trail says events were not recorded.
+const VerifyGapsExit = 3
 
 // tailFilter selects records.
 type tailFilter struct {

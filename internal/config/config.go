@@ -118,6 +118,28 @@ type Audit struct {
 	// Webhook, when its URL is set, also ships every record to an HTTP
 	// endpoint, spooling to disk while it is down.
 	Webhook Webhook `toml:"webhook"`
+	// MaxSandboxBytes is one sandbox's quota of audit storage (all its
+	// segments); 0: none.
+	MaxSandboxBytes int64 `toml:"max_sandbox_bytes"`
+	// MinFreeBytes is the free space every trail leaves on the audit
+	// filesystem, for other sandboxes and new ones.
+	MinFreeBytes int64 `toml:"min_free_bytes"`
+	// ReserveBytes is preallocated per trail for its own records (the
+	// shim's decisions, gaps, limits, the end record).
+	ReserveBytes int64 `toml:"reserve_bytes"`
+	// MaxTotalBytes bounds the audit directory: when a trail starts past
+	// it, ended trails are removed, oldest first (never one whose webhook
+	// spool is not delivered); 0: no retention.
+	MaxTotalBytes int64 `toml:"max_total_bytes"`
+	// OnFull is what happens to a sandbox whose records do not fit for
+	// FullGraceSeconds: "stop" (killed, the reason recorded) or "stall"
+	// (held back for as long as it lasts).
+	OnFull           string `toml:"on_full"`
+	FullGraceSeconds int    `toml:"full_grace_seconds"`
+	// MaxEventsPerSecond bounds how fast the shim takes a sandbox's events;
+	// beyond it the sandbox is slowed (gVisor retries a full socket), not
+	// its events dropped. 0: no bound.
+	MaxEventsPerSecond int `toml:"max_events_per_second"`
 }
 
 // Webhook is the network audit sink.
@@ -250,7 +272,9 @@ func Default() *Config {
 		Shim:    Shim{LogLevel: "info"},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
-			Webhook: Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512}},
+			Webhook:         Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512},
+			MaxSandboxBytes: 1 << 30, MinFreeBytes: 256 << 20, ReserveBytes: 1 << 20, MaxTotalBytes: 0,
+			OnFull: "stop", FullGraceSeconds: 5, MaxEventsPerSecond: 0},
 		Network: Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
 		CRI:     CRI{Namespace: "k8s.io", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"},
 	}
@@ -434,6 +458,21 @@ func (c *Config) Validate() error {
 	}
 	if c.Audit.MaxFileBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("audit.max_file_bytes: %d is below 1 MiB", c.Audit.MaxFileBytes))
+	}
+	if a := c.Audit; a.MaxSandboxBytes < 0 || a.MinFreeBytes < 0 || a.MaxTotalBytes < 0 || a.MaxEventsPerSecond < 0 {
+		errs = append(errs, errors.New("audit: max_sandbox_bytes, min_free_bytes, max_total_bytes and max_events_per_second must not be negative"))
+	}
+	if c.Audit.ReserveBytes < 512<<10 {
+		errs = append(errs, fmt.Errorf("audit.reserve_bytes: %d is below 512 KiB (a held batch and the end record must fit)", c.Audit.ReserveBytes))
+	}
+	if c.Audit.MaxSandboxBytes > 0 && c.Audit.MaxSandboxBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("audit.max_sandbox_bytes: %d is below 1 MiB", c.Audit.MaxSandboxBytes))
+	}
+	if c.Audit.OnFull != "stop" && c.Audit.OnFull != "stall" {
+		errs = append(errs, fmt.Errorf("audit.on_full: %q is not stop or stall", c.Audit.OnFull))
+	}
+	if c.Audit.FullGraceSeconds < 1 || c.Audit.FullGraceSeconds > 3600 {
+		errs = append(errs, fmt.Errorf("audit.full_grace_seconds: %d is not between 1 and 3600", c.Audit.FullGraceSeconds))
 	}
 	for i, re := range c.Audit.Redact {
 		if _, err := regexp.Compile(re); err != nil {

@@ -77,8 +77,8 @@ func (v *Verifier) Line(file string, line []byte) {
 	body := append(append([]byte(nil), line[:m[0]]...), '}')
 	sum := sha256.Sum256(body)
 	var r struct {
-		Seq      *uint64 `json:"seq"`
-		PrevHash *string `json:"prev_hash"`
+		Seq      *uint64           `json:"seq"`
+		PrevHash *string           `json:"prev_hash"`
 		Sandbox  string            `json:"sandbox_id"`
 		Event    string            `json:"event"`
 		Counts   map[string]uint64 `json:"counts"`

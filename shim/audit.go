@@ -21,6 +21,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
@@ -104,7 +105,7 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 	if err := file.SetBudget(audit.Budget{MaxBytes: cfg.Audit.MaxSandboxBytes, MinFree: cfg.Audit.MinFreeBytes, Reserve: cfg.Audit.ReserveBytes}); err != nil {
 		file.Close()
 		os.Remove(file.Path())
-		return nil, fmt.Errorf("audit trail: %w", err)
+		return nil, errkind.ResourceExhausted(fmt.Errorf("audit trail: %w", err))
 	}
 	var fwd []audit.Forwarder
 	if cfg.Audit.Webhook.URL != "" {

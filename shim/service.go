@@ -43,6 +43,7 @@ import (
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/hostexec"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/netpolicy"
@@ -220,11 +221,11 @@ type createPlan struct {
 func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *createPlan, retErr error) {
 	cfgPath, named, err := configPathOf(r)
 	if err != nil {
-		return nil, err
+		return nil, errkind.InvalidArgument(err)
 	}
 	cfg, err := config.Load(cfgPath, named)
 	if err != nil {
-		return nil, err
+		return nil, errkind.InvalidArgument(err)
 	}
 	spec, err := utils.ReadSpec(r.Bundle)
 	if err != nil {
@@ -241,7 +242,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	}
 	claims, err := agentboxAnnotations(spec.Annotations)
 	if err != nil {
-		return nil, err
+		return nil, errkind.InvalidArgument(err)
 	}
 	// Only containers in containerd's CRI namespace are pods: only they
 	// bind by pod namespace and get their pod's files and volumes.
@@ -252,10 +253,10 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		// claim another.
 		sb, ok := s.sandboxes.sandbox(sandboxID)
 		if !ok {
-			return nil, fmt.Errorf("sandbox %s is not served by this shim: its profile is unknown", sandboxID)
+			return nil, errkind.NotFound(fmt.Errorf("sandbox %s is not served by this shim: its profile is unknown", sandboxID))
 		}
 		if !sameClaims(claims, sb.claims) {
-			return nil, fmt.Errorf("container annotations %v differ from its pod's %v: a container runs under its pod's role", claims, sb.claims)
+			return nil, errkind.PermissionDenied(fmt.Errorf("container annotations %v differ from its pod's %v: a container runs under its pod's role", claims, sb.claims))
 		}
 		plan.profile, plan.joins = sb.profile, sandboxID
 		if sb.inCRI {
@@ -276,7 +277,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		}()
 		set, err := s.policies.Load(cfg.Policy.Dir)
 		if err != nil {
-			return nil, err
+			return nil, errkind.InvalidArgument(err)
 		}
 		req := policy.Request{
 			Annotations:         claims,
@@ -289,7 +290,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		if isPod {
 			req.PodNamespace = spec.Annotations[ocispec.SandboxNamespaceAnnotation]
 			if podUID, err = ocispec.PodUID(spec); err != nil {
-				return nil, err
+				return nil, errkind.InvalidArgument(err)
 			}
 			mounts = criMountEnv(cfg, r.Bundle, r.ID, r.ID, podUID)
 		}
@@ -310,11 +311,11 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	}
 	mounts.Stage = plan.stager.Stage
 	if err := hostNamespaces(spec); err != nil {
-		return nil, err
+		return nil, errkind.PermissionDenied(err)
 	}
 	secrets, err := readSecrets(plan.profile)
 	if err != nil {
-		return nil, err
+		return nil, errkind.FailedPrecondition(err)
 	}
 	rewrites := []ocispec.Rewrite{ocispec.StripGVisorAnnotations, ocispec.MarkSandboxRoot}
 	if adj := oomadj.Host(); adj.Refused != nil {

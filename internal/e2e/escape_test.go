@@ -255,7 +255,8 @@ func TestEscapeUnboundRole(t *testing.T) {
 	}
 	// Through the CRI the refusal reaches crictl, and the pod leaves nothing.
 	_, r := tryPod(t, "unbound", "default", map[string]string{"agentbox.dev/role": "coder"})
-	if r.code == 0 || !strings.Contains(unescape(r.stderr), `role "coder" is not bound to pod namespace "default"`) {
+	// The refusal's kind reaches the kubelet as a gRPC code, not Unknown.
+	if r.code == 0 || !strings.Contains(unescape(r.stderr), `role "coder" is not bound to pod namespace "default"`) || !strings.Contains(r.stderr, "code = PermissionDenied") {
 		t.Fatalf("crictl runp with an unbound role: %v", r)
 	}
 	// The legitimate claim: coder in namespace agents.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"agentbox.dev/agentbox/internal/errkind"
 	"errors"
 	"fmt"
 	"sort"
@@ -41,7 +42,7 @@ var requiredNamespaces = []struct {
 func (p *Profile) checkHostOptions(s *specs.Spec) (string, error) {
 	var errs []error
 	if s.Linux == nil {
-		return "", errors.New("linux: the spec has no linux section (no namespaces): agentbox runs only namespaced containers")
+		return "", errkind.PermissionDenied(errors.New("linux: the spec has no linux section (no namespaces): agentbox runs only namespaced containers"))
 	}
 	have := map[specs.LinuxNamespaceType]bool{}
 	for _, ns := range s.Linux.Namespaces {
@@ -82,7 +83,7 @@ func (p *Profile) checkHostOptions(s *specs.Spec) (string, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return "", fmt.Errorf("host options refused: %w", err)
+		return "", errkind.PermissionDenied(fmt.Errorf("host options refused: %w", err))
 	}
 	return "", nil
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"path"
 	"strings"
@@ -307,7 +308,7 @@ func (p *Profile) rewriteMounts(env MountEnv) func(s *specs.Spec) (string, error
 				}
 				allowed = strings.Join(ps, ", ")
 			}
-			return "", fmt.Errorf("mounts not allowed by role %q: %s (the role's host mounts: %s)", p.Role, strings.Join(refused, "; "), allowed)
+			return "", errkind.PermissionDenied(fmt.Errorf("mounts not allowed by role %q: %s (the role's host mounts: %s)", p.Role, strings.Join(refused, "; "), allowed))
 		}
 		for _, w := range p.Filesystem.Writable {
 			opts := []string{"nosuid", "nodev", "mode=1777"}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"github.com/containerd/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -270,5 +271,28 @@ func TestEditorArtifactsIgnored(t *testing.T) {
 	os.Symlink("/nonexistent", filepath.Join(dir, "more.yaml"))
 	if _, err := LoadPaths(dir); err == nil || !strings.Contains(err.Error(), "more.yaml") {
 		t.Fatalf("a dangling policy file must be named: %v", err)
+	}
+}
+
+// Refusals carry the kind containerd maps to a gRPC code.
+func TestRefusalKinds(t *testing.T) {
+	set := mustParse(t, mountRoles+`---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: b}
+spec: {role: vols, subjects: [{namespace: team}]}
+`)
+	_, err := set.Select(Request{Annotations: map[string]string{RoleAnnotation: "vols"}, ContainerdNamespace: "k8s.io", PodNamespace: "other"})
+	if !errdefs.IsPermissionDenied(err) {
+		t.Errorf("unbound role: %v is not PermissionDenied", err)
+	}
+	_, err = set.Select(Request{Annotations: map[string]string{RoleAnnotation: "nope"}, ContainerdNamespace: "k8s.io"})
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("undefined role: %v is not NotFound", err)
+	}
+	p, _ := set.Profile("vols")
+	s := &specs.Spec{Root: &specs.Root{}, Mounts: []specs.Mount{bind("/etc", "/host")}}
+	if _, err := p.rewriteMounts(testEnv)(s); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("refused mount: %v is not PermissionDenied", err)
 	}
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"strconv"
 	"strings"
@@ -93,7 +94,7 @@ func (p *Profile) ApplyProcess(proc *specs.Process, secrets map[string]string) (
 	for _, sec := range p.Credentials.Secrets {
 		v, ok := secrets[sec.Env]
 		if !ok {
-			return "", fmt.Errorf("secret %s of role %q was not provided", sec.Env, p.Role)
+			return "", errkind.FailedPrecondition(fmt.Errorf("secret %s of role %q was not provided", sec.Env, p.Role))
 		}
 		env = setEnv(env, sec.Env, v)
 	}

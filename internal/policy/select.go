@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"sort"
 	"strconv"
@@ -55,20 +56,20 @@ func (r Request) RoleName() string {
 func (s *Set) Select(req Request) (*Profile, error) {
 	name := req.RoleName()
 	if name == "" {
-		return nil, fmt.Errorf("no %s annotation and no default role configured", RoleAnnotation)
+		return nil, errkind.InvalidArgument(fmt.Errorf("no %s annotation and no default role configured", RoleAnnotation))
 	}
 	if _, ok := s.Roles[name]; !ok {
-		return nil, fmt.Errorf("role %q is not defined in the policy (%d roles: %s)", name, len(s.Roles), strings.Join(s.roleNames(), ", "))
+		return nil, errkind.NotFound(fmt.Errorf("role %q is not defined in the policy (%d roles: %s)", name, len(s.Roles), strings.Join(s.roleNames(), ", ")))
 	}
 	if err := s.Authorize(name, req); err != nil {
-		return nil, err
+		return nil, errkind.PermissionDenied(err)
 	}
 	p, err := s.Profile(name)
 	if err != nil {
-		return nil, fmt.Errorf("role %q: %w", name, err)
+		return nil, errkind.InvalidArgument(fmt.Errorf("role %q: %w", name, err))
 	}
 	if err := p.tighten(req.Annotations); err != nil {
-		return nil, fmt.Errorf("role %q: %w", name, err)
+		return nil, errkind.PermissionDenied(fmt.Errorf("role %q: %w", name, err))
 	}
 	return p, nil
 }

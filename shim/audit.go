@@ -312,9 +312,10 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 			p.s.record(e.ContainerID, decision("agentbox/container_exit", "Container Exit", "Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
 				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
-				// Before the event goes out: CRI tears the pod's network
-				// namespace down once it has it.
-				recordDrops(ctx, sb)
+				// Off the publishing path: the shim holds the pod's
+				// namespace, so the counters outlive the CRI's teardown;
+				// Delete waits for them.
+				sb.scheduleDrops(func(ns string) { recordDrops(context.WithoutCancel(ctx), sb, ns) })
 			}
 		}
 	}
@@ -328,12 +329,15 @@ const denialWindow = 10 * time.Second
 // startDenialLog records each packet the egress rules drop, as the kernel
 // logs it (rate-limited per rule in the ruleset): destination, protocol and
 // rule, whatever sent it.
-func startDenialLog(sb *sandboxState) error {
-	dl, err := netpolicy.OpenDenialLog(sb.netns)
+func startDenialLog(sb *sandboxState, ns string) error {
+	dl, err := netpolicy.OpenDenialLog(ns)
 	if err != nil {
 		return err
 	}
-	sb.denials, sb.dedupe = dl, &netpolicy.Deduper{Window: denialWindow}
+	sb.dedupe = &netpolicy.Deduper{Window: denialWindow}
+	sb.egressMu.Lock()
+	sb.denials = dl
+	sb.egressMu.Unlock()
 	trail := sb.audit.trail
 	dl.Start(func(d netpolicy.Denial) {
 		if !sb.dedupe.Pass(d, time.Now()) {
@@ -350,12 +354,11 @@ func startDenialLog(sb *sandboxState) error {
 
 // stopDenialLog stops the reader; repeats held back and messages the
 // kernel could not deliver are stated.
-func stopDenialLog(sb *sandboxState) {
-	if sb.denials == nil {
+func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
+	if dl == nil {
 		return
 	}
-	sb.denials.Close()
-	sb.denials = nil
+	dl.Close()
 	if held, lost := sb.dedupe.Held(), sb.denialsLost.Load(); held > 0 || lost > 0 {
 		sb.audit.trail.Emit(decision("agentbox/egress_denied", "Egress Denied", "Success",
 			fmt.Sprintf("%d repeated denial(s) within %v counted, not recorded; %d log overrun(s)", held, denialWindow, lost),
@@ -366,11 +369,7 @@ func stopDenialLog(sb *sandboxState) {
 // recordDrops records what the egress rules dropped over the sandbox's
 // life, by rule: the packets no connect record shows (UDP without connect,
 // retransmissions, anything sent while network auditing is off).
-func recordDrops(ctx context.Context, sb *sandboxState) {
-	ns := sb.netns
-	if ns == "" {
-		return
-	}
+func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
 	counters, err := netpolicy.Counters(ns)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")

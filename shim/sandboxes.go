@@ -1,7 +1,9 @@
 package shim
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,18 +32,93 @@ type sandboxState struct {
 	expired bool
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
-	// netns holds the egress rules the shim loaded ("" when none).
-	netns string
-	// resolver is the pod's DNS resolver (allowlist egress), at dnsAddr,
-	// asking upstreams; resolved mirrors what it let through.
-	resolver  *dnsproxy.Resolver
-	dnsAddr   netip.Addr
-	upstreams []netip.AddrPort
-	resolved  *netpolicy.Resolutions
-	// denials reads the drop rules' log; dedupe holds back repeats.
-	denials     *netpolicy.DenialLog
+	// egressMu guards the egress fields below. Create sets them before the
+	// sandbox is registered; the root's exit (on the event publisher)
+	// schedules the drop counters; Delete takes them all for removal.
+	egressMu sync.Mutex
+	// netns is the pod namespace holding the shim's egress rules ("" when
+	// none); netnsFile holds that namespace open, so the rules and their
+	// counters outlive the CRI's teardown of its path until the shim
+	// removes them. Guarded by egressMu.
+	netns     string
+	netnsFile *os.File
+	// resolver is the pod's DNS resolver (allowlist egress). Guarded by
+	// egressMu.
+	resolver *dnsproxy.Resolver
+	// denials reads the drop rules' log. Guarded by egressMu.
+	denials *netpolicy.DenialLog
+	// dropsDone is closed once the drop counters are recorded (nil until
+	// the root exits). Guarded by egressMu.
+	dropsDone chan struct{}
+
+	// Set at Create, read-only after: the resolver's address and
+	// upstreams, what it let through, and the denial log's de-duplication.
+	dnsAddr     netip.Addr
+	upstreams   []netip.AddrPort
+	resolved    *netpolicy.Resolutions
 	dedupe      *netpolicy.Deduper
 	denialsLost atomic.Int64
+}
+
+// heldNetns is a path to the pod namespace that stays valid while the
+// shim holds it (for nsenter, a child of the shim). Guarded by egressMu.
+func (sb *sandboxState) heldNetnsLocked() string {
+	if sb.netnsFile == nil {
+		return sb.netns
+	}
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), sb.netnsFile.Fd())
+}
+
+// setEgress records the namespace the egress rules were loaded into and
+// holds it open.
+func (sb *sandboxState) setEgress(ns string) error {
+	f, err := os.Open(ns)
+	if err != nil {
+		return fmt.Errorf("hold the pod's network namespace %s: %w", ns, err)
+	}
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	sb.netns, sb.netnsFile = ns, f
+	return nil
+}
+
+// egressRemoval is what removeEgress takes from a sandbox, once.
+type egressRemoval struct {
+	netns, held string
+	file        *os.File
+	resolver    *dnsproxy.Resolver
+	denials     *netpolicy.DenialLog
+	dropsDone   chan struct{}
+}
+
+// takeEgress hands the egress state over for removal and clears it; a
+// second call gets nothing.
+func (sb *sandboxState) takeEgress() (egressRemoval, bool) {
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	if sb.netns == "" {
+		return egressRemoval{}, false
+	}
+	e := egressRemoval{netns: sb.netns, held: sb.heldNetnsLocked(), file: sb.netnsFile, resolver: sb.resolver, denials: sb.denials, dropsDone: sb.dropsDone}
+	sb.netns, sb.netnsFile, sb.resolver, sb.denials = "", nil, nil, nil
+	return e, true
+}
+
+// scheduleDrops starts recording the drop counters once, off the caller's
+// path (the event publisher), and returns at once. record runs with a
+// path to the held namespace.
+func (sb *sandboxState) scheduleDrops(record func(netns string)) {
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	if sb.netns == "" || sb.dropsDone != nil {
+		return
+	}
+	done, ns := make(chan struct{}), sb.heldNetnsLocked()
+	sb.dropsDone = done
+	go func() {
+		defer close(done)
+		record(ns)
+	}()
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.

@@ -22,6 +22,7 @@ import (
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	cdshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
@@ -399,9 +400,12 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 		return nil
 	}
 	sb := plan.sandbox
-	sb.netns = ns
+	if err := sb.setEgress(ns); err != nil {
+		netpolicy.Remove(ns)
+		return err
+	}
 	detail := map[string]string{"netns": ns, "interface": iface}
-	if err := startDenialLog(sb); err != nil {
+	if err := startDenialLog(sb, ns); err != nil {
 		// The drop counters still count every packet: a gap in detail,
 		// not in enforcement.
 		log.G(ctx).WithError(err).Warn("agentbox: egress denial log")
@@ -409,7 +413,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 	}
 	detail["metadata_denied"] = strings.Join(pl.DeniedNames(), ", ")
 	if pl.Resolver {
-		if err := startResolver(cfg, sb, pl); err != nil {
+		if err := startResolver(cfg, sb, pl, ns); err != nil {
 			return err
 		}
 		detail["resolver"] = sb.dnsAddr.String()
@@ -423,7 +427,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 
 // startResolver starts the pod's DNS resolver: its answers go into the
 // rules' sets and every question into the trail.
-func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) error {
+func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns string) error {
 	addr, peer, err := cfg.Network.ResolverAddrs()
 	if err != nil {
 		return err
@@ -446,7 +450,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	}
 	dests := netpolicy.Destinations{Node: node, Cluster: cluster, Link: []netip.Addr{addr, peer}}
 	sb.resolved = netpolicy.NewResolutions(nil)
-	ns, trail := sb.netns, sb.audit.trail
+	trail := sb.audit.trail
 	h := &dnsproxy.Handler{
 		Plan:     pl,
 		Refuse:   dests.Refuse,
@@ -473,7 +477,10 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) err
 	if err != nil {
 		return err
 	}
-	sb.resolver, sb.dnsAddr, sb.upstreams = res, addr, ups
+	sb.egressMu.Lock()
+	sb.resolver = res
+	sb.egressMu.Unlock()
+	sb.dnsAddr, sb.upstreams = addr, ups
 	return nil
 }
 
@@ -813,7 +820,13 @@ func writeRunscOptions(path string, cfg *config.Config, root string, flags map[s
 	return nil
 }
 
+// namespaceOf is the containerd namespace of a request, as containerd
+// sends it with each call (the shim's -namespace flag only when a request
+// carries none).
 func namespaceOf(ctx context.Context) string {
+	if ns, ok := namespaces.Namespace(ctx); ok && ns != "" {
+		return ns
+	}
 	if f := flag.Lookup("namespace"); f != nil && f.Value.String() != "" {
 		return f.Value.String()
 	}
@@ -913,31 +926,42 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	return resp, nil
 }
 
-// removeEgress stops the sandbox's resolver and deletes its egress rules,
-// recording the outcome. It may run twice.
+// dropsWait bounds how long Delete waits for the drop counters.
+const dropsWait = 10 * time.Second
+
+// removeEgress waits for the drop counters, stops the sandbox's resolver
+// and denial log, deletes its egress rules and lets the namespace go,
+// recording the outcome. It may run twice, and concurrently with the
+// root's exit being published.
 func removeEgress(ctx context.Context, sb *sandboxState) {
-	if sb.netns == "" {
+	e, ok := sb.takeEgress()
+	if !ok {
 		return
 	}
-	if sb.resolver != nil {
-		res := sb.resolver
-		sb.resolver = nil
+	defer e.file.Close()
+	if e.dropsDone != nil {
+		select {
+		case <-e.dropsDone:
+		case <-time.After(dropsWait):
+			log.G(ctx).Warn("agentbox: egress drop counters not recorded in time")
+		}
+	}
+	if res := e.resolver; res != nil {
 		if err := res.Close(); err != nil {
 			log.G(ctx).WithError(err).Warn("agentbox: stopping the DNS resolver")
 			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Failure", err.Error(), nil), true)
 		} else {
-			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+sb.netns,
+			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+e.netns,
 				map[string]string{"tcp_connections_rejected": fmt.Sprint(res.Rejected())}), true)
 		}
 	}
-	defer func() { sb.netns = "" }()
-	stopDenialLog(sb)
-	if err := netpolicy.Remove(sb.netns); err != nil {
+	stopDenialLog(sb, e.denials)
+	if err := netpolicy.Remove(e.held); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
 		sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Failure", err.Error(), nil), true)
 		return
 	}
-	sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Success", "egress rules removed from "+sb.netns, nil), true)
+	sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Success", "egress rules removed from "+e.netns, nil), true)
 }
 
 func describeRequest(r policy.Request) string {

@@ -1,14 +1,17 @@
 package shim
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/audit"
@@ -62,5 +65,64 @@ func TestDNSRecord(t *testing.T) {
 	}
 	if _, ok := r.Detail["addresses"]; ok {
 		t.Error("empty details are left out")
+	}
+}
+
+func TestNamespaceFromTheRequest(t *testing.T) {
+	if got := namespaceOf(namespaces.WithNamespace(context.Background(), "k8s.io")); got != "k8s.io" {
+		t.Fatalf("namespace %q: the request's namespace must win", got)
+	}
+}
+
+// TestDeleteRacesExitPublication runs Delete's egress removal against the
+// root's exit being published, twice over, under -race: the egress state is
+// taken once, under the sandbox's lock, and removal waits for the drop
+// counters the exit scheduled (recorded before the rules go).
+func TestDeleteRacesExitPublication(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := audit.NewFileSink(dir, "sb", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trail := audit.NewTrail(audit.Meta{Sandbox: "sb"}, fs)
+	sb := &sandboxState{id: "sb", audit: &sandboxAudit{trail: trail}}
+	ns := filepath.Join(dir, "netns") // stands in for the pod's namespace
+	os.WriteFile(ns, nil, 0o644)
+	if err := sb.setEgress(ns); err != nil {
+		t.Fatal(err)
+	}
+	drops := 0
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			sb.scheduleDrops(func(held string) {
+				if !strings.HasPrefix(held, "/proc/") {
+					t.Errorf("drops read %q, not the held namespace", held)
+				}
+				time.Sleep(50 * time.Millisecond)
+				drops++ // one run only: scheduleDrops starts it once
+				trail.Emit(decision("test/drops", "Drops", "Success", "counted", nil), true)
+			})
+		}()
+		go func() {
+			defer wg.Done()
+			time.Sleep(10 * time.Millisecond)
+			removeEgress(context.Background(), sb)
+		}()
+	}
+	wg.Wait()
+	if drops != 1 {
+		t.Fatalf("the counters were recorded %d times", drops)
+	}
+	if e, ok := sb.takeEgress(); ok {
+		t.Fatalf("egress state left after removal: %+v", e)
+	}
+	trail.Close(&audit.Record{Event: audit.EventSandboxEnd})
+	b, _ := os.ReadFile(filepath.Join(dir, "sb.jsonl"))
+	removed, counted := strings.Index(string(b), `"event":"agentbox/egress_removed"`), strings.Index(string(b), `"event":"test/drops"`)
+	if strings.Count(string(b), `"event":"agentbox/egress_removed"`) != 1 || counted < 0 || removed < counted {
+		t.Fatalf("removal must be recorded once, after the drop counters:\n%s", b)
 	}
 }

@@ -74,7 +74,7 @@ func (s *service) watchFull(cfg *config.Config, sb *sandboxState) {
 			}
 			if !since.Equal(episode) {
 				episode = since
-				a.trail.Emit(decision("agentbox/audit_full", "Audit Trail Full", "Failure",
+				a.trail.Emit(audit.TypeAuditFull.New("Failure",
 					fmt.Sprintf("the sandbox's records do not fit (%s): it is held back; on_full=%s after %v", full.Reason, cfg.Audit.OnFull, grace),
 					map[string]string{"reason": full.Reason, "on_full": cfg.Audit.OnFull}), true)
 			}
@@ -220,9 +220,9 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 	}
 	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
 		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
-	status, event := "Failure", "agentbox/dns_"+string(d.Outcome)
-	activity := map[dnsproxy.Outcome]string{dnsproxy.Answered: "DNS Answered", dnsproxy.Refused: "DNS Refused",
-		dnsproxy.Failed: "DNS Failed", dnsproxy.Malformed: "DNS Malformed"}[d.Outcome]
+	status := "Failure"
+	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
+		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
 	var msg string
 	switch d.Outcome {
 	case dnsproxy.Answered:
@@ -255,7 +255,7 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 		detail["error"] = d.Err.Error()
 		msg += ": " + d.Err.Error()
 	}
-	return decision(event, activity, status, msg, detail)
+	return typ.New(status, msg, detail)
 }
 
 // withheldRecord says that an answered address was not opened, and why.
@@ -264,17 +264,11 @@ func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleS
 	if scrub != nil {
 		name = scrub.Args([]string{name})[0]
 	}
-	return decision("agentbox/dns_address_withheld", "DNS Address Withheld", "Failure",
+	return audit.TypeDNSWithheld.New("Failure",
 		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
 		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
 }
 
-// decision is a record of the shim's own.
-func decision(event, activity, status, msg string, detail map[string]string) *audit.Record {
-	r := audit.NewRecord(time.Now(), audit.ClassBase, 99, activity, event)
-	r.Status, r.Message, r.Detail = status, msg, detail
-	return r
-}
 
 // closeAudit ends a sandbox's trail: the receiver drains, then the end
 // record states the totals.
@@ -290,7 +284,7 @@ func closeAudit(ctx context.Context, a *sandboxAudit, status string) {
 	if a.receiver != nil {
 		a.receiver.Close(receiverDrain)
 	}
-	end := decision(audit.EventSandboxEnd, "Sandbox End", "Success", "sandbox ended: "+status, nil)
+	end := audit.TypeSandboxEnd.New("Success", "sandbox ended: "+status, nil)
 	if err := a.trail.Close(end); err != nil {
 		log.G(ctx).WithError(err).Error("agentbox: audit trail closed with losses")
 	}
@@ -306,10 +300,10 @@ type auditingPublisher struct {
 func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cdevents.Event) error {
 	switch e := event.(type) {
 	case *events.TaskOOM:
-		p.s.record(e.ContainerID, decision("agentbox/limit", "Limit Hit", "Failure", "out of memory: the container was OOM-killed", map[string]string{"limit": "memory", "container_id": e.ContainerID}), true)
+		p.s.record(e.ContainerID, audit.TypeLimit.New("Failure", "out of memory: the container was OOM-killed", map[string]string{"limit": "memory", "container_id": e.ContainerID}), true)
 	case *events.TaskExit:
 		if e.ID == e.ContainerID {
-			p.s.record(e.ContainerID, decision("agentbox/container_exit", "Container Exit", "Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
+			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
 				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
 				// Off the publishing path: the shim holds the pod's
@@ -343,7 +337,7 @@ func startDenialLog(sb *sandboxState, ns string) error {
 		if !sb.dedupe.Pass(d, time.Now()) {
 			return
 		}
-		r := decision("agentbox/egress_denied", "Egress Denied", "Failure",
+		r := audit.TypeEgressDenied.New("Failure",
 			fmt.Sprintf("%s to %s dropped: %s", d.Proto, d.Dst, d.Rule),
 			map[string]string{"egress": "deny", "egress_rule": d.Rule, "protocol": d.Proto})
 		r.Dst = &audit.Endpoint{IP: d.Dst.Addr().String(), Port: int(d.Dst.Port())}
@@ -360,7 +354,7 @@ func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
 	}
 	dl.Close()
 	if held, lost := sb.dedupe.Held(), sb.denialsLost.Load(); held > 0 || lost > 0 {
-		sb.audit.trail.Emit(decision("agentbox/egress_denied", "Egress Denied", "Success",
+		sb.audit.trail.Emit(audit.TypeEgressDenied.New("Success",
 			fmt.Sprintf("%d repeated denial(s) within %v counted, not recorded; %d log overrun(s)", held, denialWindow, lost),
 			map[string]string{"repeats": fmt.Sprint(held), "overruns": fmt.Sprint(lost)}), true)
 	}
@@ -373,7 +367,7 @@ func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
 	counters, err := netpolicy.Counters(ns)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")
-		sb.audit.trail.Emit(decision("agentbox/egress_drops", "Egress Drops", "Failure", "egress counters unreadable: "+err.Error(), nil), true)
+		sb.audit.trail.Emit(audit.TypeEgressDrops.New("Failure", "egress counters unreadable: "+err.Error(), nil), true)
 		return
 	}
 	names := make([]string, 0, len(counters))
@@ -390,7 +384,7 @@ func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
 		detail["dropped "+name] = fmt.Sprintf("%d packets, %d bytes", c.Packets, c.Bytes)
 		parts = append(parts, fmt.Sprintf("%s %d", name, c.Packets))
 	}
-	sb.audit.trail.Emit(decision("agentbox/egress_drops", "Egress Drops", "Success",
+	sb.audit.trail.Emit(audit.TypeEgressDrops.New("Success",
 		fmt.Sprintf("%d packets dropped by egress rules (%s)", total, strings.Join(parts, ", ")), detail), true)
 }
 

@@ -165,11 +165,11 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			if cerr := cgroups.Remove(cgroups.Root, plan.cgroupsPath); cerr != nil {
 				log.G(ctx).WithError(cerr).Warn("agentbox: cleaning up the failed sandbox's cgroup")
 			}
-			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
+			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
 			removeEgress(ctx, plan.sandbox)
 			closeAudit(ctx, plan.sandbox.audit, "failed to start")
 		} else {
-			s.record(plan.joins, decision("agentbox/container_failed", "Container Failed", "Failure", err.Error(), map[string]string{"container_id": r.ID}), true)
+			s.record(plan.joins, audit.TypeContainerFailed.New("Failure", err.Error(), map[string]string{"container_id": r.ID}), true)
 		}
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -182,7 +182,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
 			removeEgress(ctx, plan.sandbox)
 			releaseMounts(ctx, plan.stager)
-			plan.sandbox.audit.trail.Emit(decision("agentbox/sandbox_failed", "Sandbox Failed", "Failure", err.Error(), nil), true)
+			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
 			closeAudit(ctx, plan.sandbox.audit, "audit session failed")
 			return nil, errgrpc.ToGRPC(err)
 		}
@@ -191,7 +191,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		s.watchFull(plan.cfg, plan.sandbox)
 	} else {
 		s.sandboxes.join(plan.joins, r.ID)
-		s.record(r.ID, decision("agentbox/container_created", "Container Created", "Success",
+		s.record(r.ID, audit.TypeContainerCreated.New("Success",
 			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
 	s.stagers.Store(r.ID, plan.stager)
@@ -272,7 +272,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		plan.audit = &sandboxAudit{trail: trail}
 		defer func() {
 			if retErr != nil {
-				trail.Emit(decision("agentbox/refused", "Refused", "Failure", retErr.Error(), map[string]string{"requested_role": policy.Request{Annotations: claims, DefaultRole: cfg.Policy.DefaultRole}.RoleName()}), true)
+				trail.Emit(audit.TypeRefused.New("Failure", retErr.Error(), map[string]string{"requested_role": policy.Request{Annotations: claims, DefaultRole: cfg.Policy.DefaultRole}.RoleName()}), true)
 				closeAudit(ctx, plan.audit, "refused")
 			}
 		}()
@@ -300,7 +300,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		}
 		meta.Role, meta.PolicyDigest = plan.profile.Role, plan.profile.Digest
 		trail.SetMeta(meta)
-		trail.Emit(decision("agentbox/role_resolved", "Role Resolved", "Success",
+		trail.Emit(audit.TypeRoleResolved.New("Success",
 			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), describeRequest(req)),
 			map[string]string{"tightened": strings.Join(plan.profile.Tightened, ", ")}), true)
 		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit, inCRI: isPod, podUID: podUID}
@@ -362,7 +362,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		plan.audit.receiver = rcv
 		flags["pod-init-config"] = podInit
 		p := plan.profile
-		plan.audit.trail.Emit(decision("agentbox/profile_applied", "Profile Applied", "Success",
+		plan.audit.trail.Emit(audit.TypeProfileApplied.New("Success",
 			fmt.Sprintf("rootfs %s, writable %v, egress %s, uid %d, %d processes, %d bytes, wall clock %v", p.Filesystem.Rootfs, p.Filesystem.Writable, p.Network.Egress, p.Process.RunAsUser, p.Process.MaxProcesses, p.Limits.MemoryBytes, p.Limits.WallClock),
 			map[string]string{"spec_changes": joinChanges(changes), "runsc_flags": fmt.Sprint(flags)}), true)
 	}
@@ -420,7 +420,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, plan *cre
 		detail["upstreams"] = fmt.Sprint(sb.upstreams)
 		detail["hosts"] = strings.Join(pl.HostNames(), ", ")
 	}
-	sb.audit.trail.Emit(decision("agentbox/egress_applied", "Egress Rules Applied", "Success",
+	sb.audit.trail.Emit(audit.TypeEgressApplied.New("Success",
 		fmt.Sprintf("egress %s: %d allow rule(s), default %s", plan.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)
 	return nil
 }
@@ -676,9 +676,9 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
 			msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
 		}
-		s.record(r.ID, decision("agentbox/container_start", "Container Start", "Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
+		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
 	} else {
-		s.record(r.ID, decision("agentbox/exec_start", "Exec Start", "Success", "exec started", map[string]string{"exec_id": r.ExecID, "pid": fmt.Sprint(resp.Pid)}), true)
+		s.record(r.ID, audit.TypeExecStart.New("Success", "exec started", map[string]string{"exec_id": r.ExecID, "pid": fmt.Sprint(resp.Pid)}), true)
 	}
 	return resp, nil
 }
@@ -689,7 +689,7 @@ func (s *service) expire(sandboxID string) {
 	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
 	ids := s.sandboxes.expire(sandboxID)
 	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
-	s.record(sandboxID, decision("agentbox/limit", "Limit Hit", "Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
+	s.record(sandboxID, audit.TypeLimit.New("Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
 		map[string]string{"limit": "wallClock"}), true)
 	s.killAll(ctx, ids)
 }
@@ -704,7 +704,7 @@ func (s *service) stopSandbox(sandboxID, limit, why string) {
 	}
 	ids := s.sandboxes.containersOf(sb)
 	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(ids))
-	s.record(sandboxID, decision("agentbox/limit", "Limit Hit", "Failure", why, map[string]string{"limit": limit}), true)
+	s.record(sandboxID, audit.TypeLimit.New("Failure", why, map[string]string{"limit": limit}), true)
 	s.killAll(ctx, ids)
 }
 
@@ -730,10 +730,10 @@ func (s *service) Exec(ctx context.Context, r *task.ExecProcessRequest) (*types.
 	argv, err := s.prepareExec(r)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("container_id", r.ID).Error("agentbox: exec refused")
-		s.record(r.ID, decision("agentbox/exec_refused", "Exec Refused", "Failure", err.Error(), map[string]string{"exec_id": r.ExecID}), true)
+		s.record(r.ID, audit.TypeExecRefused.New("Failure", err.Error(), map[string]string{"exec_id": r.ExecID}), true)
 		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: exec %s in %s refused: %w", r.ExecID, r.ID, err))
 	}
-	rec := decision("agentbox/exec", "Exec Request", "Success", "exec requested", map[string]string{"exec_id": r.ExecID})
+	rec := audit.TypeExec.New("Success", "exec requested", map[string]string{"exec_id": r.ExecID})
 	rec.Process = &audit.Process{Argv: argv}
 	s.record(r.ID, rec, true)
 	resp, err := s.next.Exec(ctx, r)
@@ -846,7 +846,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			removeEgress(ctx, sb)
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
 		} else {
-			s.record(r.ID, decision("agentbox/container_deleted", "Container Deleted", "Success",
+			s.record(r.ID, audit.TypeContainerDeleted.New("Success",
 				fmt.Sprintf("container deleted (exit status %d)", resp.ExitStatus), map[string]string{"container_id": r.ID}), true)
 		}
 		s.sandboxes.remove(r.ID)
@@ -949,19 +949,19 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 	if res := e.resolver; res != nil {
 		if err := res.Close(); err != nil {
 			log.G(ctx).WithError(err).Warn("agentbox: stopping the DNS resolver")
-			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Failure", err.Error(), nil), true)
+			sb.audit.trail.Emit(audit.TypeResolverStopped.New("Failure", err.Error(), nil), true)
 		} else {
-			sb.audit.trail.Emit(decision("agentbox/resolver_stopped", "Resolver Stopped", "Success", "resolver stopped and its link removed from "+e.netns,
+			sb.audit.trail.Emit(audit.TypeResolverStopped.New("Success", "resolver stopped and its link removed from "+e.netns,
 				map[string]string{"tcp_connections_rejected": fmt.Sprint(res.Rejected())}), true)
 		}
 	}
 	stopDenialLog(sb, e.denials)
 	if err := netpolicy.Remove(e.held); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
-		sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Failure", err.Error(), nil), true)
+		sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Failure", err.Error(), nil), true)
 		return
 	}
-	sb.audit.trail.Emit(decision("agentbox/egress_removed", "Egress Rules Removed", "Success", "egress rules removed from "+e.netns, nil), true)
+	sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Success", "egress rules removed from "+e.netns, nil), true)
 }
 
 func describeRequest(r policy.Request) string {

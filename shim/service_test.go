@@ -103,7 +103,7 @@ func TestDeleteRacesExitPublication(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 				drops++ // one run only: scheduleDrops starts it once
-				trail.Emit(decision("test/drops", "Drops", "Success", "counted", nil), true)
+				trail.Emit(audit.RecordType{Name: "test/drops", Activity: "Drops"}.New("Success", "counted", nil), true)
 			})
 		}()
 		go func() {

@@ -233,10 +233,7 @@ func (r *Receiver) anomaly(msg string, detail map[string]string) {
 	if r.anomalies > MaxAnomalyRecords {
 		return
 	}
-	a := NewRecord(time.Now(), ClassBase, 99, "Anomaly", "agentbox/anomaly")
-	a.Status = "Failure"
-	a.Message = msg
-	a.Detail = detail
+	a := TypeAnomaly.New("Failure", msg, detail)
 	if r.anomalies == MaxAnomalyRecords {
 		a.Message += fmt.Sprintf(" (anomaly %d: further ones are only counted)", MaxAnomalyRecords)
 	}

@@ -247,9 +247,7 @@ func (t *Trail) gapRecordLocked() *Record {
 		total += n
 	}
 	sort.Strings(reasons)
-	g := NewRecord(time.Now(), ClassBase, 99, "Gap", EventGap)
-	g.Status = "Failure"
-	g.Message = fmt.Sprintf("%d event(s) not recorded: %v", total, reasons)
+	g := TypeGap.New("Failure", fmt.Sprintf("%d event(s) not recorded: %v", total, reasons), nil)
 	g.Counts = counts
 	return g
 }

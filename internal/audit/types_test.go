@@ -1,0 +1,26 @@
+package audit
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// Every record type is unique and listed in the README, where SIEM rule
+// writers look for them.
+func TestCatalogDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, rt := range Catalog {
+		if seen[rt.Name] {
+			t.Errorf("%s is defined twice", rt.Name)
+		}
+		seen[rt.Name] = true
+		if !strings.Contains(string(readme), "| `"+rt.Name+"` | "+rt.Activity+" |") {
+			t.Errorf("%s (%s) is not in the README's record types", rt.Name, rt.Activity)
+		}
+	}
+}

@@ -269,7 +269,6 @@ func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleS
 		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
 }
 
-
 // closeAudit ends a sandbox's trail: the receiver drains, then the end
 // record states the totals.
 func closeAudit(ctx context.Context, a *sandboxAudit, status string) {

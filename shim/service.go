@@ -301,7 +301,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		meta.Role, meta.PolicyDigest = plan.profile.Role, plan.profile.Digest
 		trail.SetMeta(meta)
 		trail.Emit(audit.TypeRoleResolved.New("Success",
-			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), describeRequest(req)),
+			fmt.Sprintf("role %s (chain %s) for %s", plan.profile.Role, strings.Join(plan.profile.Chain, " -> "), req.String()),
 			map[string]string{"tightened": strings.Join(plan.profile.Tightened, ", ")}), true)
 		plan.sandbox = &sandboxState{id: r.ID, profile: plan.profile, claims: claims, audit: plan.audit, inCRI: isPod, podUID: podUID}
 		defer func() {
@@ -964,13 +964,3 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 	sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Success", "egress rules removed from "+e.netns, nil), true)
 }
 
-func describeRequest(r policy.Request) string {
-	parts := []string{fmt.Sprintf("containerd namespace %q", r.ContainerdNamespace)}
-	if r.PodNamespace != "" {
-		parts = append([]string{fmt.Sprintf("pod namespace %q", r.PodNamespace)}, parts...)
-	}
-	if r.Handler != "" {
-		parts = append(parts, fmt.Sprintf("handler %q", r.Handler))
-	}
-	return strings.Join(parts, ", ")
-}

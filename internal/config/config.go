@@ -21,6 +21,8 @@ import (
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // DefaultPath is read when containerd names no ConfigPath and
@@ -337,7 +339,8 @@ func describeDecodeError(err error) error {
 
 var (
 	flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
-	roleName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+	// handlerName: a CRI runtime handler (a RuntimeClass's handler).
+	handlerName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 )
 
 // shimOwnedFlags are runsc flags the shim sets itself; a config may not
@@ -439,10 +442,10 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.Policy.Dir) {
 		errs = append(errs, fmt.Errorf("policy.dir: %q must be an absolute path", c.Policy.Dir))
 	}
-	if c.Policy.DefaultRole != "" && !roleName.MatchString(c.Policy.DefaultRole) {
-		errs = append(errs, fmt.Errorf("policy.default_role: %q is not a role name", c.Policy.DefaultRole))
+	if c.Policy.DefaultRole != "" && !policy.ValidRoleName(c.Policy.DefaultRole) {
+		errs = append(errs, fmt.Errorf("policy.default_role: %q is not a role name (lower-case letters, digits and '-', at most 63)", c.Policy.DefaultRole))
 	}
-	if c.Policy.Handler != "" && !roleName.MatchString(c.Policy.Handler) {
+	if c.Policy.Handler != "" && !handlerName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
 	}
 	for k, v := range map[string]string{"audit.dir": c.Audit.Dir, "audit.socket_dir": c.Audit.SocketDir} {

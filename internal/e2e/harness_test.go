@@ -10,8 +10,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -21,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/config"
 )
 
 const (
@@ -44,10 +44,7 @@ type daemon struct {
 	sock string
 }
 
-func (d *daemon) runscRoot() string {
-	sum := sha256.Sum256([]byte(filepath.Clean(d.sock)))
-	return filepath.Join("/run/agentbox/runsc", hex.EncodeToString(sum[:6]))
-}
+func (d *daemon) runscRoot() string { return config.InstanceRunscRoot(d.sock) }
 
 func (d *daemon) env() []string {
 	return append(os.Environ(),

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -294,5 +295,41 @@ spec: {role: vols, subjects: [{namespace: team}]}
 	s := &specs.Spec{Root: &specs.Root{}, Mounts: []specs.Mount{bind("/etc", "/host")}}
 	if _, err := p.rewriteMounts(testEnv)(s); !errdefs.IsPermissionDenied(err) {
 		t.Errorf("refused mount: %v is not PermissionDenied", err)
+	}
+}
+
+// A pod may narrow its role with agentbox.dev/* annotations, never widen
+// it; an unknown key is refused naming the ones agentbox reads.
+func TestTighten(t *testing.T) {
+	set := mustParse(t, goldenRoles)
+	for _, tc := range []struct {
+		ann   map[string]string
+		want  string // "" for accepted
+		check func(p *Profile) bool
+	}{
+		{map[string]string{WallClockAnnotation: "2m"}, "", func(p *Profile) bool { return p.Limits.WallClock == 2*time.Minute }},
+		{map[string]string{WallClockAnnotation: "2h"}, "would raise wall-clock", nil},
+		{map[string]string{WallClockAnnotation: "soon"}, "is not a duration", nil},
+		{map[string]string{MemoryAnnotation: "128Mi"}, "", func(p *Profile) bool { return p.Limits.MemoryBytes == 128<<20 }},
+		{map[string]string{MemoryAnnotation: "8Mi"}, "below the 16Mi", nil},
+		{map[string]string{MemoryAnnotation: "4Gi"}, "would raise memory", nil},
+		{map[string]string{CPUAnnotation: "250m"}, "", func(p *Profile) bool { return p.Limits.CPUMillis == 250 }},
+		{map[string]string{CPUAnnotation: "8"}, "would raise CPU", nil},
+		{map[string]string{MaxProcessesAnnotation: "8"}, "", func(p *Profile) bool { return p.Process.MaxProcesses == 8 }},
+		{map[string]string{MaxProcessesAnnotation: "9999"}, "would raise maxProcesses", nil},
+		{map[string]string{MaxProcessesAnnotation: "-1"}, "not a positive number", nil},
+		{map[string]string{EgressAnnotation: "none"}, "", func(p *Profile) bool { return p.Network.Egress == EgressNone && len(p.Network.Allow) == 0 }},
+		{map[string]string{EgressAnnotation: "allowlist"}, "may only narrow egress", nil},
+		{map[string]string{"agentbox.dev/wallclock": "1m"}, "unknown annotation (agentbox reads agentbox.dev/cpu, agentbox.dev/egress, agentbox.dev/max-processes, agentbox.dev/memory, agentbox.dev/role, agentbox.dev/wall-clock)", nil},
+	} {
+		p, _ := set.Profile("full")
+		digest := p.Digest
+		err := p.tighten(tc.ann)
+		switch {
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: want %q, got %v", tc.ann, tc.want, err)
+		case tc.want == "" && (err != nil || !tc.check(p) || p.Digest == digest || len(p.Tightened) != 1):
+			t.Errorf("%v: %v; profile %+v", tc.ann, err, p.Limits)
+		}
 	}
 }

@@ -96,6 +96,12 @@ var (
 	DefaultWallClock    = 15 * time.Minute
 )
 
+// MinMemory is the least memory a sandbox boots with.
+const MinMemory = 16 << 20
+
+// ValidRoleName reports whether name can name a role.
+func ValidRoleName(name string) bool { return nameRE.MatchString(name) }
+
 // fieldError is a problem with a field, by path below spec.
 type fieldError struct{ path, msg string }
 
@@ -296,13 +302,22 @@ func (s *Set) Profile(name string) (*Profile, error) {
 }
 
 func compileSpec(spec RoleSpec) (*Profile, error) {
-	var errs []error
 	p := &Profile{}
-
-	fs := Filesystem{}
-	if spec.Filesystem != nil {
-		fs = *spec.Filesystem
+	errs := p.compileFilesystem(deref(spec.Filesystem, Filesystem{}))
+	errs = append(errs, p.compileNetwork(deref(spec.Network, Network{}))...)
+	errs = append(errs, p.compileProcess(deref(spec.Process, Process{}))...)
+	errs = append(errs, p.compileCredentials(deref(spec.Credentials, Credentials{}))...)
+	errs = append(errs, p.compileLimits(deref(spec.Limits, Limits{}))...)
+	errs = append(errs, p.compileAudit(deref(spec.Audit, Audit{}))...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
+	return p, nil
+}
+
+// compileFilesystem fills the profile's filesystem section, with its defaults.
+func (p *Profile) compileFilesystem(fs Filesystem) []error {
+	var errs []error
 	p.Filesystem.Rootfs = deref(fs.Rootfs, RootfsReadOnly)
 	if p.Filesystem.Rootfs != RootfsReadOnly && p.Filesystem.Rootfs != RootfsOverlay {
 		errs = append(errs, ferr("filesystem.rootfs", "%q is not read-only or overlay", p.Filesystem.Rootfs))
@@ -329,11 +344,12 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 			errs = append(errs, ferr(fmt.Sprintf("filesystem.devices[%d]", i), "%q is not a device path below /dev", d))
 		}
 	}
+	return errs
+}
 
-	nw := Network{}
-	if spec.Network != nil {
-		nw = *spec.Network
-	}
+// compileNetwork fills the profile's network section, with its defaults.
+func (p *Profile) compileNetwork(nw Network) []error {
+	var errs []error
 	p.Network.Egress = deref(nw.Egress, EgressNone)
 	p.Network.Allow = nonNil(nw.Allow)
 	switch p.Network.Egress {
@@ -351,11 +367,12 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	for i, r := range p.Network.Allow {
 		errs = append(errs, checkEgressRule(fmt.Sprintf("network.allow[%d]", i), r)...)
 	}
+	return errs
+}
 
-	pr := Process{}
-	if spec.Process != nil {
-		pr = *spec.Process
-	}
+// compileProcess fills the profile's process section, with its defaults.
+func (p *Profile) compileProcess(pr Process) []error {
+	var errs []error
 	p.Process.MaxProcesses = deref(pr.MaxProcesses, DefaultMaxProcesses)
 	if p.Process.MaxProcesses < 1 || p.Process.MaxProcesses > 1<<20 {
 		errs = append(errs, ferr("process.maxProcesses", "%d is not between 1 and %d", p.Process.MaxProcesses, 1<<20))
@@ -393,11 +410,12 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 			errs = append(errs, ferr(fmt.Sprintf("process.allowSyscalls[%d]", i), "%q is not a class of the baseline syscall policy (%s)", c, strings.Join(syscallClassNames(), ", ")))
 		}
 	}
+	return errs
+}
 
-	cr := Credentials{}
-	if spec.Credentials != nil {
-		cr = *spec.Credentials
-	}
+// compileCredentials fills the profile's credentials section, with its defaults.
+func (p *Profile) compileCredentials(cr Credentials) []error {
+	var errs []error
 	p.Credentials.EnvAllow = DefaultEnvAllow
 	if cr.Env != nil {
 		p.Credentials.EnvAllow = nonNil(cr.Env.Allow)
@@ -423,19 +441,20 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 		}
 	}
 	p.Credentials.ServiceAccountToken = deref(cr.ServiceAccountToken, false)
+	return errs
+}
 
-	li := Limits{}
-	if spec.Limits != nil {
-		li = *spec.Limits
-	}
+// compileLimits fills the profile's limits section, with its defaults.
+func (p *Profile) compileLimits(li Limits) []error {
+	var errs []error
 	var err error
 	if p.Limits.CPUMillis, err = parseCPU(li.CPU, DefaultCPUMillis); err != nil {
 		errs = append(errs, ferr("limits.cpu", "%v", err))
 	}
 	if p.Limits.MemoryBytes, err = parseBytes(li.Memory, DefaultMemory); err != nil {
 		errs = append(errs, ferr("limits.memory", "%v", err))
-	} else if p.Limits.MemoryBytes < 16<<20 {
-		errs = append(errs, ferr("limits.memory", "%d bytes is below the 16Mi a sandbox needs to boot", p.Limits.MemoryBytes))
+	} else if p.Limits.MemoryBytes < MinMemory {
+		errs = append(errs, ferr("limits.memory", "%d bytes is below the %dMi a sandbox needs to boot", p.Limits.MemoryBytes, MinMemory>>20))
 	}
 	var cpuTime time.Duration
 	if cpuTime, err = parseDuration(li.CPUTime, 0); err != nil {
@@ -451,15 +470,14 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	if p.Limits.WallClock, err = parseDuration(li.WallClock, DefaultWallClock); err != nil {
 		errs = append(errs, ferr("limits.wallClock", "%v", err))
 	}
-	au := Audit{}
-	if spec.Audit != nil {
-		au = *spec.Audit
-	}
+	return errs
+}
+
+// compileAudit fills the profile's audit section, with its defaults.
+func (p *Profile) compileAudit(au Audit) []error {
+	var errs []error
 	p.Audit = AuditProfile{Process: deref(au.Process, true), File: deref(au.File, true), Network: deref(au.Network, true)}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return errs
 }
 
 func deref[T any](v *T, def T) T {

@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Annotations agentbox reads from pods and containers.
@@ -99,6 +98,11 @@ func (s *Set) Authorize(role string, req Request) error {
 }
 
 func (r Request) describe() string {
+	return r.String() + ": no RoleBinding subject matches"
+}
+
+// String names what the request is bound by.
+func (r Request) String() string {
 	var parts []string
 	if r.PodNamespace != "" {
 		parts = append(parts, fmt.Sprintf("pod namespace %q", r.PodNamespace))
@@ -109,7 +113,7 @@ func (r Request) describe() string {
 	} else {
 		parts = append(parts, "no runtime handler")
 	}
-	return strings.Join(parts, ", ") + ": no RoleBinding subject matches"
+	return strings.Join(parts, ", ")
 }
 
 // matches: every field the subject sets must match; "*" matches any value
@@ -131,6 +135,67 @@ func field(want, have string) bool {
 	}
 }
 
+// tighteners are the agentbox.dev/* annotations a pod may narrow its role
+// with, each with its own check: it may only narrow, never widen.
+var tighteners = map[string]func(p *Profile, v string) error{
+	WallClockAnnotation: func(p *Profile, v string) error {
+		d, err := parseDuration(&v, 0)
+		if err != nil {
+			return err
+		}
+		if p.Limits.WallClock > 0 && d > p.Limits.WallClock {
+			return fmt.Errorf("%s would raise wall-clock %v above the role's %v", v, d, p.Limits.WallClock)
+		}
+		p.Limits.WallClock = d
+		return nil
+	},
+	MemoryAnnotation: func(p *Profile, v string) error {
+		b, err := parseBytes(&v, 0)
+		switch {
+		case err != nil:
+			return err
+		case b < MinMemory:
+			return fmt.Errorf("%s is below the %dMi a sandbox needs", v, MinMemory>>20)
+		case p.Limits.MemoryBytes > 0 && b > p.Limits.MemoryBytes:
+			return fmt.Errorf("%s would raise memory above the role's %d bytes", v, p.Limits.MemoryBytes)
+		}
+		p.Limits.MemoryBytes = b
+		return nil
+	},
+	CPUAnnotation: func(p *Profile, v string) error {
+		m, err := parseCPU(&v, 0)
+		if err != nil {
+			return err
+		}
+		if p.Limits.CPUMillis > 0 && m > p.Limits.CPUMillis {
+			return fmt.Errorf("%s would raise CPU above the role's %dm", v, p.Limits.CPUMillis)
+		}
+		p.Limits.CPUMillis = m
+		return nil
+	},
+	MaxProcessesAnnotation: func(p *Profile, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive number", v)
+		}
+		if n > p.Process.MaxProcesses {
+			return fmt.Errorf("%d would raise maxProcesses above the role's %d", n, p.Process.MaxProcesses)
+		}
+		p.Process.MaxProcesses = n
+		return nil
+	},
+	EgressAnnotation: func(p *Profile, v string) error {
+		switch {
+		case v == p.Network.Egress:
+		case v == EgressNone:
+			p.Network.Egress, p.Network.Allow = EgressNone, []EgressRule{}
+		default:
+			return fmt.Errorf("%q: a pod may only narrow egress to none (the role allows %s)", v, p.Network.Egress)
+		}
+		return nil
+	},
+}
+
 // tighten applies agentbox.dev/* annotations, each of which may only narrow
 // the profile. Unknown agentbox.dev/* keys are refused, so a typo cannot
 // silently leave a pod looser than its author meant.
@@ -144,58 +209,16 @@ func (p *Profile) tighten(ann map[string]string) error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		v := ann[k]
-		var err error
-		switch k {
-		case WallClockAnnotation:
-			var d time.Duration
-			if d, err = parseDuration(&v, 0); err == nil {
-				if p.Limits.WallClock > 0 && d > p.Limits.WallClock {
-					err = fmt.Errorf("%s would raise wall-clock %v above the role's %v", v, d, p.Limits.WallClock)
-				} else {
-					p.Limits.WallClock = d
-				}
+		apply, ok := tighteners[k]
+		if !ok {
+			known := []string{RoleAnnotation}
+			for t := range tighteners {
+				known = append(known, t)
 			}
-		case MemoryAnnotation:
-			var b int64
-			if b, err = parseBytes(&v, 0); err == nil {
-				if b < 16<<20 {
-					err = fmt.Errorf("%s is below the 16Mi a sandbox needs", v)
-				} else if p.Limits.MemoryBytes > 0 && b > p.Limits.MemoryBytes {
-					err = fmt.Errorf("%s would raise memory above the role's %d bytes", v, p.Limits.MemoryBytes)
-				} else {
-					p.Limits.MemoryBytes = b
-				}
-			}
-		case CPUAnnotation:
-			var m int64
-			if m, err = parseCPU(&v, 0); err == nil {
-				if p.Limits.CPUMillis > 0 && m > p.Limits.CPUMillis {
-					err = fmt.Errorf("%s would raise CPU above the role's %dm", v, p.Limits.CPUMillis)
-				} else {
-					p.Limits.CPUMillis = m
-				}
-			}
-		case MaxProcessesAnnotation:
-			var n int
-			if n, err = strconv.Atoi(v); err != nil || n < 1 {
-				err = fmt.Errorf("%q is not a positive number", v)
-			} else if n > p.Process.MaxProcesses {
-				err = fmt.Errorf("%d would raise maxProcesses above the role's %d", n, p.Process.MaxProcesses)
-			} else {
-				p.Process.MaxProcesses = n
-			}
-		case EgressAnnotation:
-			switch {
-			case v == p.Network.Egress:
-			case v == EgressNone:
-				p.Network.Egress, p.Network.Allow = EgressNone, []EgressRule{}
-			default:
-				err = fmt.Errorf("%q: a pod may only narrow egress to none (the role allows %s)", v, p.Network.Egress)
-			}
-		default:
-			err = fmt.Errorf("unknown annotation (agentbox reads %s, %s, %s, %s, %s, %s)", RoleAnnotation, WallClockAnnotation, MemoryAnnotation, CPUAnnotation, MaxProcessesAnnotation, EgressAnnotation)
+			sort.Strings(known)
+			return fmt.Errorf("annotation %s: unknown annotation (agentbox reads %s)", k, strings.Join(known, ", "))
 		}
-		if err != nil {
+		if err := apply(p, v); err != nil {
 			return fmt.Errorf("annotation %s: %w", k, err)
 		}
 		p.Tightened = append(p.Tightened, k+"="+v)

@@ -5,10 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -20,7 +18,6 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
-	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
@@ -158,8 +155,8 @@ func scrubberOf(cfg *config.Config, sb *sandboxState) (*audit.RoleScrubber, erro
 
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
-func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan) (*audit.Receiver, string, error) {
-	p, a := sb.profile, sb.audit
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan, points audit.Points) (*audit.Receiver, string, error) {
+	a := sb.audit
 	scrub, err := scrubberOf(cfg, sb)
 	if err != nil {
 		return nil, "", err
@@ -176,7 +173,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 		}
 		rcv.Annotate = egressDecision(egress, resolved, sb.dnsAddr)
 	}
-	b, err := audit.PodInitConfig(audit.Points{Process: p.Audit.Process, File: p.Audit.File, Network: p.Audit.Network}, rcv.Path(), cfg.Audit.SentryRetries)
+	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(bundle, podInitFile), b, 0o600)
 	}
@@ -185,88 +182,6 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 		return nil, "", fmt.Errorf("audit: pod init config: %w", err)
 	}
 	return rcv, filepath.Join(bundle, podInitFile), nil
-}
-
-// egressDecision adds to each connect record what the egress rules do with
-// its destination, and which rule decides. DNS to the pod's resolver
-// (dnsAddr) does not pass the rules: it has a link of its own.
-func egressDecision(pl *netpolicy.Plan, resolved netpolicy.Resolved, dnsAddr netip.Addr) func(*audit.Record) {
-	return func(r *audit.Record) {
-		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
-			return
-		}
-		addr, err := netip.ParseAddr(r.Dst.IP)
-		if err != nil {
-			return
-		}
-		allow, rule := pl.Decide(addr, r.Dst.Port, resolved)
-		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr && r.Dst.Port == netpolicy.DNSPort {
-			allow, rule = true, "pod resolver"
-		}
-		if r.Detail == nil {
-			r.Detail = map[string]string{}
-		}
-		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
-		r.Detail["egress_rule"] = rule
-	}
-}
-
-// dnsRecord turns a resolver decision into a record. The name comes from
-// the sandbox: it is scrubbed like argv.
-func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
-	name := d.Name
-	if scrub != nil {
-		name = scrub.Args([]string{name})[0]
-	}
-	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
-		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
-	status := "Failure"
-	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
-		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
-	var msg string
-	switch d.Outcome {
-	case dnsproxy.Answered:
-		status = "Success"
-		var addrs []string
-		for _, a := range d.Addrs {
-			addrs = append(addrs, a.String())
-		}
-		detail["addresses"] = strings.Join(addrs, ", ")
-		var withheld []string
-		for _, w := range d.Withheld {
-			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
-		}
-		detail["withheld"] = strings.Join(withheld, "; ")
-		if d.TTL > 0 {
-			detail["allowed_for"] = d.TTL.String()
-		}
-		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
-	case dnsproxy.Refused:
-		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
-	default:
-		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
-	}
-	for k, v := range detail {
-		if v == "" {
-			delete(detail, k)
-		}
-	}
-	if d.Err != nil {
-		detail["error"] = d.Err.Error()
-		msg += ": " + d.Err.Error()
-	}
-	return typ.New(status, msg, detail)
-}
-
-// withheldRecord says that an answered address was not opened, and why.
-func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
-	name := d.Name
-	if scrub != nil {
-		name = scrub.Args([]string{name})[0]
-	}
-	return audit.TypeDNSWithheld.New("Failure",
-		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
-		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
 }
 
 // closeAudit ends a sandbox's trail: the receiver drains, then the end
@@ -313,78 +228,6 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 		}
 	}
 	return p.Publisher.Publish(ctx, topic, event)
-}
-
-// denialWindow is how long repeats of one denial (a retransmitted SYN) are
-// counted rather than recorded.
-const denialWindow = 10 * time.Second
-
-// startDenialLog records each packet the egress rules drop, as the kernel
-// logs it (rate-limited per rule in the ruleset): destination, protocol and
-// rule, whatever sent it.
-func startDenialLog(sb *sandboxState, ns string) error {
-	dl, err := netpolicy.OpenDenialLog(ns)
-	if err != nil {
-		return err
-	}
-	sb.dedupe = &netpolicy.Deduper{Window: denialWindow}
-	sb.egressMu.Lock()
-	sb.denials = dl
-	sb.egressMu.Unlock()
-	trail := sb.audit.trail
-	dl.Start(func(d netpolicy.Denial) {
-		if !sb.dedupe.Pass(d, time.Now()) {
-			return
-		}
-		r := audit.TypeEgressDenied.New("Failure",
-			fmt.Sprintf("%s to %s dropped: %s", d.Proto, d.Dst, d.Rule),
-			map[string]string{"egress": "deny", "egress_rule": d.Rule, "protocol": d.Proto})
-		r.Dst = &audit.Endpoint{IP: d.Dst.Addr().String(), Port: int(d.Dst.Port())}
-		trail.Emit(r, false)
-	}, func(n int) { sb.denialsLost.Add(int64(n)) })
-	return nil
-}
-
-// stopDenialLog stops the reader; repeats held back and messages the
-// kernel could not deliver are stated.
-func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
-	if dl == nil {
-		return
-	}
-	dl.Close()
-	if held, lost := sb.dedupe.Held(), sb.denialsLost.Load(); held > 0 || lost > 0 {
-		sb.audit.trail.Emit(audit.TypeEgressDenied.New("Success",
-			fmt.Sprintf("%d repeated denial(s) within %v counted, not recorded; %d log overrun(s)", held, denialWindow, lost),
-			map[string]string{"repeats": fmt.Sprint(held), "overruns": fmt.Sprint(lost)}), true)
-	}
-}
-
-// recordDrops records what the egress rules dropped over the sandbox's
-// life, by rule: the packets no connect record shows (UDP without connect,
-// retransmissions, anything sent while network auditing is off).
-func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
-	counters, err := netpolicy.Counters(ns)
-	if err != nil {
-		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")
-		sb.audit.trail.Emit(audit.TypeEgressDrops.New("Failure", "egress counters unreadable: "+err.Error(), nil), true)
-		return
-	}
-	names := make([]string, 0, len(counters))
-	for name := range counters {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	detail := map[string]string{}
-	var total uint64
-	var parts []string
-	for _, name := range names {
-		c := counters[name]
-		total += c.Packets
-		detail["dropped "+name] = fmt.Sprintf("%d packets, %d bytes", c.Packets, c.Bytes)
-		parts = append(parts, fmt.Sprintf("%s %d", name, c.Packets))
-	}
-	sb.audit.trail.Emit(audit.TypeEgressDrops.New("Success",
-		fmt.Sprintf("%d packets dropped by egress rules (%s)", total, strings.Join(parts, ", ")), detail), true)
 }
 
 // record writes a shim record to the trail of the container's sandbox.

@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/urfave/cli/v2"
 
+	"agentbox.dev/agentbox/internal/compile"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
@@ -105,22 +106,19 @@ func explain(c *cli.Context) error {
 	if r := c.String("role"); r != "" {
 		req.Annotations[policy.RoleAnnotation] = r
 	}
-	p, err := set.Select(req)
+	spec := sampleSpec(req)
+	res, err := compile.Compile(compile.Input{
+		Config: cfg, Policies: set, Request: req,
+		Mounts: policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir},
+	}, spec)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	// Secrets are shown by where they come from, never read.
-	secrets := map[string]string{}
-	for _, s := range p.Credentials.Secrets {
-		secrets[s.Env] = "<secret from " + s.File + ">"
+	changes := res.Changes
+	if res.Egress != nil && res.Egress.Resolver {
+		changes = append(changes, ocispec.ResolvConfPath+": the pod's resolver configuration, written by the shim for each container")
 	}
-	spec := sampleSpec()
-	env := policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir}
-	changes, err := ocispec.Apply(spec, p.SpecRewrites(secrets, env)...)
-	if err != nil {
-		return cli.Exit(err, 1)
-	}
-	ex := explanation{Request: req, Profile: p, SpecChange: changes, Spec: spec, RunscFlags: cfg.RunscFlags(p.RunscFlags())}
+	ex := explanation{Request: req, Profile: res.Profile, SpecChange: changes, Spec: spec, RunscFlags: res.RunscFlags}
 	if c.String("output") == "json" {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -142,7 +140,7 @@ const (
 
 // sampleSpec is a container spec as containerd's CRI defaults make it, with
 // an environment carrying a secret, so the explanation shows what changes.
-func sampleSpec() *specs.Spec {
+func sampleSpec(req policy.Request) *specs.Spec {
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
 	return &specs.Spec{
 		Version: specs.Version,
@@ -160,11 +158,21 @@ func sampleSpec() *specs.Spec {
 			{Destination: "/dev/shm", Type: "bind", Source: sampleSandboxStateDir + "/shm", Options: []string{"rbind", "rw"}},
 			{Destination: "/etc/resolv.conf", Type: "bind", Source: sampleSandboxDir + "/resolv.conf", Options: []string{"rbind", "rw"}},
 		},
+		Annotations: sampleAnnotations(req),
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
 			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-ID"},
 		}},
 	}
+}
+
+// sampleAnnotations mark the sample as a CRI pod's sandbox when the request
+// names a pod namespace (containerd's CRI sets these).
+func sampleAnnotations(req policy.Request) map[string]string {
+	if req.PodNamespace == "" {
+		return nil
+	}
+	return map[string]string{ocispec.ContainerTypeAnnotation: ocispec.ContainerTypeSandbox, ocispec.SandboxNamespaceAnnotation: req.PodNamespace}
 }
 
 func writeExplanation(w io.Writer, ex explanation) {

@@ -1,0 +1,332 @@
+package shim
+
+// The egress lifecycle of a sandbox: rules and the pod's resolver applied
+// at Create, denials and drop counters recorded while it runs, all removed
+// at Delete.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// applyEgress loads the role's egress rules into the pod's network
+// namespace and, under an allowlist, starts the pod's DNS resolver, before
+// runsc takes the interfaces over. A sandbox with a new, empty namespace
+// has nothing to filter.
+func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, spec *specs.Spec) error {
+	ns := netnsPath(spec)
+	if !pl.Enforced || ns == "" {
+		return nil
+	}
+	iface, err := netpolicy.Apply(ns, pl, dnsproxy.PodLink)
+	if err != nil {
+		return err
+	}
+	if iface == "" {
+		return nil
+	}
+	if err := sb.setEgress(ns); err != nil {
+		netpolicy.Remove(ns)
+		return err
+	}
+	detail := map[string]string{"netns": ns, "interface": iface}
+	if err := startDenialLog(sb, ns); err != nil {
+		// The drop counters still count every packet: a gap in detail,
+		// not in enforcement.
+		log.G(ctx).WithError(err).Warn("agentbox: egress denial log")
+		detail["denial_log"] = "unavailable: " + err.Error()
+	}
+	detail["metadata_denied"] = strings.Join(pl.DeniedNames(), ", ")
+	if pl.Resolver {
+		if err := startResolver(cfg, sb, pl, ns); err != nil {
+			return err
+		}
+		detail["resolver"] = sb.dnsAddr.String()
+		detail["upstreams"] = fmt.Sprint(sb.upstreams)
+		detail["hosts"] = strings.Join(pl.HostNames(), ", ")
+	}
+	sb.audit.trail.Emit(audit.TypeEgressApplied.New("Success",
+		fmt.Sprintf("egress %s: %d allow rule(s), default %s", sb.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)
+	return nil
+}
+
+// startResolver starts the pod's DNS resolver: its answers go into the
+// rules' sets and every question into the trail.
+func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns string) error {
+	addr, peer, err := cfg.Network.ResolverAddrs()
+	if err != nil {
+		return err
+	}
+	ups, err := cfg.Network.UpstreamAddrs("/etc/resolv.conf")
+	if err != nil {
+		return err
+	}
+	scrub, err := scrubberOf(cfg, sb)
+	if err != nil {
+		return err
+	}
+	cluster, err := cfg.Network.ClusterPrefixes()
+	if err != nil {
+		return err
+	}
+	node, err := nodeAddrs()
+	if err != nil {
+		return err
+	}
+	dests := netpolicy.Destinations{Node: node, Cluster: cluster, Link: []netip.Addr{addr, peer}}
+	sb.resolved = netpolicy.NewResolutions(nil)
+	trail := sb.audit.trail
+	h := &dnsproxy.Handler{
+		Plan:     pl,
+		Refuse:   dests.Refuse,
+		Exchange: dnsproxy.Exchange(ups),
+		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
+			if err := netpolicy.Update(ns, pl.Elements(r, addrs, ttl)); err != nil {
+				return err
+			}
+			sb.resolved.Add(r, addrs, ttl)
+			return nil
+		},
+		Remaining: sb.resolved.Remaining,
+		MinTTL:    time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
+		MaxTTL:    time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
+		Record: func(d dnsproxy.Decision) {
+			trail.Emit(dnsRecord(d, scrub), false)
+			for _, w := range d.Withheld {
+				trail.Emit(withheldRecord(d, w, scrub), false)
+			}
+		},
+		ID: func() uint16 { return uint16(rand.Uint32()) },
+	}
+	res, err := dnsproxy.Start(dnsproxy.Config{PodNetns: ns, Address: addr, Peer: peer, Handler: h})
+	if err != nil {
+		return err
+	}
+	sb.egressMu.Lock()
+	sb.resolver = res
+	sb.egressMu.Unlock()
+	sb.dnsAddr, sb.upstreams = addr, ups
+	return nil
+}
+
+// nodeAddrs are the addresses of the node's own interfaces (the shim runs
+// in the host's network namespace).
+func nodeAddrs() ([]netip.Addr, error) {
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list the node's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range ifaddrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out, nil
+}
+
+// dropsWait bounds how long Delete waits for the drop counters.
+const dropsWait = 10 * time.Second
+
+// removeEgress waits for the drop counters, stops the sandbox's resolver
+// and denial log, deletes its egress rules and lets the namespace go,
+// recording the outcome. It may run twice, and concurrently with the
+// root's exit being published.
+func removeEgress(ctx context.Context, sb *sandboxState) {
+	e, ok := sb.takeEgress()
+	if !ok {
+		return
+	}
+	defer e.file.Close()
+	if e.dropsDone != nil {
+		select {
+		case <-e.dropsDone:
+		case <-time.After(dropsWait):
+			log.G(ctx).Warn("agentbox: egress drop counters not recorded in time")
+		}
+	}
+	if res := e.resolver; res != nil {
+		if err := res.Close(); err != nil {
+			log.G(ctx).WithError(err).Warn("agentbox: stopping the DNS resolver")
+			sb.audit.trail.Emit(audit.TypeResolverStopped.New("Failure", err.Error(), nil), true)
+		} else {
+			sb.audit.trail.Emit(audit.TypeResolverStopped.New("Success", "resolver stopped and its link removed from "+e.netns,
+				map[string]string{"tcp_connections_rejected": fmt.Sprint(res.Rejected())}), true)
+		}
+	}
+	stopDenialLog(sb, e.denials)
+	if err := netpolicy.Remove(e.held); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
+		sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Failure", err.Error(), nil), true)
+		return
+	}
+	sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Success", "egress rules removed from "+e.netns, nil), true)
+}
+
+// denialWindow is how long repeats of one denial (a retransmitted SYN) are
+// counted rather than recorded.
+const denialWindow = 10 * time.Second
+
+// startDenialLog records each packet the egress rules drop, as the kernel
+// logs it (rate-limited per rule in the ruleset): destination, protocol and
+// rule, whatever sent it.
+func startDenialLog(sb *sandboxState, ns string) error {
+	dl, err := netpolicy.OpenDenialLog(ns)
+	if err != nil {
+		return err
+	}
+	sb.dedupe = &netpolicy.Deduper{Window: denialWindow}
+	sb.egressMu.Lock()
+	sb.denials = dl
+	sb.egressMu.Unlock()
+	trail := sb.audit.trail
+	dl.Start(func(d netpolicy.Denial) {
+		if !sb.dedupe.Pass(d, time.Now()) {
+			return
+		}
+		r := audit.TypeEgressDenied.New("Failure",
+			fmt.Sprintf("%s to %s dropped: %s", d.Proto, d.Dst, d.Rule),
+			map[string]string{"egress": "deny", "egress_rule": d.Rule, "protocol": d.Proto})
+		r.Dst = &audit.Endpoint{IP: d.Dst.Addr().String(), Port: int(d.Dst.Port())}
+		trail.Emit(r, false)
+	}, func(n int) { sb.denialsLost.Add(int64(n)) })
+	return nil
+}
+
+// stopDenialLog stops the reader; repeats held back and messages the
+// kernel could not deliver are stated.
+func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
+	if dl == nil {
+		return
+	}
+	dl.Close()
+	if held, lost := sb.dedupe.Held(), sb.denialsLost.Load(); held > 0 || lost > 0 {
+		sb.audit.trail.Emit(audit.TypeEgressDenied.New("Success",
+			fmt.Sprintf("%d repeated denial(s) within %v counted, not recorded; %d log overrun(s)", held, denialWindow, lost),
+			map[string]string{"repeats": fmt.Sprint(held), "overruns": fmt.Sprint(lost)}), true)
+	}
+}
+
+// recordDrops records what the egress rules dropped over the sandbox's
+// life, by rule: the packets no connect record shows (UDP without connect,
+// retransmissions, anything sent while network auditing is off).
+func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
+	counters, err := netpolicy.Counters(ns)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")
+		sb.audit.trail.Emit(audit.TypeEgressDrops.New("Failure", "egress counters unreadable: "+err.Error(), nil), true)
+		return
+	}
+	names := make([]string, 0, len(counters))
+	for name := range counters {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	detail := map[string]string{}
+	var total uint64
+	var parts []string
+	for _, name := range names {
+		c := counters[name]
+		total += c.Packets
+		detail["dropped "+name] = fmt.Sprintf("%d packets, %d bytes", c.Packets, c.Bytes)
+		parts = append(parts, fmt.Sprintf("%s %d", name, c.Packets))
+	}
+	sb.audit.trail.Emit(audit.TypeEgressDrops.New("Success",
+		fmt.Sprintf("%d packets dropped by egress rules (%s)", total, strings.Join(parts, ", ")), detail), true)
+}
+
+// dnsRecord turns a resolver decision into a record. The name comes from
+// the sandbox: it is scrubbed like argv.
+func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
+	name := d.Name
+	if scrub != nil {
+		name = scrub.Args([]string{name})[0]
+	}
+	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
+		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
+	status := "Failure"
+	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
+		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
+	var msg string
+	switch d.Outcome {
+	case dnsproxy.Answered:
+		status = "Success"
+		var addrs []string
+		for _, a := range d.Addrs {
+			addrs = append(addrs, a.String())
+		}
+		detail["addresses"] = strings.Join(addrs, ", ")
+		var withheld []string
+		for _, w := range d.Withheld {
+			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
+		}
+		detail["withheld"] = strings.Join(withheld, "; ")
+		if d.TTL > 0 {
+			detail["allowed_for"] = d.TTL.String()
+		}
+		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
+	case dnsproxy.Refused:
+		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
+	default:
+		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
+	}
+	for k, v := range detail {
+		if v == "" {
+			delete(detail, k)
+		}
+	}
+	if d.Err != nil {
+		detail["error"] = d.Err.Error()
+		msg += ": " + d.Err.Error()
+	}
+	return typ.New(status, msg, detail)
+}
+
+// withheldRecord says that an answered address was not opened, and why.
+func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
+	name := d.Name
+	if scrub != nil {
+		name = scrub.Args([]string{name})[0]
+	}
+	return audit.TypeDNSWithheld.New("Failure",
+		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
+		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
+}
+
+// egressDecision adds to each connect record what the egress rules do with
+// its destination, and which rule decides. DNS to the pod's resolver
+// (dnsAddr) does not pass the rules: it has a link of its own.
+func egressDecision(pl *netpolicy.Plan, resolved netpolicy.Resolved, dnsAddr netip.Addr) func(*audit.Record) {
+	return func(r *audit.Record) {
+		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
+			return
+		}
+		addr, err := netip.ParseAddr(r.Dst.IP)
+		if err != nil {
+			return
+		}
+		allow, rule := pl.Decide(addr, r.Dst.Port, resolved)
+		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr && r.Dst.Port == netpolicy.DNSPort {
+			allow, rule = true, "pod resolver"
+		}
+		if r.Detail == nil {
+			r.Detail = map[string]string{}
+		}
+		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
+		r.Detail["egress_rule"] = rule
+	}
+}

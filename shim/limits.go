@@ -1,0 +1,62 @@
+package shim
+
+// Limits the shim enforces itself: the wall clock, and stopping a sandbox
+// for a limit (its audit trail full).
+
+import (
+	"context"
+	"fmt"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/shim/v1/proc"
+
+	"agentbox.dev/agentbox/internal/audit"
+)
+
+// WallClockExitStatus is the exit status of a container stopped because its
+// sandbox reached the role's wall-clock limit, as timeout(1) reports it:
+// distinct from 137, a kill by someone else.
+const WallClockExitStatus = 124
+
+// expire stops a sandbox whose wall-clock limit passed: every container in
+// it is killed, and their exits report WallClockExitStatus.
+func (s *service) expire(sandboxID string) {
+	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
+	ids := s.sandboxes.expire(sandboxID)
+	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
+	s.record(sandboxID, audit.TypeLimit.New("Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
+		map[string]string{"limit": "wallClock"}), true)
+	s.killAll(ctx, ids)
+}
+
+// stopSandbox kills every container of a sandbox for a limit other than
+// the wall clock (their exits report 137), recording why first.
+func (s *service) stopSandbox(sandboxID, limit, why string) {
+	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
+	sb, ok := s.sandboxes.sandbox(sandboxID)
+	if !ok {
+		return
+	}
+	ids := s.sandboxes.containersOf(sb)
+	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(ids))
+	s.record(sandboxID, audit.TypeLimit.New("Failure", why, map[string]string{"limit": limit}), true)
+	s.killAll(ctx, ids)
+}
+
+func (s *service) killAll(ctx context.Context, ids []string) {
+	for _, id := range ids {
+		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
+			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill")
+		}
+	}
+}
+
+// adjustExit reports a container killed by its sandbox's wall clock with
+// WallClockExitStatus.
+func (s *service) adjustExit(e *proc.Exit) {
+	if e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID) {
+		e.Status = WallClockExitStatus
+	}
+}

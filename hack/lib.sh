@@ -10,10 +10,13 @@ OUT_BIN=$REPO_ROOT/_output/bin
 # Private containerd instance (own root, state, socket).
 AGENTBOX_DEV=${AGENTBOX_DEV:-/tmp/agentbox-dev}
 
-GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
+# runsc is built from the gVisor the shim links (go.mod): the shim checks
+# trace points against that gVisor's registry.
+GVISOR_VERSION=$(cd "$REPO_ROOT" && sed -n 's/^[[:space:]]*gvisor.dev\/gvisor \(v[^ ]*\).*/\1/p' go.mod)
+[ -n "$GVISOR_VERSION" ] || { echo "error: no gvisor.dev/gvisor version in go.mod" >&2; exit 1; }
 CONTAINERD_VERSION=v2.4.2
 CRICTL_VERSION=v1.37.0
-APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev)
+APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev make)
 
 AGENT_IMAGE=docker.io/agentbox/agent:latest
 PAUSE_IMAGE=docker.io/agentbox/pause:latest

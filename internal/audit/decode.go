@@ -206,7 +206,6 @@ type eventRecord struct {
 	rec      Record
 	proc     Process
 	file     File
-	dst      Endpoint
 	uid, gid uint32
 	result   int64
 }

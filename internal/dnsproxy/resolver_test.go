@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -140,12 +141,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 			t.Skipf("needs %s", tool)
 		}
 	}
-	ns := fmt.Sprintf("abx-dnsproxy-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	path := "/var/run/netns/" + ns
+	path := testNetns(t, "dnsproxy")
 
 	up := newTestUpstream(t)
 	var mu sync.Mutex
@@ -211,7 +207,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("ip", "-n", ns, "link", "show", PodLink).CombinedOutput(); err == nil {
+	if out, err := exec.Command("ip", "-n", filepath.Base(path), "link", "show", PodLink).CombinedOutput(); err == nil {
 		t.Errorf("the link outlives the resolver: %s", out)
 	}
 	// Closing twice, or with the namespace gone, is not an error.
@@ -246,14 +242,10 @@ func BenchmarkStart(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: network namespaces")
 	}
-	ns := fmt.Sprintf("abx-dnsbench-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		b.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
+	path := testNetns(b, "dnsbench")
 	h := &Handler{Plan: plan(b)}
 	for i := 0; i < b.N; i++ {
-		r, err := Start(Config{PodNetns: "/var/run/netns/" + ns, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"), Handler: h})
+		r, err := Start(Config{PodNetns: path, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"), Handler: h})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -297,12 +289,7 @@ func TestResolverTCPFlood(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: network namespaces")
 	}
-	ns := fmt.Sprintf("abx-dnsflood-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	path := "/var/run/netns/" + ns
+	path := testNetns(t, "dnsflood")
 	up := newTestUpstream(t)
 	h := &Handler{Plan: plan(t), Exchange: Exchange([]netip.AddrPort{up.addr()}),
 		Allow:  func(netpolicy.Rule, []netip.Addr, time.Duration) error { return nil },
@@ -395,4 +382,16 @@ func TestReadFrameGrowsWithData(t *testing.T) {
 	if d.maxAsked > 4096 {
 		t.Fatalf("readFrame offered a %d-byte buffer for a frame that sent 10 bytes", d.maxAsked)
 	}
+}
+
+// testNetns makes a network namespace for the test (a pod's stand-in) and
+// returns its path; it is deleted when the test ends.
+func testNetns(t testing.TB, name string) string {
+	t.Helper()
+	ns := fmt.Sprintf("abx-%s-%d", name, os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	return "/var/run/netns/" + ns
 }

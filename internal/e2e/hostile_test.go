@@ -18,6 +18,25 @@ import (
 // A hostile agent cannot blind, forge or flood: the resolver, private
 // answers, the audit trail's readers and storage.
 
+// configVariant writes a copy of the private containerd's shim config with
+// old replaced by new (once), for --runtime-config-path, and fails the test
+// if old is not there.
+func configVariant(t *testing.T, old, new string) string {
+	t.Helper()
+	base, err := os.ReadFile(filepath.Join(dev.dir, "agentbox", "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(base), old) {
+		t.Fatalf("the shim config has no %q to change", old)
+	}
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(strings.Replace(string(base), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // shimRSS is the resident set of the shim serving a sandbox, in KiB.
 func shimRSS(t *testing.T, sandboxID string) int {
 	t.Helper()
@@ -90,17 +109,8 @@ func TestHostileAuditFlood(t *testing.T) {
 		t.Fatalf("mount: %v %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", fsDir).Run() })
-	base, err := os.ReadFile(filepath.Join(dev.dir, "agentbox", "config.toml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgText := strings.Replace(string(base), "[audit]\ndir = \""+filepath.Join(dev.dir, "audit")+"\"",
-		"[audit]\ndir = \""+fsDir+"\"\nmax_sandbox_bytes = 4194304\nmin_free_bytes = 8388608\nreserve_bytes = 1048576\non_full = \"stop\"\nfull_grace_seconds = 2", 1)
-	if cfgText == string(base) {
-		t.Fatal("could not point the test config's audit at the small filesystem")
-	}
-	cfg := filepath.Join(t.TempDir(), "config.toml")
-	os.WriteFile(cfg, []byte(cfgText), 0o644)
+	cfg := configVariant(t, "[audit]\ndir = \""+filepath.Join(dev.dir, "audit")+"\"",
+		"[audit]\ndir = \""+fsDir+"\"\nmax_sandbox_bytes = 4194304\nmin_free_bytes = 8388608\nreserve_bytes = 1048576\non_full = \"stop\"\nfull_grace_seconds = 2")
 	rt := []string{"--runtime-config-path", cfg}
 
 	flooder := uniqueID("flooder")
@@ -171,12 +181,7 @@ func TestHostileAuditFlood(t *testing.T) {
 func TestHostileEventRate(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	base, err := os.ReadFile(filepath.Join(dev.dir, "agentbox", "config.toml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limited := filepath.Join(t.TempDir(), "config.toml")
-	os.WriteFile(limited, []byte(strings.Replace(string(base), "[audit]\n", "[audit]\nmax_events_per_second = 4000\n", 1)), 0o644)
+	limited := configVariant(t, "[audit]\n", "[audit]\nmax_events_per_second = 4000\n")
 	const opens = 10000
 	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do true 2>/dev/null </rate-$i; i=$((i+1)); done; echo opens-done`, opens)
 	run := func(extra ...string) (time.Duration, string) {
@@ -234,15 +239,7 @@ func TestHostileFileNamesInTail(t *testing.T) {
 func TestHostileAdminFlags(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	base, err := os.ReadFile(filepath.Join(dev.dir, "agentbox", "config.toml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	withFlags := func(flags string) string {
-		p := filepath.Join(t.TempDir(), "config.toml")
-		os.WriteFile(p, []byte(strings.Replace(string(base), "[shim]\n", "[runsc.flags]\n"+flags+"\n[shim]\n", 1)), 0o644)
-		return p
-	}
+	withFlags := func(flags string) string { return configVariant(t, "[shim]\n", "[runsc.flags]\n"+flags+"\n[shim]\n") }
 	r := dev.runAgent(t, uniqueID("flags"), []string{"--runtime-config-path", withFlags(`ignore-cgroups = "true"`)}, "echo", "should-not-run")
 	expectRefused(t, r, "runsc.flags.ignore-cgroups: would weaken what a role enforces")
 	r = dev.runAgent(t, uniqueID("flags"), []string{"--runtime-config-path", withFlags(`platform = "systrap"`)}, "echo", "tuned")

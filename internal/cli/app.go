@@ -14,7 +14,7 @@ func App() *cli.App {
 	return &cli.App{
 		Name:  "agentbox",
 		Usage: "run AI agents under gVisor with least-privilege roles",
-		Commands: []*cli.Command{
+		Commands: append([]*cli.Command{
 			{
 				Name:  "version",
 				Usage: "print the agentbox version",
@@ -31,6 +31,6 @@ func App() *cli.App {
 			probeClone3Command(),
 			policyCommand(),
 			auditCommand(),
-		},
+		}, installCommands()...),
 	}
 }

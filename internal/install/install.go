@@ -1,0 +1,448 @@
+// Package install puts agentbox on a node the way runtimes are installed
+// there (kata-deploy, gVisor's containerd installer): the shim and a static
+// runsc on containerd's PATH, agentbox's config and the shipped policies
+// where absent, and the runtime handler as a containerd drop-in that the
+// main config imports. It is idempotent, says what it changed, can dry-run,
+// and Uninstall reverses exactly what Install did (a manifest records it).
+package install
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/policies"
+	runscconfig "agentbox.dev/agentbox/runsc-config"
+)
+
+// Options say where and what to install.
+type Options struct {
+	// Root prefixes every path written ("/" on a node; a directory in
+	// tests and image builds).
+	Root string
+	// ContainerdConfig is containerd's main config, below Root.
+	ContainerdConfig string
+	// Shim and Runsc are the binaries to install.
+	Shim, Runsc string
+	// Handler is the CRI runtime handler (the RuntimeClass's handler).
+	Handler string
+	DryRun  bool
+}
+
+// Action is one thing Install or Uninstall did (or would do).
+type Action struct {
+	Path string
+	What string // created, updated, unchanged, kept, removed, ...
+}
+
+func (a Action) String() string { return fmt.Sprintf("%-10s %s", a.What, a.Path) }
+
+// manifest records what Install created, for Uninstall.
+type manifest struct {
+	Files []string `json:"files"`
+	// Import is the drop-in path added to the containerd config's
+	// imports; ImportsLine says Install wrote the whole imports line,
+	// ConfigCreated that it wrote the config itself.
+	Import        string `json:"import"`
+	ImportsLine   bool   `json:"importsLine"`
+	ConfigCreated bool   `json:"configCreated"`
+}
+
+const (
+	binDir       = "/usr/local/bin"
+	etcDir       = "/etc/agentbox"
+	manifestFile = "/etc/agentbox/install.json"
+	shimName     = "containerd-shim-agentbox-v1"
+)
+
+// installer carries one run.
+type installer struct {
+	o       Options
+	actions []Action
+	m       manifest
+}
+
+func (in *installer) path(p string) string { return filepath.Join(in.o.Root, p) }
+
+// dryVerbs say what a dry run would do.
+var dryVerbs = map[string]string{"created": "would create", "updated": "would update", "removed": "would remove"}
+
+func (in *installer) note(path, what string) {
+	if v, ok := dryVerbs[what]; ok && in.o.DryRun {
+		what = v
+	}
+	in.actions = append(in.actions, Action{Path: path, What: what})
+}
+
+// put writes content to path: created when absent, updated when different
+// (only if replace), unchanged when equal, kept otherwise.
+func (in *installer) put(path string, content []byte, mode os.FileMode, replace bool) error {
+	old, err := os.ReadFile(path)
+	switch {
+	case err == nil && bytes.Equal(old, content):
+		in.note(path, "unchanged")
+		return nil
+	case err == nil && !replace:
+		in.note(path, "kept")
+		return nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	what := "created"
+	if err == nil {
+		what = "updated"
+	} else {
+		in.m.Files = append(in.m.Files, path)
+	}
+	in.note(path, what)
+	if in.o.DryRun {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".agentbox-new"
+	if err := os.WriteFile(tmp, content, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Install installs agentbox under o.Root.
+func Install(o Options) ([]Action, error) {
+	o = withDefaults(o)
+	in := &installer{o: o}
+	if prev, err := readManifest(in.path(manifestFile)); err == nil {
+		in.m = prev
+	}
+	shim, err := os.ReadFile(o.Shim)
+	if err != nil {
+		return nil, fmt.Errorf("shim binary: %w", err)
+	}
+	if err := requireStatic(o.Runsc); err != nil {
+		return nil, err
+	}
+	runsc, err := os.ReadFile(o.Runsc)
+	if err != nil {
+		return nil, fmt.Errorf("runsc binary: %w", err)
+	}
+	if err := in.put(in.path(binDir+"/"+shimName), shim, 0o755, true); err != nil {
+		return in.actions, err
+	}
+	if err := in.put(in.path(binDir+"/runsc"), runsc, 0o755, true); err != nil {
+		return in.actions, err
+	}
+	cfg, err := nodeConfig(o)
+	if err != nil {
+		return in.actions, err
+	}
+	if err := in.put(in.path(etcDir+"/config.toml"), cfg, 0o644, false); err != nil {
+		return in.actions, err
+	}
+	names, _ := fs.Glob(policies.Files, "*.yaml")
+	sort.Strings(names)
+	for _, n := range names {
+		b, _ := policies.Files.ReadFile(n)
+		if err := in.put(in.path(etcDir+"/policies/"+n), b, 0o644, false); err != nil {
+			return in.actions, err
+		}
+	}
+	if err := in.registerHandler(); err != nil {
+		return in.actions, err
+	}
+	if !o.DryRun {
+		b, _ := json.MarshalIndent(in.m, "", "  ")
+		if err := os.WriteFile(in.path(manifestFile), append(b, '\n'), 0o644); err != nil {
+			return in.actions, err
+		}
+	}
+	return in.actions, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.Root == "" {
+		o.Root = "/"
+	}
+	if o.ContainerdConfig == "" {
+		o.ContainerdConfig = "/etc/containerd/config.toml"
+	}
+	if o.Handler == "" {
+		o.Handler = "agentbox"
+	}
+	return o
+}
+
+// nodeConfig is the shipped shim config with its files under Root (the
+// runsc binary, policies, audit trails; sockets stay in /run: their paths
+// are short by necessity) and the handler named, checked to load before it
+// is written.
+func nodeConfig(o Options) ([]byte, error) {
+	s := string(runscconfig.ConfigTOML)
+	for _, r := range []struct{ old, new string }{
+		{`binary = "/usr/local/bin/runsc"`, fmt.Sprintf("binary = %q", filepath.Join(o.Root, binDir, "runsc"))},
+		{`dir = "/etc/agentbox/policies"`, fmt.Sprintf("dir = %q", filepath.Join(o.Root, etcDir, "policies"))},
+		{`handler = "agentbox"`, fmt.Sprintf("handler = %q", o.Handler)},
+		{`dir = "/var/log/agentbox/audit"`, fmt.Sprintf("dir = %q", filepath.Join(o.Root, "/var/log/agentbox/audit"))},
+	} {
+		if !strings.Contains(s, r.old) {
+			return nil, fmt.Errorf("the shipped config lacks %s", r.old)
+		}
+		s = strings.Replace(s, r.old, r.new, 1)
+	}
+	if _, err := config.Parse([]byte(s)); err != nil {
+		return nil, fmt.Errorf("the config for this node does not load: %w", err)
+	}
+	return []byte(s), nil
+}
+
+// dropIn is the containerd config fragment that registers the handler,
+// for config version 3 (containerd 2.x) or 2 (containerd 1.7).
+func dropIn(version int, handler, agentboxConfig string) []byte {
+	plugin := `io.containerd.cri.v1.runtime`
+	if version == 2 {
+		plugin = `io.containerd.grpc.v1.cri`
+	}
+	return []byte(fmt.Sprintf(`# Written by agentbox install: the %[1]q runtime handler runs containers
+# under agentbox (gVisor, least-privilege roles, an audit trail).
+version = %[2]d
+
+[plugins.%[3]q.containerd.runtimes.%[1]s]
+  runtime_type = "io.containerd.agentbox.v1"
+  pod_annotations = ["agentbox.dev/*"]
+  container_annotations = ["agentbox.dev/*"]
+  [plugins.%[3]q.containerd.runtimes.%[1]s.options]
+    ConfigPath = %[4]q
+`, handler, version, plugin, agentboxConfig))
+}
+
+func (in *installer) dropInPath() string {
+	name := "agentbox.toml"
+	if in.o.Handler != "agentbox" {
+		name = "agentbox-" + in.o.Handler + ".toml"
+	}
+	return in.path("/etc/containerd/conf.d/" + name)
+}
+
+var (
+	importsLine = regexp.MustCompile(`(?m)^imports\s*=\s*\[(.*)\]\s*$`)
+	versionLine = regexp.MustCompile(`(?m)^version\s*=\s*\d+\s*$`)
+)
+
+// registerHandler writes the drop-in and makes the main config import it.
+func (in *installer) registerHandler() error {
+	mainPath := in.path(in.o.ContainerdConfig)
+	main, err := os.ReadFile(mainPath)
+	version := 3
+	created := false
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		created = true
+	case err != nil:
+		return err
+	default:
+		var head struct {
+			Version int `toml:"version"`
+		}
+		if err := toml.Unmarshal(main, &head); err != nil {
+			return fmt.Errorf("containerd config %s: %w", mainPath, err)
+		}
+		if head.Version != 2 && head.Version != 3 {
+			return fmt.Errorf("containerd config %s: version %d: agentbox registers itself in config version 2 (containerd 1.7) or 3 (containerd 2.x); migrate it with `containerd config migrate`", mainPath, head.Version)
+		}
+		version = head.Version
+	}
+	drop := in.dropInPath()
+	if err := in.put(drop, dropIn(version, in.o.Handler, in.path(etcDir+"/config.toml")), 0o644, true); err != nil {
+		return err
+	}
+	if created {
+		in.m.ConfigCreated, in.m.Import = true, drop
+		return in.put(mainPath, []byte(fmt.Sprintf("version = 3\nimports = [%q]\n", drop)), 0o644, false)
+	}
+	updated, line, err := addImport(main, drop)
+	if err != nil {
+		return fmt.Errorf("containerd config %s: %w", mainPath, err)
+	}
+	if bytes.Equal(updated, main) {
+		in.note(mainPath, "unchanged")
+		return nil
+	}
+	in.m.Import, in.m.ImportsLine = drop, line
+	in.note(mainPath, "updated")
+	if in.o.DryRun {
+		return nil
+	}
+	return writeKeepingMode(mainPath, updated)
+}
+
+// addImport adds path to the config's imports, inserting an imports line
+// after version when there is none (line is then true).
+func addImport(main []byte, path string) ([]byte, bool, error) {
+	if m := importsLine.FindSubmatchIndex(main); m != nil {
+		entries, err := parseList(string(main[m[2]:m[3]]))
+		if err != nil {
+			return nil, false, err
+		}
+		for _, e := range entries {
+			if e == path {
+				return main, false, nil
+			}
+		}
+		entries = append(entries, path)
+		return replaceImports(main, m, entries), false, nil
+	}
+	if bytes.Contains(main, []byte("\nimports")) || bytes.HasPrefix(main, []byte("imports")) {
+		return nil, false, errors.New("its imports span several lines: add the drop-in to them by hand")
+	}
+	v := versionLine.FindIndex(main)
+	if v == nil {
+		return nil, false, errors.New("no version line")
+	}
+	line := []byte(fmt.Sprintf("\nimports = [%q]", path))
+	return append(append(append([]byte(nil), main[:v[1]]...), line...), main[v[1]:]...), true, nil
+}
+
+// removeImport reverses addImport.
+func removeImport(main []byte, path string, line bool) ([]byte, error) {
+	m := importsLine.FindSubmatchIndex(main)
+	if m == nil {
+		return main, nil
+	}
+	entries, err := parseList(string(main[m[2]:m[3]]))
+	if err != nil {
+		return nil, err
+	}
+	var kept []string
+	for _, e := range entries {
+		if e != path {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) == 0 && line {
+		end := m[1]
+		start := m[0]
+		if start > 0 && main[start-1] == '\n' {
+			start--
+		}
+		return append(append([]byte(nil), main[:start]...), main[end:]...), nil
+	}
+	return replaceImports(main, m, kept), nil
+}
+
+func replaceImports(main []byte, m []int, entries []string) []byte {
+	q := make([]string, len(entries))
+	for i, e := range entries {
+		q[i] = strconv.Quote(e)
+	}
+	out := append([]byte(nil), main[:m[2]]...)
+	out = append(out, strings.Join(q, ", ")...)
+	return append(out, main[m[3]:]...)
+}
+
+// parseList parses the inside of a one-line TOML array of strings.
+func parseList(s string) ([]string, error) {
+	var v struct {
+		L []string `toml:"l"`
+	}
+	if err := toml.Unmarshal([]byte("l = ["+s+"]"), &v); err != nil {
+		return nil, fmt.Errorf("imports: %w", err)
+	}
+	return v.L, nil
+}
+
+func writeKeepingMode(path string, b []byte) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".agentbox-new"
+	if err := os.WriteFile(tmp, b, st.Mode().Perm()); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readManifest(path string) (manifest, error) {
+	var m manifest
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return m, err
+	}
+	return m, json.Unmarshal(b, &m)
+}
+
+// Uninstall removes what Install created and its import, as the manifest
+// records them. Files that existed before Install are left alone.
+func Uninstall(o Options) ([]Action, error) {
+	o = withDefaults(o)
+	in := &installer{o: o}
+	mpath := in.path(manifestFile)
+	m, err := readManifest(mpath)
+	if err != nil {
+		return nil, fmt.Errorf("no install manifest at %s: nothing agentbox installed is known: %w", mpath, err)
+	}
+	mainPath := in.path(o.ContainerdConfig)
+	if m.Import != "" && !m.ConfigCreated {
+		main, err := os.ReadFile(mainPath)
+		if err != nil {
+			return nil, err
+		}
+		updated, err := removeImport(main, m.Import, m.ImportsLine)
+		if err != nil {
+			return nil, fmt.Errorf("containerd config %s: %w", mainPath, err)
+		}
+		if !bytes.Equal(updated, main) {
+			in.note(mainPath, "updated")
+			if !o.DryRun {
+				if err := writeKeepingMode(mainPath, updated); err != nil {
+					return in.actions, err
+				}
+			}
+		}
+	}
+	files := append([]string(nil), m.Files...)
+	sort.Sort(sort.Reverse(sort.StringSlice(files)))
+	for _, f := range files {
+		in.note(f, "removed")
+		if !o.DryRun {
+			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return in.actions, err
+			}
+		}
+	}
+	in.note(mpath, "removed")
+	if !o.DryRun {
+		if err := os.Remove(mpath); err != nil {
+			return in.actions, err
+		}
+	}
+	return in.actions, nil
+}
+
+// requireStatic refuses a dynamically linked runsc: it re-executes itself
+// in a chroot without a loader.
+func requireStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("runsc %s: not an ELF binary: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("runsc %s is dynamically linked: build it with CGO_ENABLED=0 (hack/setup.sh)", path)
+		}
+	}
+	return nil
+}

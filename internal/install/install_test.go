@@ -1,0 +1,172 @@
+package install
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// staticELF finds a statically linked binary to stand in for runsc.
+func staticELF(t *testing.T) string {
+	for _, p := range []string{"/bin/busybox", "/var/cache/agentbox/bin/runsc"} {
+		if requireStatic(p) == nil {
+			return p
+		}
+	}
+	t.Skip("no static binary to stand in for runsc (apt-get install busybox-static)")
+	return ""
+}
+
+func opts(t *testing.T, root string) Options {
+	shim := filepath.Join(t.TempDir(), "shim")
+	os.WriteFile(shim, []byte("#!/bin/sh\n"), 0o755)
+	return Options{Root: root, Shim: shim, Runsc: staticELF(t)}
+}
+
+func whats(acts []Action) map[string]string {
+	m := map[string]string{}
+	for _, a := range acts {
+		m[a.Path] = a.What
+	}
+	return m
+}
+
+func TestInstallIsIdempotentAndReversible(t *testing.T) {
+	for _, tc := range []struct {
+		name, main, wantPlugin string
+	}{
+		{"no config", "", "io.containerd.cri.v1.runtime"},
+		{"v3 without imports", "version = 3\nroot = \"/x\"\n\n[grpc]\n  address = \"/s\"\n", "io.containerd.cri.v1.runtime"},
+		{"v3 with imports", "# mine\nversion = 3\nimports = [\"/etc/containerd/other.toml\"]\n", "io.containerd.cri.v1.runtime"},
+		{"v2 (containerd 1.7)", "version = 2\n[plugins]\n", "io.containerd.grpc.v1.cri"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			mainPath := filepath.Join(root, "etc/containerd/config.toml")
+			if tc.main != "" {
+				os.MkdirAll(filepath.Dir(mainPath), 0o755)
+				os.WriteFile(mainPath, []byte(tc.main), 0o600)
+			}
+			o := opts(t, root)
+			acts, err := Install(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := whats(acts)
+			drop := filepath.Join(root, "etc/containerd/conf.d/agentbox.toml")
+			for _, p := range []string{"usr/local/bin/containerd-shim-agentbox-v1", "usr/local/bin/runsc", "etc/agentbox/config.toml", "etc/agentbox/policies/baseline.yaml", "etc/containerd/conf.d/agentbox.toml"} {
+				if w[filepath.Join(root, p)] != "created" {
+					t.Errorf("%s: %q, want created", p, w[filepath.Join(root, p)])
+				}
+			}
+			// The main config imports the drop-in and still parses.
+			main, _ := os.ReadFile(mainPath)
+			var parsed struct {
+				Version int      `toml:"version"`
+				Imports []string `toml:"imports"`
+			}
+			if err := toml.Unmarshal(main, &parsed); err != nil || !contains(parsed.Imports, drop) {
+				t.Fatalf("main config %q: %v", main, err)
+			}
+			d, _ := os.ReadFile(drop)
+			if !strings.Contains(string(d), tc.wantPlugin) || !strings.Contains(string(d), filepath.Join(root, "etc/agentbox/config.toml")) {
+				t.Fatalf("drop-in:\n%s", d)
+			}
+			if st, _ := os.Stat(mainPath); tc.main != "" && st.Mode().Perm() != 0o600 {
+				t.Errorf("the main config's mode changed to %v", st.Mode())
+			}
+			// Again: nothing changes.
+			acts, err = Install(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range acts {
+				if a.What != "unchanged" && a.What != "kept" {
+					t.Errorf("second install: %s", a)
+				}
+			}
+			// Uninstall restores the main config byte for byte.
+			if _, err := Uninstall(o); err != nil {
+				t.Fatal(err)
+			}
+			after, err := os.ReadFile(mainPath)
+			if tc.main == "" {
+				if !os.IsNotExist(err) {
+					t.Errorf("the config install created must go: %q", after)
+				}
+			} else if string(after) != tc.main {
+				t.Errorf("main config after uninstall:\n%q\nwant\n%q", after, tc.main)
+			}
+			for _, p := range []string{"usr/local/bin/runsc", "etc/agentbox/config.toml", "etc/containerd/conf.d/agentbox.toml", "etc/agentbox/install.json"} {
+				if _, err := os.Stat(filepath.Join(root, p)); !os.IsNotExist(err) {
+					t.Errorf("%s left after uninstall", p)
+				}
+			}
+		})
+	}
+}
+
+func TestInstallKeepsWhatTheAdminWrote(t *testing.T) {
+	root := t.TempDir()
+	cfg := filepath.Join(root, "etc/agentbox/config.toml")
+	os.MkdirAll(filepath.Dir(cfg), 0o755)
+	os.WriteFile(cfg, []byte("version = 1\n"), 0o644)
+	o := opts(t, root)
+	acts, err := Install(o)
+	if err != nil || whats(acts)[cfg] != "kept" {
+		t.Fatalf("an existing config must be kept: %v %v", acts, err)
+	}
+	Uninstall(o)
+	if b, _ := os.ReadFile(cfg); string(b) != "version = 1\n" {
+		t.Fatal("uninstall removed the admin's config")
+	}
+}
+
+func TestInstallDryRunWritesNothing(t *testing.T) {
+	root := t.TempDir()
+	o := opts(t, root)
+	o.DryRun = true
+	acts, err := Install(o)
+	if err != nil || len(acts) == 0 {
+		t.Fatal(err)
+	}
+	for _, a := range acts {
+		if !strings.HasPrefix(a.What, "would ") {
+			t.Errorf("dry run: %s", a)
+		}
+	}
+	entries, _ := os.ReadDir(root)
+	if len(entries) != 0 {
+		t.Fatalf("a dry run wrote %v", entries)
+	}
+}
+
+func TestInstallRefuses(t *testing.T) {
+	root := t.TempDir()
+	mainPath := filepath.Join(root, "etc/containerd/config.toml")
+	os.MkdirAll(filepath.Dir(mainPath), 0o755)
+	os.WriteFile(mainPath, []byte("[plugins]\n"), 0o644)
+	if _, err := Install(opts(t, root)); err == nil || !strings.Contains(err.Error(), "version 0") {
+		t.Fatalf("a version 1 config must be refused: %v", err)
+	}
+	o := opts(t, t.TempDir())
+	o.Runsc = o.Shim
+	if _, err := Install(o); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+		t.Fatalf("a runsc that is not a static binary must be refused: %v", err)
+	}
+	if _, err := Uninstall(opts(t, t.TempDir())); err == nil || !strings.Contains(err.Error(), "no install manifest") {
+		t.Fatalf("uninstall without a manifest: %v", err)
+	}
+}
+
+func contains(l []string, v string) bool {
+	for _, x := range l {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -77,6 +77,35 @@ go_tool containerd "$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 
+# containerd 1.7, for the compatibility tests (its go.mod has exclude
+# directives, so `go install pkg@version` refuses it: build in a copy of
+# the module).
+build_in_module() {
+  local name=$1 module=$2 version=$3 pkg=$4 out=$5 sf="$TOOLS_BIN/.$1.stamp"
+  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$version" ] && [ -x "$out" ]; then
+    step "$name $version cached"
+    return
+  fi
+  local log=$AGENTBOX_CACHE/logs/$name.log src=$AGENTBOX_CACHE/src/$name
+  step "building $name $version (a few minutes; log: $log)"
+  (
+    set -e
+    mod=$(GOFLAGS=-mod=mod go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -d "$mod" ] || { echo "$module not downloaded"; exit 1; }
+    rm -rf "$src"; mkdir -p "$(dirname "$src")"; cp -r "$mod" "$src"; chmod -R u+w "$src"
+    cd "$src" && CGO_ENABLED=0 go build -trimpath -o "$out" "$pkg"
+  ) >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 15
+    kill -0 "$pid" 2>/dev/null && step "  still building $name ($(tail -n1 "$log" | cut -c1-80))"
+  done
+  wait "$pid" || { tail -n 20 "$log" >&2; die "building $name failed"; }
+  rm -rf "$src"
+  echo "$version" >"$sf"
+}
+build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
+
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
   || die "$TOOLS_BIN/runsc is not static; remove it and run again"
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"debug/elf"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -163,21 +165,45 @@ func checkContainerd(ctx context.Context, address, handler string) check {
 		c.err = fmt.Errorf("CRI on %s: %w", address, err)
 		return c
 	}
-	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{})
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
 	if err != nil {
 		c.err = fmt.Errorf("CRI status on %s: %w", address, err)
 		return c
 	}
-	var names []string
-	for _, h := range st.GetRuntimeHandlers() {
-		if h.GetName() == handler {
+	names := handlerNames(st)
+	for _, n := range names {
+		if n == handler {
 			c.detail = fmt.Sprintf("%s %s at %s; runtime handler %q registered", v.GetRuntimeName(), v.GetRuntimeVersion(), address, handler)
 			return c
 		}
-		names = append(names, h.GetName())
 	}
 	c.err = fmt.Errorf("%s %s at %s has no runtime handler %q (has %v): see examples/containerd-config.toml", v.GetRuntimeName(), v.GetRuntimeVersion(), address, handler, names)
 	return c
+}
+
+// handlerNames lists the CRI's runtime handlers: from the status's
+// runtime_handlers (containerd 2.x), else from the CRI config in the
+// verbose status (containerd 1.7 does not fill runtime_handlers).
+func handlerNames(st *runtimeapi.StatusResponse) []string {
+	var names []string
+	for _, h := range st.GetRuntimeHandlers() {
+		names = append(names, h.GetName())
+	}
+	if len(names) > 0 {
+		return names
+	}
+	var cfg struct {
+		Containerd struct {
+			Runtimes map[string]json.RawMessage `json:"runtimes"`
+		} `json:"containerd"`
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["config"]), &cfg); err == nil {
+		for n := range cfg.Containerd.Runtimes {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 func checkNftables() check {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 func TestReport(t *testing.T) {
@@ -87,5 +89,18 @@ func TestNftablesCheck(t *testing.T) {
 	}
 	if rs := sampleRuleset(); !strings.Contains(rs, "log prefix") || !strings.Contains(rs, "add element netdev agentbox host4_0") {
 		t.Errorf("the sample must have what the shim loads:\n%s", rs)
+	}
+}
+
+// containerd 1.7 leaves runtime_handlers empty: the handlers come from the
+// CRI config in the verbose status.
+func TestHandlerNamesFromContainerd17(t *testing.T) {
+	st := &runtimeapi.StatusResponse{Info: map[string]string{"config": `{"containerd":{"runtimes":{"runc":{},"agentbox":{"runtimeType":"io.containerd.agentbox.v1"}}}}`}}
+	if got := handlerNames(st); len(got) != 2 || got[0] != "agentbox" || got[1] != "runc" {
+		t.Fatalf("handlers %v", got)
+	}
+	st = &runtimeapi.StatusResponse{RuntimeHandlers: []*runtimeapi.RuntimeHandler{{Name: "agentbox"}}}
+	if got := handlerNames(st); len(got) != 1 || got[0] != "agentbox" {
+		t.Fatalf("handlers %v", got)
 	}
 }

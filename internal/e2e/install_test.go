@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,9 +18,21 @@ import (
 // (`agentbox install` into a root with a containerd config of its own),
 // starts containerd from that config, runs a container under the installed
 // handler, checks it with doctor, and uninstalls, leaving the containerd
-// config as it was.
+// config as it was: with containerd 2.x (config version 3) and 1.7
+// (version 2, whose CRI plugin also needs its runc entry).
 func TestInstallOnANode(t *testing.T) {
 	requireEnv(t)
+	t.Run("containerd-2.x", func(t *testing.T) { installAndRun(t, "containerd", 3) })
+	t.Run("containerd-1.7", func(t *testing.T) {
+		bins, _ := filepath.Glob(filepath.Join(cacheDir(), "bin", "containerd-v1.7.*"))
+		if len(bins) == 0 {
+			t.Skip("containerd 1.7 not built: run hack/setup.sh")
+		}
+		installAndRun(t, bins[0], 2)
+	})
+}
+
+func installAndRun(t *testing.T, containerd string, version int) {
 	root, err := os.MkdirTemp("", "abx-inst-")
 	if err != nil {
 		t.Fatal(err)
@@ -27,8 +40,11 @@ func TestInstallOnANode(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(root) })
 	sock := filepath.Join(root, "c.sock")
 	mainCfg := filepath.Join(root, "etc/containerd/config.toml")
-	original := "version = 3\nroot = \"" + filepath.Join(root, "var/lib/containerd") + "\"\nstate = \"" + filepath.Join(root, "run/containerd") +
-		"\"\n\n[grpc]\n  address = \"" + sock + "\"\n\n[ttrpc]\n  address = \"" + sock + ".ttrpc\"\n"
+	original := fmt.Sprintf("version = %d\nroot = %q\nstate = %q\n\n[grpc]\n  address = %q\n\n[ttrpc]\n  address = %q\n",
+		version, filepath.Join(root, "var/lib/containerd"), filepath.Join(root, "run/containerd"), sock, sock+".ttrpc")
+	if version == 2 {
+		original += "\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+	}
 	os.MkdirAll(filepath.Dir(mainCfg), 0o755)
 	if err := os.WriteFile(mainCfg, []byte(original), 0o644); err != nil {
 		t.Fatal(err)
@@ -36,7 +52,10 @@ func TestInstallOnANode(t *testing.T) {
 	agentbox := filepath.Join(repoRoot, "_output", "bin", "agentbox")
 	args := []string{"install", "--root", root, "--shim", filepath.Join(repoRoot, "_output", "bin", "containerd-shim-agentbox-v1"), "--runsc", filepath.Join(cacheDir(), "bin", "runsc")}
 	in := dev.run(60*time.Second, agentbox, args...)
-	if in.code != 0 || !strings.Contains(in.stdout, "created    "+filepath.Join(root, "etc/containerd/conf.d/agentbox.toml")) || !strings.Contains(in.stdout, "updated    "+mainCfg) {
+	// containerd 2.x takes a drop-in; 1.7 gets the handler in its main
+	// file (it would replace its whole CRI section with a drop-in's).
+	dropIn := strings.Contains(in.stdout, "created    "+filepath.Join(root, "etc/containerd/conf.d/agentbox.toml"))
+	if in.code != 0 || dropIn != (version == 3) || !strings.Contains(in.stdout, "updated    "+mainCfg) {
 		t.Fatalf("install: %v", in)
 	}
 	if again := dev.run(60*time.Second, agentbox, args...); again.code != 0 || strings.Contains(again.stdout, "created") || strings.Contains(again.stdout, "updated") {
@@ -46,7 +65,7 @@ func TestInstallOnANode(t *testing.T) {
 	// containerd from the installed config, with the installed binaries
 	// first on its PATH.
 	env := append(os.Environ(), "PATH="+filepath.Join(root, "usr/local/bin")+":"+os.Getenv("PATH"))
-	cd := exec.Command("containerd", "--config", mainCfg)
+	cd := exec.Command(containerd, "--config", mainCfg)
 	cd.Env = env
 	logf, _ := os.Create(filepath.Join(root, "containerd.log"))
 	cd.Stdout, cd.Stderr = logf, logf

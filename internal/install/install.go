@@ -58,6 +58,9 @@ type manifest struct {
 	Import        string `json:"import"`
 	ImportsLine   bool   `json:"importsLine"`
 	ConfigCreated bool   `json:"configCreated"`
+	// Block is the text appended to a version 2 (containerd 1.7) config,
+	// which cannot take a drop-in (see registerHandler).
+	Block string `json:"block,omitempty"`
 }
 
 const (
@@ -263,6 +266,9 @@ func (in *installer) registerHandler() error {
 		}
 		version = head.Version
 	}
+	if version == 2 {
+		return in.appendBlock(mainPath, main)
+	}
 	drop := in.dropInPath()
 	if err := in.put(drop, dropIn(version, in.o.Handler, in.path(etcDir+"/config.toml")), 0o644, true); err != nil {
 		return err
@@ -285,6 +291,62 @@ func (in *installer) registerHandler() error {
 		return nil
 	}
 	return writeKeepingMode(mainPath, updated)
+}
+
+// appendBlock registers the handler in a version 2 (containerd 1.7)
+// config by appending its tables to the main file between markers.
+// containerd 1.7 replaces a plugin's whole section with an imported one's,
+// so a drop-in for the CRI plugin would wipe the node's CRI settings (its
+// runc runtime among them: the CRI plugin then does not load).
+func (in *installer) appendBlock(mainPath string, main []byte) error {
+	block := blockBegin + string(dropIn(2, in.o.Handler, in.path(etcDir+"/config.toml"))) + blockEnd
+	block = strings.Replace(block, "version = 2\n\n", "", 1)
+	if bytes.Contains(main, []byte(block)) {
+		in.note(mainPath, "unchanged")
+		return nil
+	}
+	if bytes.Contains(main, []byte(blockBegin)) {
+		return fmt.Errorf("containerd config %s holds an agentbox block that differs from this install's: run agentbox uninstall first", mainPath)
+	}
+	var tree map[string]any
+	toml.Unmarshal(main, &tree)
+	if runtimes, ok := dig(tree, "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes"); ok {
+		if _, taken := runtimes[in.o.Handler]; taken {
+			return fmt.Errorf("containerd config %s already has a runtime %q: remove it, or install under another --handler", mainPath, in.o.Handler)
+		}
+	}
+	sep := "\n"
+	if len(main) > 0 && main[len(main)-1] != '\n' {
+		sep = "\n\n"
+	}
+	block = sep + block
+	updated := append(append([]byte(nil), main...), block...)
+	if err := toml.Unmarshal(updated, &tree); err != nil {
+		return fmt.Errorf("containerd config %s would not parse with the handler appended (%v): add it by hand (examples/containerd-config-1.7.toml)", mainPath, err)
+	}
+	in.m.Block = block
+	in.note(mainPath, "updated")
+	if in.o.DryRun {
+		return nil
+	}
+	return writeKeepingMode(mainPath, updated)
+}
+
+const (
+	blockBegin = "# BEGIN agentbox: written by agentbox install; agentbox uninstall removes it\n"
+	blockEnd   = "# END agentbox\n"
+)
+
+// dig follows keys through nested tables.
+func dig(t map[string]any, keys ...string) (map[string]any, bool) {
+	for _, k := range keys {
+		next, ok := t[k].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		t = next
+	}
+	return t, true
 }
 
 // addImport adds path to the config's imports, inserting an imports line
@@ -394,6 +456,20 @@ func Uninstall(o Options) ([]Action, error) {
 		return nil, fmt.Errorf("no install manifest at %s: nothing agentbox installed is known: %w", mpath, err)
 	}
 	mainPath := in.path(o.ContainerdConfig)
+	if m.Block != "" {
+		main, err := os.ReadFile(mainPath)
+		if err != nil {
+			return nil, err
+		}
+		if updated := bytes.Replace(main, []byte(m.Block), nil, 1); !bytes.Equal(updated, main) {
+			in.note(mainPath, "updated")
+			if !o.DryRun {
+				if err := writeKeepingMode(mainPath, updated); err != nil {
+					return in.actions, err
+				}
+			}
+		}
+	}
 	if m.Import != "" && !m.ConfigCreated {
 		main, err := os.ReadFile(mainPath)
 		if err != nil {

@@ -41,7 +41,6 @@ func TestInstallIsIdempotentAndReversible(t *testing.T) {
 		{"no config", "", "io.containerd.cri.v1.runtime"},
 		{"v3 without imports", "version = 3\nroot = \"/x\"\n\n[grpc]\n  address = \"/s\"\n", "io.containerd.cri.v1.runtime"},
 		{"v3 with imports", "# mine\nversion = 3\nimports = [\"/etc/containerd/other.toml\"]\n", "io.containerd.cri.v1.runtime"},
-		{"v2 (containerd 1.7)", "version = 2\n[plugins]\n", "io.containerd.grpc.v1.cri"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -169,4 +168,45 @@ func contains(l []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// containerd 1.7 replaces a plugin's whole section with an imported one's:
+// the handler goes into the main file, between markers, and uninstall
+// takes exactly that out.
+func TestInstallContainerd17AppendsToTheMainConfig(t *testing.T) {
+	root := t.TempDir()
+	mainPath := filepath.Join(root, "etc/containerd/config.toml")
+	original := "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+	os.MkdirAll(filepath.Dir(mainPath), 0o755)
+	os.WriteFile(mainPath, []byte(original), 0o644)
+	o := opts(t, root)
+	if _, err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	main, _ := os.ReadFile(mainPath)
+	var tree map[string]any
+	if err := toml.Unmarshal(main, &tree); err != nil {
+		t.Fatal(err)
+	}
+	runtimes, _ := dig(tree, "plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")
+	if _, ok := runtimes["agentbox"]; !ok || runtimes["runc"] == nil || strings.Contains(string(main), "imports") {
+		t.Fatalf("the handler must sit beside runc in the main file:\n%s", main)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/containerd/conf.d/agentbox.toml")); !os.IsNotExist(err) {
+		t.Fatal("no drop-in for containerd 1.7")
+	}
+	if acts, _ := Install(o); whats(acts)[mainPath] != "unchanged" {
+		t.Fatalf("a second install must leave the config: %v", acts)
+	}
+	if _, err := Uninstall(o); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(mainPath); string(b) != original {
+		t.Fatalf("uninstall must restore the config:\n%q", b)
+	}
+	// A handler of the same name the admin wrote is not overwritten.
+	os.WriteFile(mainPath, []byte(original+"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.agentbox]\n  runtime_type = \"x\"\n"), 0o644)
+	if _, err := Install(opts(t, root)); err == nil || !strings.Contains(err.Error(), `already has a runtime "agentbox"`) {
+		t.Fatalf("want a refusal: %v", err)
+	}
 }

@@ -109,6 +109,12 @@ state = "$DIR/state"
 [ttrpc]
   address = "$SOCK.ttrpc"
 
+# Each private instance its own NRI socket: the default
+# /var/run/nri/nri.sock is one per machine, and a second instance would
+# take it over.
+[plugins."io.containerd.nri.v1.nri"]
+  socket_path = "$DIR/nri.sock"
+
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "$PAUSE_IMAGE"
 

@@ -40,8 +40,10 @@ func installAndRun(t *testing.T, containerd string, version int) {
 	t.Cleanup(func() { os.RemoveAll(root) })
 	sock := filepath.Join(root, "c.sock")
 	mainCfg := filepath.Join(root, "etc/containerd/config.toml")
-	original := fmt.Sprintf("version = %d\nroot = %q\nstate = %q\n\n[grpc]\n  address = %q\n\n[ttrpc]\n  address = %q\n",
-		version, filepath.Join(root, "var/lib/containerd"), filepath.Join(root, "run/containerd"), sock, sock+".ttrpc")
+	// Its own NRI socket: the default one is the machine's (the private
+	// e2e containerd's is its own too).
+	original := fmt.Sprintf("version = %d\nroot = %q\nstate = %q\n\n[grpc]\n  address = %q\n\n[ttrpc]\n  address = %q\n\n[plugins.\"io.containerd.nri.v1.nri\"]\n  socket_path = %q\n",
+		version, filepath.Join(root, "var/lib/containerd"), filepath.Join(root, "run/containerd"), sock, sock+".ttrpc", filepath.Join(root, "nri.sock"))
 	if version == 2 {
 		original += "\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
 	}

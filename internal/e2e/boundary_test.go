@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -299,5 +300,34 @@ func TestBoundaryDoctorChecksSeccompErrno(t *testing.T) {
 	r := dev.run(90*time.Second, "agentbox", "doctor", "--address", dev.sock, "--config", filepath.Join(dev.dir, "agentbox", "config.toml"))
 	if !strings.Contains(r.stdout, "PASS  seccomp      runsc honours errnoRet") {
 		t.Fatalf("doctor must find the shipped runsc honouring errnoRet: %v", r)
+	}
+}
+
+// TestBoundaryRecursiveReadOnly: the handler advertises "rro", so the CRI
+// accepts a recursive read-only mount; the mount and a submount below it
+// are read-only inside, and the pod's other files work.
+func TestBoundaryRecursiveReadOnly(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	shared := filepath.Join(dev.dir, "shared")
+	sub := filepath.Join(shared, "sub")
+	os.MkdirAll(sub, 0o777)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", sub).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", sub).Run(); os.Remove(sub) })
+	p := newPodIn(t, "rro", "team", map[string]string{"agentbox.dev/role": "e2e-volumes"})
+	id := p.containerWith(t, "c", map[string]any{
+		"command": []string{"sh", "-c", "cat /models/model.txt; echo x > /models/sub/f 2>/dev/null || echo sub-read-only; echo x > /models/f 2>/dev/null || echo top-read-only; sleep 600"},
+		"mounts":  []map[string]any{{"container_path": "/models", "host_path": shared, "readonly": true, "recursive_read_only": true}},
+	})
+	logs := waitLogs(t, id, "top-read-only")
+	for _, want := range []string{"weights", "sub-read-only", "top-read-only"} {
+		if !strings.Contains(logs.stdout, want) {
+			t.Fatalf("rro mount: %q missing: %v", want, logs)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sub, "f")); err == nil {
+		t.Fatal("a write reached the host through the recursive read-only mount")
 	}
 }

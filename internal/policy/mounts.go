@@ -179,7 +179,10 @@ func (p *Profile) execAllowed(dst string) bool {
 // a reason for refusing it.
 func (p *Profile) classifyBind(m specs.Mount, env MountEnv) (Bind, string) {
 	src, dst := m.Source, m.Destination
-	b := Bind{Destination: dst, Source: src, Recursive: isRecursive(m), ReadOnly: hasOption(m.Options, "ro")}
+	// "rro" (recursive read-only, as the CRI asks for it) is read-only too:
+	// the staged mount is made read-only recursively (mount_setattr with
+	// AT_RECURSIVE), and gVisor's gofer serves it read-only.
+	b := Bind{Destination: dst, Source: src, Recursive: isRecursive(m), ReadOnly: hasOption(m.Options, "ro") || hasOption(m.Options, "rro")}
 	if !isClean(src) {
 		return b, fmt.Sprintf("source %q is not a clean absolute path", src)
 	}
@@ -281,7 +284,7 @@ func (p *Profile) rewriteMounts(env MountEnv) func(s *specs.Spec) (string, error
 			}
 			b.NoExec = !b.ReadOnly && !p.execAllowed(dst)
 			opts := []string{"nosuid", "nodev"}
-			drop := []string{"suid", "dev", "exec", "noexec", "ro", "rw"}
+			drop := []string{"suid", "dev", "exec", "noexec", "ro", "rw", "rro"}
 			if b.ReadOnly {
 				opts = append(opts, "ro")
 			} else if b.NoExec {

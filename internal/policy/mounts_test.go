@@ -66,6 +66,7 @@ func TestMountClassification(t *testing.T) {
 		{"container dir beyond volumes", "vols", testEnv, bind(testEnv.ContainerDir+"/status", "/x"), nil, nil, "not one of its image volumes"},
 		{"pod emptyDir", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~empty-dir/scratch", "/work", "rw"), []string{"noexec", "nosuid", "nodev"}, nil, ""},
 		{"pod emptyDir where the role allows exec", "builder", testEnv, bind(pod+"/volumes/kubernetes.io~empty-dir/ws", "/workspace", "rw"), []string{"nosuid"}, []string{"noexec"}, ""},
+		{"recursive read-only (CRI rro)", "vols", testEnv, bind("/srv/data/x", "/data", "rro"), []string{"ro"}, []string{"rro", "rw", "noexec"}, ""},
 		{"pod secret read-only", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~secret/creds", "/creds", "ro"), []string{"ro"}, []string{"noexec"}, ""},
 		{"pod configMap", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~configmap/cfg", "/cfg", "ro"), []string{"ro"}, nil, ""},
 		{"pod subPath", "vols", testEnv, bind(pod+"/volume-subpaths/cfg/c/0", "/etc/app.conf", "ro"), []string{"ro"}, nil, ""},

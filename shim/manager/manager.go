@@ -14,9 +14,13 @@ import (
 
 	types "github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/v2/core/mount"
+	_ "github.com/containerd/containerd/v2/core/runtime" // registers features.Features with typeurl
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cdshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
@@ -214,8 +218,26 @@ func isJoining(ann map[string]string) bool {
 
 // Info implements shim.Manager.
 func (m *manager) Info(ctx context.Context, _ io.Reader) (*types.RuntimeInfo, error) {
+	feat, err := typeurl.MarshalAnyToProto(Features())
+	if err != nil {
+		return nil, fmt.Errorf("marshal runtime features: %w", err)
+	}
 	return &types.RuntimeInfo{
-		Name:    m.Name(),
-		Version: &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
+		Name:     m.Name(),
+		Version:  &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
+		Features: feat,
 	}, nil
+}
+
+// Features is what agentbox honours of the OCI spec, for containerd's
+// introspection (the CRI offers recursive read-only mounts to runtimes
+// that list "rro"). Only what the shim enforces is listed: "rro" because
+// every read-only bind is staged read-only recursively (mount_setattr
+// AT_RECURSIVE) and served read-only by gVisor's gofer.
+func Features() *features.Features {
+	return &features.Features{
+		OCIVersionMin: "1.0.0",
+		OCIVersionMax: specs.Version,
+		MountOptions:  []string{"bind", "rbind", "ro", "rro", "rw", "nosuid", "nodev", "noexec", "rprivate", "private"},
+	}
 }

@@ -40,49 +40,17 @@ go_tool() {
   echo "$stamp" >"$sf"
 }
 
-# runsc MUST be static: a cgo build dies at boot inside its own chroot.
-# It is built from the pinned gVisor module with the patches in
-# hack/patches/ (each says why); the stamp covers them.
-build_runsc() {
-  local patches stamp sf="$TOOLS_BIN/.runsc.stamp"
-  patches=$(cat "$REPO_ROOT"/hack/patches/runsc-*.patch | sha256sum | cut -c1-16)
-  stamp="$GVISOR_VERSION patches=$patches"
-  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ] && [ -x "$TOOLS_BIN/runsc" ]; then
-    step "runsc $GVISOR_VERSION (patched) cached"
-    return
-  fi
-  local log=$AGENTBOX_CACHE/logs/runsc.log src=$AGENTBOX_CACHE/src/gvisor
-  step "building runsc $GVISOR_VERSION with hack/patches (a few minutes; log: $log)"
-  (
-    set -e
-    mod=$(GOFLAGS=-mod=mod go mod download -json "gvisor.dev/gvisor@$GVISOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    [ -d "$mod" ] || { echo "gvisor module not downloaded"; exit 1; }
-    rm -rf "$src"; mkdir -p "$(dirname "$src")"; cp -r "$mod" "$src"; chmod -R u+w "$src"
-    for p in "$REPO_ROOT"/hack/patches/runsc-*.patch; do (cd "$src" && git apply -p1 "$p"); done
-    cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" -o "$TOOLS_BIN/runsc" ./runsc
-  ) >"$log" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 15
-    kill -0 "$pid" 2>/dev/null && step "  still building runsc ($(tail -n1 "$log" | cut -c1-80))"
-  done
-  wait "$pid" || { tail -n 20 "$log" >&2; die "building runsc failed"; }
-  rm -rf "$src"
-  echo "$stamp" >"$sf"
-}
-build_runsc
-go_tool containerd "$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
-go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-
-# containerd 1.7, for the compatibility tests (its go.mod has exclude
-# directives, so `go install pkg@version` refuses it: build in a copy of
-# the module).
+# build_in_module NAME MODULE VERSION PKG OUT [LDFLAGS [PATCH...]]: builds
+# PKG, static, inside a copy of MODULE@VERSION with the patches applied,
+# unless the stamp (version and patches) matches. For what `go install
+# pkg@version` cannot do: patching (runsc), or a go.mod with exclude
+# directives (containerd 1.7).
 build_in_module() {
-  local name=$1 module=$2 version=$3 pkg=$4 out=$5 sf="$TOOLS_BIN/.$1.stamp"
-  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$version" ] && [ -x "$out" ]; then
+  local name=$1 module=$2 version=$3 pkg=$4 out=$5 ldflags=${6:-}
+  shift 5; [ $# -eq 0 ] || shift
+  local patches=("$@") stamp=$version sf="$TOOLS_BIN/.$name.stamp"
+  [ ${#patches[@]} -eq 0 ] || stamp="$version patches=$(cat "${patches[@]}" | sha256sum | cut -c1-16)"
+  if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ] && [ -x "$out" ]; then
     step "$name $version cached"
     return
   fi
@@ -93,7 +61,8 @@ build_in_module() {
     mod=$(GOFLAGS=-mod=mod go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
     [ -d "$mod" ] || { echo "$module not downloaded"; exit 1; }
     rm -rf "$src"; mkdir -p "$(dirname "$src")"; cp -r "$mod" "$src"; chmod -R u+w "$src"
-    cd "$src" && CGO_ENABLED=0 go build -trimpath -o "$out" "$pkg"
+    for p in "${patches[@]}"; do (cd "$src" && git apply -p1 "$p"); done
+    cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg"
   ) >"$log" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
@@ -102,8 +71,22 @@ build_in_module() {
   done
   wait "$pid" || { tail -n 20 "$log" >&2; die "building $name failed"; }
   rm -rf "$src"
-  echo "$version" >"$sf"
+  echo "$stamp" >"$sf"
 }
+
+# runsc MUST be static: a cgo build dies at boot inside its own chroot. It
+# is built from the gVisor module go.mod pins, with hack/patches/ applied
+# (each says why).
+build_in_module runsc gvisor.dev/gvisor "$GVISOR_VERSION" ./runsc "$TOOLS_BIN/runsc" \
+  "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" "$REPO_ROOT"/hack/patches/runsc-*.patch
+go_tool containerd "$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
+  "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+
+# containerd 1.7, for the compatibility tests (its go.mod has exclude
+# directives, so `go install pkg@version` refuses it).
 build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \

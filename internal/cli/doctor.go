@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/install"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -120,21 +120,8 @@ func sourceName(cfg *config.Config) string {
 	return cfg.Source
 }
 
-// requireStatic fails for a dynamically linked binary: runsc re-executes
-// itself inside a chroot that has no dynamic loader.
-func requireStatic(path string) error {
-	f, err := elf.Open(path)
-	if err != nil {
-		return fmt.Errorf("%s: not an ELF binary: %w", path, err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked; sandboxes die at boot. Rebuild with CGO_ENABLED=0", path)
-		}
-	}
-	return nil
-}
+// requireStatic is install.RequireStatic: runsc must be static.
+func requireStatic(path string) error { return install.RequireStatic(path) }
 
 func checkShimBinary() check {
 	c := check{name: "shim"}

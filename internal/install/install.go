@@ -134,8 +134,8 @@ func Install(o Options) ([]Action, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shim binary: %w", err)
 	}
-	if err := requireStatic(o.Runsc); err != nil {
-		return nil, err
+	if err := RequireStatic(o.Runsc); err != nil {
+		return nil, fmt.Errorf("runsc: %w", err)
 	}
 	runsc, err := os.ReadFile(o.Runsc)
 	if err != nil {
@@ -507,17 +507,18 @@ func Uninstall(o Options) ([]Action, error) {
 	return in.actions, nil
 }
 
-// requireStatic refuses a dynamically linked runsc: it re-executes itself
-// in a chroot without a loader.
-func requireStatic(path string) error {
+// RequireStatic refuses a dynamically linked binary: runsc re-executes
+// itself inside a chroot that has no dynamic loader, and its sandboxes die
+// at boot.
+func RequireStatic(path string) error {
 	f, err := elf.Open(path)
 	if err != nil {
-		return fmt.Errorf("runsc %s: not an ELF binary: %w", path, err)
+		return fmt.Errorf("%s: not an ELF binary: %w", path, err)
 	}
 	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("runsc %s is dynamically linked: build it with CGO_ENABLED=0 (hack/setup.sh)", path)
+			return fmt.Errorf("%s is dynamically linked; sandboxes die at boot. Rebuild with CGO_ENABLED=0 (hack/setup.sh)", path)
 		}
 	}
 	return nil

@@ -12,7 +12,7 @@ import (
 // staticELF finds a statically linked binary to stand in for runsc.
 func staticELF(t *testing.T) string {
 	for _, p := range []string{"/bin/busybox", "/var/cache/agentbox/bin/runsc"} {
-		if requireStatic(p) == nil {
+		if RequireStatic(p) == nil {
 			return p
 		}
 	}

@@ -215,6 +215,20 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 	switch e := event.(type) {
 	case *events.TaskOOM:
 		p.s.record(e.ContainerID, audit.TypeLimit.New("Failure", "out of memory: the container was OOM-killed", map[string]string{"limit": "memory", "container_id": e.ContainerID}), true)
+		// gVisor watches the sandbox's cgroup, shared by all of a pod's
+		// containers, and names the sandbox (the pause container) in its
+		// event: each container in the sandbox was killed with it, and the
+		// CRI reports OOMKilled only for a container named in a TaskOOM.
+		if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
+			p.s.sandboxes.markOOM(sb.id)
+			for _, id := range p.s.sandboxes.containersOf(sb) {
+				if id != e.ContainerID {
+					if err := p.Publisher.Publish(ctx, topic, &events.TaskOOM{ContainerID: id}); err != nil {
+						log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: publishing OOM")
+					}
+				}
+			}
+		}
 	case *events.TaskExit:
 		if e.ID == e.ContainerID {
 			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),

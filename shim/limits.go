@@ -56,7 +56,12 @@ func (s *service) killAll(ctx context.Context, ids []string) {
 // adjustExit reports a container killed by its sandbox's wall clock with
 // WallClockExitStatus.
 func (s *service) adjustExit(e *proc.Exit) {
-	if e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID) {
+	switch {
+	case e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID):
 		e.Status = WallClockExitStatus
+	case e.Status == runscWaitFailed && s.sandboxes.oomKilledContainer(e.ID):
+		// The sandbox was OOM-killed under the container: it died with
+		// it (SIGKILL), as Kubernetes expects of an OOMKilled container.
+		e.Status = 128 + int(unix.SIGKILL)
 	}
 }

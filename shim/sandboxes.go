@@ -28,8 +28,11 @@ type sandboxState struct {
 	podUID     string
 	containers []string
 	timer      *time.Timer
-	// expired is set when the wall-clock limit stopped the sandbox.
-	expired bool
+	// expired is set when the wall-clock limit stopped the sandbox;
+	// oomKilled when its cgroup ran out of memory. Protected by the
+	// registry's mu.
+	expired   bool
+	oomKilled bool
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
 	// egressMu guards the egress fields below. Create sets them before the
@@ -202,6 +205,24 @@ func (r *sandboxRegistry) expiredContainer(id string) bool {
 	defer r.mu.Unlock()
 	sb := r.sandboxes[r.sandboxOf[id]]
 	return sb != nil && sb.expired
+}
+
+// markOOM records that a sandbox's cgroup ran out of memory.
+func (r *sandboxRegistry) markOOM(sandboxID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb, ok := r.sandboxes[sandboxID]; ok {
+		sb.oomKilled = true
+	}
+}
+
+// oomKilledContainer reports whether a container's sandbox ran out of
+// memory.
+func (r *sandboxRegistry) oomKilledContainer(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sandboxes[r.sandboxOf[id]]
+	return sb != nil && sb.oomKilled
 }
 
 // expire marks a sandbox as stopped by its wall clock and returns the

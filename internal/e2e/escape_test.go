@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -389,4 +390,37 @@ func waitLogs(t *testing.T, id, want string) result {
 		}
 	}
 	return r
+}
+
+// TestEscapeMemoryBombInAPod: a pod's container that runs its sandbox out
+// of memory ends as Kubernetes expects (137, reason OOMKilled), and the
+// limit is in the pod's trail.
+func TestEscapeMemoryBombInAPod(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	p := newPodIn(t, "oom", "e2e-dns", map[string]string{"agentbox.dev/role": "e2e-dns", "agentbox.dev/memory": "256Mi"})
+	id := p.containerWith(t, "c", map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"abx-probe", "alloc", "600"}})
+	waitState(t, id, "CONTAINER_EXITED")
+	r := dev.crictl(30*time.Second, "inspect", "-o", "json", id)
+	var st struct {
+		Status struct {
+			ExitCode int    `json:"exitCode"`
+			Reason   string `json:"reason"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Status.ExitCode != 137 || st.Status.Reason != "OOMKilled" {
+		t.Fatalf("want 137 and OOMKilled, got %d %q", st.Status.ExitCode, st.Status.Reason)
+	}
+	dev.crictl(60*time.Second, "stopp", p.id)
+	dev.crictl(60*time.Second, "rmp", p.id)
+	p.released = true
+	for _, rec := range readTrail(t, p.id) {
+		if rec.Event == "agentbox/limit" && rec.Detail["limit"] == "memory" {
+			return
+		}
+	}
+	t.Fatal("no memory limit record in the pod's trail")
 }

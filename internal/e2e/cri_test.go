@@ -114,6 +114,13 @@ func (p *pod) containerWith(t *testing.T, name string, extra map[string]any) str
 // containerState returns a container's CRI state and exit code.
 func containerState(t *testing.T, id string) (string, int) {
 	t.Helper()
+	st, code, _ := containerStatus(t, id)
+	return st, code
+}
+
+// containerStatus returns a container's CRI state, exit code and reason.
+func containerStatus(t *testing.T, id string) (state string, code int, reason string) {
+	t.Helper()
 	r := dev.crictl(30*time.Second, "inspect", "-o", "json", id)
 	if r.code != 0 {
 		t.Fatalf("crictl inspect: %v", r)
@@ -122,12 +129,13 @@ func containerState(t *testing.T, id string) (string, int) {
 		Status struct {
 			State    string `json:"state"`
 			ExitCode int    `json:"exitCode"`
+			Reason   string `json:"reason"`
 		} `json:"status"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("inspect output: %v", err)
 	}
-	return st.Status.State, st.Status.ExitCode
+	return st.Status.State, st.Status.ExitCode, st.Status.Reason
 }
 
 func waitState(t *testing.T, id, want string) int {

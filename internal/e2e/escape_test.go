@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -401,18 +400,8 @@ func TestEscapeMemoryBombInAPod(t *testing.T) {
 	p := newPodIn(t, "oom", "e2e-dns", map[string]string{"agentbox.dev/role": "e2e-dns", "agentbox.dev/memory": "256Mi"})
 	id := p.containerWith(t, "c", map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"abx-probe", "alloc", "600"}})
 	waitState(t, id, "CONTAINER_EXITED")
-	r := dev.crictl(30*time.Second, "inspect", "-o", "json", id)
-	var st struct {
-		Status struct {
-			ExitCode int    `json:"exitCode"`
-			Reason   string `json:"reason"`
-		} `json:"status"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Status.ExitCode != 137 || st.Status.Reason != "OOMKilled" {
-		t.Fatalf("want 137 and OOMKilled, got %d %q", st.Status.ExitCode, st.Status.Reason)
+	if _, code, reason := containerStatus(t, id); code != 137 || reason != "OOMKilled" {
+		t.Fatalf("want 137 and OOMKilled, got %d %q", code, reason)
 	}
 	dev.crictl(60*time.Second, "stopp", p.id)
 	dev.crictl(60*time.Second, "rmp", p.id)

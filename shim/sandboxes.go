@@ -63,8 +63,9 @@ type sandboxState struct {
 	denialsLost atomic.Int64
 }
 
-// heldNetns is a path to the pod namespace that stays valid while the
-// shim holds it (for nsenter, a child of the shim). Guarded by egressMu.
+// heldNetnsLocked is a path to the pod namespace that stays valid while
+// the shim holds it (for nsenter, a child of the shim). The caller holds
+// egressMu.
 func (sb *sandboxState) heldNetnsLocked() string {
 	if sb.netnsFile == nil {
 		return sb.netns

@@ -210,24 +210,26 @@ func nodeConfig(o Options) ([]byte, error) {
 	return []byte(s), nil
 }
 
-// dropIn is the containerd config fragment that registers the handler,
-// for config version 3 (containerd 2.x) or 2 (containerd 1.7).
-func dropIn(version int, handler, agentboxConfig string) []byte {
-	plugin := `io.containerd.cri.v1.runtime`
-	if version == 2 {
-		plugin = `io.containerd.grpc.v1.cri`
-	}
-	return []byte(fmt.Sprintf(`# Written by agentbox install: the %[1]q runtime handler runs containers
-# under agentbox (gVisor, least-privilege roles, an audit trail).
-version = %[2]d
-
-[plugins.%[3]q.containerd.runtimes.%[1]s]
+// handlerTables are the containerd config tables that register the
+// handler in plugin (the CRI plugin's id in that config version).
+func handlerTables(plugin, handler, agentboxConfig string) string {
+	return fmt.Sprintf(`[plugins.%[1]q.containerd.runtimes.%[2]s]
   runtime_type = "io.containerd.agentbox.v1"
   pod_annotations = ["agentbox.dev/*"]
   container_annotations = ["agentbox.dev/*"]
-  [plugins.%[3]q.containerd.runtimes.%[1]s.options]
-    ConfigPath = %[4]q
-`, handler, version, plugin, agentboxConfig))
+  [plugins.%[1]q.containerd.runtimes.%[2]s.options]
+    ConfigPath = %[3]q
+`, plugin, handler, agentboxConfig)
+}
+
+// dropIn is the containerd 2.x (config version 3) file that registers the
+// handler.
+func dropIn(handler, agentboxConfig string) []byte {
+	return []byte(fmt.Sprintf(`# Written by agentbox install: the %q runtime handler runs containers
+# under agentbox (gVisor, least-privilege roles, an audit trail).
+version = 3
+
+`, handler) + handlerTables("io.containerd.cri.v1.runtime", handler, agentboxConfig))
 }
 
 func (in *installer) dropInPath() string {
@@ -270,7 +272,7 @@ func (in *installer) registerHandler() error {
 		return in.appendBlock(mainPath, main)
 	}
 	drop := in.dropInPath()
-	if err := in.put(drop, dropIn(version, in.o.Handler, in.path(etcDir+"/config.toml")), 0o644, true); err != nil {
+	if err := in.put(drop, dropIn(in.o.Handler, in.path(etcDir+"/config.toml")), 0o644, true); err != nil {
 		return err
 	}
 	if created {
@@ -299,8 +301,7 @@ func (in *installer) registerHandler() error {
 // so a drop-in for the CRI plugin would wipe the node's CRI settings (its
 // runc runtime among them: the CRI plugin then does not load).
 func (in *installer) appendBlock(mainPath string, main []byte) error {
-	block := blockBegin + string(dropIn(2, in.o.Handler, in.path(etcDir+"/config.toml"))) + blockEnd
-	block = strings.Replace(block, "version = 2\n\n", "", 1)
+	block := blockBegin + handlerTables("io.containerd.grpc.v1.cri", in.o.Handler, in.path(etcDir+"/config.toml")) + blockEnd
 	if bytes.Contains(main, []byte(block)) {
 		in.note(mainPath, "unchanged")
 		return nil

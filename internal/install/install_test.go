@@ -46,8 +46,7 @@ func TestInstallIsIdempotentAndReversible(t *testing.T) {
 			root := t.TempDir()
 			mainPath := filepath.Join(root, "etc/containerd/config.toml")
 			if tc.main != "" {
-				os.MkdirAll(filepath.Dir(mainPath), 0o755)
-				os.WriteFile(mainPath, []byte(tc.main), 0o600)
+				writeFile(t, mainPath, tc.main, 0o600)
 			}
 			o := opts(t, root)
 			acts, err := Install(o)
@@ -111,8 +110,7 @@ func TestInstallIsIdempotentAndReversible(t *testing.T) {
 func TestInstallKeepsWhatTheAdminWrote(t *testing.T) {
 	root := t.TempDir()
 	cfg := filepath.Join(root, "etc/agentbox/config.toml")
-	os.MkdirAll(filepath.Dir(cfg), 0o755)
-	os.WriteFile(cfg, []byte("version = 1\n"), 0o644)
+	writeFile(t, cfg, "version = 1\n", 0o644)
 	o := opts(t, root)
 	acts, err := Install(o)
 	if err != nil || whats(acts)[cfg] != "kept" {
@@ -146,8 +144,7 @@ func TestInstallDryRunWritesNothing(t *testing.T) {
 func TestInstallRefuses(t *testing.T) {
 	root := t.TempDir()
 	mainPath := filepath.Join(root, "etc/containerd/config.toml")
-	os.MkdirAll(filepath.Dir(mainPath), 0o755)
-	os.WriteFile(mainPath, []byte("[plugins]\n"), 0o644)
+	writeFile(t, mainPath, "[plugins]\n", 0o644)
 	if _, err := Install(opts(t, root)); err == nil || !strings.Contains(err.Error(), "version 0") {
 		t.Fatalf("a version 1 config must be refused: %v", err)
 	}
@@ -177,8 +174,7 @@ func TestInstallContainerd17AppendsToTheMainConfig(t *testing.T) {
 	root := t.TempDir()
 	mainPath := filepath.Join(root, "etc/containerd/config.toml")
 	original := "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
-	os.MkdirAll(filepath.Dir(mainPath), 0o755)
-	os.WriteFile(mainPath, []byte(original), 0o644)
+	writeFile(t, mainPath, original, 0o644)
 	o := opts(t, root)
 	if _, err := Install(o); err != nil {
 		t.Fatal(err)
@@ -208,5 +204,16 @@ func TestInstallContainerd17AppendsToTheMainConfig(t *testing.T) {
 	os.WriteFile(mainPath, []byte(original+"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.agentbox]\n  runtime_type = \"x\"\n"), 0o644)
 	if _, err := Install(opts(t, root)); err == nil || !strings.Contains(err.Error(), `already has a runtime "agentbox"`) {
 		t.Fatalf("want a refusal: %v", err)
+	}
+}
+
+// writeFile writes a file of the test's, with its directories.
+func writeFile(t *testing.T, path, body string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), mode); err != nil {
+		t.Fatal(err)
 	}
 }

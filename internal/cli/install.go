@@ -13,7 +13,8 @@ import (
 
 func installFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "root", Value: "/", Usage: "install below this directory (an image build, a test)"},
+		&cli.StringFlag{Name: "root", Value: "/", Usage: "install below this directory as a tree of its own (an image build, a test): the configs name the files below it"},
+		&cli.StringFlag{Name: "host-root", Usage: "the node's root filesystem is mounted here (an installer pod's hostPath /): write below it, and name the files in the configs as the node sees them"},
 		&cli.StringFlag{Name: "containerd-config", Value: "/etc/containerd/config.toml", Usage: "containerd's main config, below --root"},
 		&cli.StringFlag{Name: "handler", Value: "agentbox", Usage: "CRI runtime handler (the RuntimeClass's handler)"},
 		&cli.BoolFlag{Name: "dry-run", Usage: "say what would change, change nothing"},
@@ -30,8 +31,10 @@ func installCommands() []*cli.Command {
 				&cli.StringFlag{Name: "runsc", Usage: "a static runsc built with hack/patches (default: runsc on PATH)"},
 			),
 			Action: func(c *cli.Context) error {
-				o := optionsOf(c)
-				var err error
+				o, err := optionsOf(c)
+				if err != nil {
+					return cli.Exit(err, 2)
+				}
 				if o.Shim, err = binary(c.String("shim"), "containerd-shim-agentbox-v1"); err != nil {
 					return cli.Exit(err, 2)
 				}
@@ -39,7 +42,7 @@ func installCommands() []*cli.Command {
 					return cli.Exit(err, 2)
 				}
 				acts, err := install.Install(o)
-				return reportActions(c, acts, err, "restart containerd, then check with: agentbox doctor --config "+filepath.Join(o.Root, "/etc/agentbox/config.toml"))
+				return reportActions(c, acts, err, "restart containerd, then check with: agentbox doctor --config "+install.ConfigFile(o))
 			},
 		},
 		{
@@ -47,15 +50,29 @@ func installCommands() []*cli.Command {
 			Usage: "reverse `agentbox install`: remove what it created and its containerd import (files that existed before stay)",
 			Flags: installFlags(),
 			Action: func(c *cli.Context) error {
-				acts, err := install.Uninstall(optionsOf(c))
+				o, err := optionsOf(c)
+				if err != nil {
+					return cli.Exit(err, 2)
+				}
+				acts, err := install.Uninstall(o)
 				return reportActions(c, acts, err, "restart containerd")
 			},
 		},
 	}
 }
 
-func optionsOf(c *cli.Context) install.Options {
-	return install.Options{Root: c.String("root"), ContainerdConfig: c.String("containerd-config"), Handler: c.String("handler"), DryRun: c.Bool("dry-run")}
+func optionsOf(c *cli.Context) (install.Options, error) {
+	o := install.Options{Root: c.String("root"), ContainerdConfig: c.String("containerd-config"), Handler: c.String("handler"), DryRun: c.Bool("dry-run")}
+	if h := c.String("host-root"); h != "" {
+		if c.IsSet("root") {
+			return o, fmt.Errorf("--root and --host-root: give one")
+		}
+		o.Root, o.HostRoot = h, true
+	}
+	if !filepath.IsAbs(o.Root) {
+		return o, fmt.Errorf("--root/--host-root %q: not an absolute path", o.Root)
+	}
+	return o, nil
 }
 
 // binary finds a binary: the flag's path, else beside this executable,

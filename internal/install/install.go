@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,6 +33,11 @@ type Options struct {
 	// Root prefixes every path written ("/" on a node; a directory in
 	// tests and image builds).
 	Root string
+	// HostRoot says Root is where the node's root filesystem is mounted
+	// (an installer pod's hostPath /): the configs written name the files
+	// as the node sees them, without Root. Otherwise they name them below
+	// Root.
+	HostRoot bool
 	// ContainerdConfig is containerd's main config, below Root.
 	ContainerdConfig string
 	// Shim and Runsc are the binaries to install.
@@ -64,11 +70,37 @@ type manifest struct {
 }
 
 const (
-	binDir       = "/usr/local/bin"
-	etcDir       = "/etc/agentbox"
-	manifestFile = "/etc/agentbox/install.json"
-	shimName     = "containerd-shim-agentbox-v1"
+	binDir         = "/usr/local/bin"
+	etcDir         = "/etc/agentbox"
+	shimName       = "containerd-shim-agentbox-v1"
+	defaultHandler = "agentbox"
 )
+
+// Each handler has its own shim config (the config names the handler it
+// serves, and role bindings match on it) and its own manifest; the
+// binaries and policies are shared by all handlers on the node.
+func configFile(handler string) string {
+	if handler == defaultHandler {
+		return etcDir + "/config.toml"
+	}
+	return etcDir + "/config-" + handler + ".toml"
+}
+
+func manifestFile(handler string) string {
+	if handler == defaultHandler {
+		return etcDir + "/install.json"
+	}
+	return etcDir + "/install-" + handler + ".json"
+}
+
+// ConfigFile is the shim config Install writes for o's handler.
+func ConfigFile(o Options) string {
+	o = withDefaults(o)
+	return filepath.Join(o.Root, configFile(o.Handler))
+}
+
+// handlerName is a CRI runtime handler name, as the shim config accepts it.
+var handlerName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
 // installer carries one run.
 type installer struct {
@@ -78,6 +110,16 @@ type installer struct {
 }
 
 func (in *installer) path(p string) string { return filepath.Join(in.o.Root, p) }
+
+// nodePath is how containerd and the shim will see p.
+func (in *installer) nodePath(p string) string { return nodePath(in.o, p) }
+
+func nodePath(o Options, p string) string {
+	if o.HostRoot {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(o.Root, p)
+}
 
 // dryVerbs say what a dry run would do.
 var dryVerbs = map[string]string{"created": "would create", "updated": "would update", "removed": "would remove"}
@@ -126,8 +168,11 @@ func (in *installer) put(path string, content []byte, mode os.FileMode, replace 
 // Install installs agentbox under o.Root.
 func Install(o Options) ([]Action, error) {
 	o = withDefaults(o)
+	if !handlerName.MatchString(o.Handler) {
+		return nil, fmt.Errorf("handler %q is not a runtime handler name (lower-case letters, digits, '.', '_', '-')", o.Handler)
+	}
 	in := &installer{o: o}
-	if prev, err := readManifest(in.path(manifestFile)); err == nil {
+	if prev, err := readManifest(in.path(manifestFile(o.Handler))); err == nil {
 		in.m = prev
 	}
 	shim, err := os.ReadFile(o.Shim)
@@ -151,7 +196,7 @@ func Install(o Options) ([]Action, error) {
 	if err != nil {
 		return in.actions, err
 	}
-	if err := in.put(in.path(etcDir+"/config.toml"), cfg, 0o644, false); err != nil {
+	if err := in.put(in.path(configFile(o.Handler)), cfg, 0o644, false); err != nil {
 		return in.actions, err
 	}
 	names, _ := fs.Glob(policies.Files, "*.yaml")
@@ -167,7 +212,7 @@ func Install(o Options) ([]Action, error) {
 	}
 	if !o.DryRun {
 		b, _ := json.MarshalIndent(in.m, "", "  ")
-		if err := os.WriteFile(in.path(manifestFile), append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile(in.path(manifestFile(o.Handler)), append(b, '\n'), 0o644); err != nil {
 			return in.actions, err
 		}
 	}
@@ -182,7 +227,7 @@ func withDefaults(o Options) Options {
 		o.ContainerdConfig = "/etc/containerd/config.toml"
 	}
 	if o.Handler == "" {
-		o.Handler = "agentbox"
+		o.Handler = defaultHandler
 	}
 	return o
 }
@@ -194,10 +239,10 @@ func withDefaults(o Options) Options {
 func nodeConfig(o Options) ([]byte, error) {
 	s := string(runscconfig.ConfigTOML)
 	for _, r := range []struct{ old, new string }{
-		{`binary = "/usr/local/bin/runsc"`, fmt.Sprintf("binary = %q", filepath.Join(o.Root, binDir, "runsc"))},
-		{`dir = "/etc/agentbox/policies"`, fmt.Sprintf("dir = %q", filepath.Join(o.Root, etcDir, "policies"))},
+		{`binary = "/usr/local/bin/runsc"`, fmt.Sprintf("binary = %q", nodePath(o, binDir+"/runsc"))},
+		{`dir = "/etc/agentbox/policies"`, fmt.Sprintf("dir = %q", nodePath(o, etcDir+"/policies"))},
 		{`handler = "agentbox"`, fmt.Sprintf("handler = %q", o.Handler)},
-		{`dir = "/var/log/agentbox/audit"`, fmt.Sprintf("dir = %q", filepath.Join(o.Root, "/var/log/agentbox/audit"))},
+		{`dir = "/var/log/agentbox/audit"`, fmt.Sprintf("dir = %q", nodePath(o, "/var/log/agentbox/audit"))},
 	} {
 		if !strings.Contains(s, r.old) {
 			return nil, fmt.Errorf("the shipped config lacks %s", r.old)
@@ -213,11 +258,11 @@ func nodeConfig(o Options) ([]byte, error) {
 // handlerTables are the containerd config tables that register the
 // handler in plugin (the CRI plugin's id in that config version).
 func handlerTables(plugin, handler, agentboxConfig string) string {
-	return fmt.Sprintf(`[plugins.%[1]q.containerd.runtimes.%[2]s]
+	return fmt.Sprintf(`[plugins.%[1]q.containerd.runtimes.%[2]q]
   runtime_type = "io.containerd.agentbox.v1"
   pod_annotations = ["agentbox.dev/*"]
   container_annotations = ["agentbox.dev/*"]
-  [plugins.%[1]q.containerd.runtimes.%[2]s.options]
+  [plugins.%[1]q.containerd.runtimes.%[2]q.options]
     ConfigPath = %[3]q
 `, plugin, handler, agentboxConfig)
 }
@@ -232,13 +277,16 @@ version = 3
 `, handler) + handlerTables("io.containerd.cri.v1.runtime", handler, agentboxConfig))
 }
 
-func (in *installer) dropInPath() string {
+// dropInFile is the handler's drop-in, below the node's root.
+func (in *installer) dropInFile() string {
 	name := "agentbox.toml"
-	if in.o.Handler != "agentbox" {
+	if in.o.Handler != defaultHandler {
 		name = "agentbox-" + in.o.Handler + ".toml"
 	}
-	return in.path("/etc/containerd/conf.d/" + name)
+	return "/etc/containerd/conf.d/" + name
 }
+
+func (in *installer) dropInPath() string { return in.path(in.dropInFile()) }
 
 var (
 	importsLine = regexp.MustCompile(`(?m)^imports\s*=\s*\[(.*)\]\s*$`)
@@ -272,14 +320,16 @@ func (in *installer) registerHandler() error {
 		return in.appendBlock(mainPath, main)
 	}
 	drop := in.dropInPath()
-	if err := in.put(drop, dropIn(in.o.Handler, in.path(etcDir+"/config.toml")), 0o644, true); err != nil {
+	if err := in.put(drop, dropIn(in.o.Handler, in.nodePath(configFile(in.o.Handler))), 0o644, true); err != nil {
 		return err
 	}
+	// containerd reads the import as the node sees it.
+	imp := in.nodePath(in.dropInFile())
 	if created {
-		in.m.ConfigCreated, in.m.Import = true, drop
-		return in.put(mainPath, []byte(fmt.Sprintf("version = 3\nimports = [%q]\n", drop)), 0o644, false)
+		in.m.ConfigCreated, in.m.Import = true, imp
+		return in.put(mainPath, []byte(fmt.Sprintf("version = 3\nimports = [%q]\n", imp)), 0o644, false)
 	}
-	updated, line, err := addImport(main, drop)
+	updated, line, err := addImport(main, imp)
 	if err != nil {
 		return fmt.Errorf("containerd config %s: %w", mainPath, err)
 	}
@@ -287,7 +337,7 @@ func (in *installer) registerHandler() error {
 		in.note(mainPath, "unchanged")
 		return nil
 	}
-	in.m.Import, in.m.ImportsLine = drop, line
+	in.m.Import, in.m.ImportsLine = imp, line
 	in.note(mainPath, "updated")
 	if in.o.DryRun {
 		return nil
@@ -301,7 +351,7 @@ func (in *installer) registerHandler() error {
 // so a drop-in for the CRI plugin would wipe the node's CRI settings (its
 // runc runtime among them: the CRI plugin then does not load).
 func (in *installer) appendBlock(mainPath string, main []byte) error {
-	block := blockBegin + handlerTables("io.containerd.grpc.v1.cri", in.o.Handler, in.path(etcDir+"/config.toml")) + blockEnd
+	block := blockBegin + handlerTables("io.containerd.grpc.v1.cri", in.o.Handler, in.nodePath(configFile(in.o.Handler))) + blockEnd
 	if bytes.Contains(main, []byte(block)) {
 		in.note(mainPath, "unchanged")
 		return nil
@@ -446,15 +496,23 @@ func readManifest(path string) (manifest, error) {
 	return m, json.Unmarshal(b, &m)
 }
 
-// Uninstall removes what Install created and its import, as the manifest
-// records them. Files that existed before Install are left alone.
+// Uninstall removes what Install created for o's handler and its import,
+// as the manifest records them. Files that existed before Install are left
+// alone, and so are the shared ones (binaries, policies) while another
+// handler is still installed: that handler's manifest takes them over.
 func Uninstall(o Options) ([]Action, error) {
 	o = withDefaults(o)
+	if !handlerName.MatchString(o.Handler) {
+		return nil, fmt.Errorf("handler %q is not a runtime handler name", o.Handler)
+	}
 	in := &installer{o: o}
-	mpath := in.path(manifestFile)
+	mpath := in.path(manifestFile(o.Handler))
 	m, err := readManifest(mpath)
 	if err != nil {
-		return nil, fmt.Errorf("no install manifest at %s: nothing agentbox installed is known: %w", mpath, err)
+		return nil, fmt.Errorf("no install manifest at %s: nothing agentbox installed for handler %q is known: %w", mpath, o.Handler, err)
+	}
+	if err := in.handOver(&m); err != nil {
+		return nil, err
 	}
 	mainPath := in.path(o.ContainerdConfig)
 	if m.Block != "" {
@@ -471,7 +529,9 @@ func Uninstall(o Options) ([]Action, error) {
 			}
 		}
 	}
-	if m.Import != "" && !m.ConfigCreated {
+	// The import goes unless the config itself goes (created by Install
+	// and not handed over to another handler).
+	if m.Import != "" && !slices.Contains(m.Files, mainPath) {
 		main, err := os.ReadFile(mainPath)
 		if err != nil {
 			return nil, err
@@ -506,6 +566,47 @@ func Uninstall(o Options) ([]Action, error) {
 		}
 	}
 	return in.actions, nil
+}
+
+// handOver moves the shared files m created (anything but this handler's
+// config and drop-in) to another installed handler's manifest, which
+// still needs them.
+func (in *installer) handOver(m *manifest) error {
+	others, _ := filepath.Glob(in.path(etcDir + "/install*.json"))
+	self := in.path(manifestFile(in.o.Handler))
+	var heir string
+	for _, p := range others {
+		if p != self {
+			heir = p
+			break
+		}
+	}
+	if heir == "" {
+		return nil
+	}
+	hm, err := readManifest(heir)
+	if err != nil {
+		return fmt.Errorf("install manifest %s: %w", heir, err)
+	}
+	own := map[string]bool{in.path(configFile(in.o.Handler)): true, in.dropInPath(): true}
+	var keep []string
+	for _, f := range m.Files {
+		if own[f] {
+			keep = append(keep, f)
+			continue
+		}
+		hm.Files = append(hm.Files, f)
+		in.note(f, "kept")
+	}
+	if len(keep) == len(m.Files) {
+		return nil
+	}
+	m.Files = keep
+	if in.o.DryRun {
+		return nil
+	}
+	b, _ := json.MarshalIndent(hm, "", "  ")
+	return os.WriteFile(heir, append(b, '\n'), 0o644)
 }
 
 // RequireStatic refuses a dynamically linked binary: runsc re-executes

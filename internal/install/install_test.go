@@ -217,3 +217,98 @@ func writeFile(t *testing.T, path, body string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// Two handlers on one node: each has its own config (naming it) and
+// manifest; uninstalling one leaves what the other needs.
+func TestInstallTwoHandlers(t *testing.T) {
+	root := t.TempDir()
+	o := opts(t, root)
+	if _, err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	strict := o
+	strict.Handler = "agentbox.strict"
+	if _, err := Install(strict); err != nil {
+		t.Fatal(err)
+	}
+	for h, cfg := range map[string]string{"agentbox": "etc/agentbox/config.toml", "agentbox.strict": "etc/agentbox/config-agentbox.strict.toml"} {
+		b, err := os.ReadFile(filepath.Join(root, cfg))
+		if err != nil || !strings.Contains(string(b), `handler = "`+h+`"`) {
+			t.Errorf("%s: %v\n%s", cfg, err, b)
+		}
+	}
+	// The dotted handler is one quoted key, not nested tables.
+	var drop map[string]any
+	d, _ := os.ReadFile(filepath.Join(root, "etc/containerd/conf.d/agentbox-agentbox.strict.toml"))
+	if err := toml.Unmarshal(d, &drop); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dig(drop, "plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes", "agentbox.strict"); !ok {
+		t.Fatalf("drop-in does not register \"agentbox.strict\":\n%s", d)
+	}
+	shim := filepath.Join(root, "usr/local/bin/containerd-shim-agentbox-v1")
+	if _, err := Uninstall(o); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{shim, filepath.Join(root, "usr/local/bin/runsc"), filepath.Join(root, "etc/agentbox/policies/baseline.yaml"), filepath.Join(root, "etc/agentbox/config-agentbox.strict.toml")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("agentbox.strict still needs %s: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/agentbox/config.toml")); err == nil {
+		t.Error("the agentbox handler's config is left")
+	}
+	if main, _ := os.ReadFile(filepath.Join(root, "etc/containerd/config.toml")); strings.Contains(string(main), "conf.d/agentbox.toml") {
+		t.Errorf("the main config still imports the removed drop-in:\n%s", main)
+	}
+	if _, err := Uninstall(strict); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			left = append(left, p)
+		}
+		return nil
+	})
+	if len(left) != 0 {
+		t.Errorf("left after both uninstalls: %v", left)
+	}
+	if _, err := Install(Options{Root: root, Handler: "a b]", Shim: o.Shim, Runsc: o.Runsc}); err == nil || !strings.Contains(err.Error(), "handler") {
+		t.Errorf("a bad handler name: %v", err)
+	}
+}
+
+// From an installer pod (the node's / at --host-root): files land below
+// the mount, and the configs name them as the node sees them.
+func TestInstallHostRoot(t *testing.T) {
+	root := t.TempDir()
+	o := opts(t, root)
+	o.HostRoot = true
+	writeFile(t, filepath.Join(root, "etc/containerd/config.toml"), "version = 3\n", 0o644)
+	if _, err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(root, "etc/agentbox/config.toml"))
+	drop, _ := os.ReadFile(filepath.Join(root, "etc/containerd/conf.d/agentbox.toml"))
+	main, _ := os.ReadFile(filepath.Join(root, "etc/containerd/config.toml"))
+	for _, c := range []struct{ name, body, want string }{
+		{"config", string(cfg), `binary = "/usr/local/bin/runsc"`},
+		{"config", string(cfg), `dir = "/etc/agentbox/policies"`},
+		{"drop-in", string(drop), `ConfigPath = "/etc/agentbox/config.toml"`},
+		{"main config", string(main), `imports = ["/etc/containerd/conf.d/agentbox.toml"]`},
+	} {
+		if !strings.Contains(c.body, c.want) {
+			t.Errorf("%s lacks %s:\n%s", c.name, c.want, c.body)
+		}
+		if strings.Contains(c.body, root) {
+			t.Errorf("%s names the installer's mount %s:\n%s", c.name, root, c.body)
+		}
+	}
+	if _, err := Uninstall(o); err != nil {
+		t.Fatal(err)
+	}
+	if main, _ := os.ReadFile(filepath.Join(root, "etc/containerd/config.toml")); string(main) != "version = 3\n" {
+		t.Errorf("main config after uninstall: %q", main)
+	}
+}

@@ -7,7 +7,7 @@ need_root
 cd "$REPO_ROOT"
 mkdir -p _output
 step "end-to-end tests (private containerd, real shim, runsc, ctr, crictl)"
-go test -tags e2e -count=1 -timeout 40m -v ./internal/e2e 2>&1 | tee "$REPO_ROOT/_output/e2e.log" \
+go test -tags e2e -count=1 -timeout 60m -v ./internal/e2e 2>&1 | tee "$REPO_ROOT/_output/e2e.log" \
   | grep --line-buffered -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:[0-9]+'
 rc=${PIPESTATUS[0]}
 step "end-to-end log: _output/e2e.log"

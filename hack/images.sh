@@ -2,12 +2,19 @@
 # Builds the local images (no registry is reachable): an agent image with
 # busybox, and the pod-sandbox (pause) image. Output: OCI archives in the
 # cache, imported by hack/containerd.sh.
+#
+#   hack/images.sh             # the cached images
+#   hack/images.sh installer   # _output/images/installer.tar: busybox, the
+#                              # project's binaries and runsc, for
+#                              # examples/kubernetes/installer.yaml
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
+mode=${1:-cached}
+if [ "$mode" = installer ]; then img_dir=$REPO_ROOT/_output/images; fi
 mkdir -p "$img_dir"
 probe_src=$REPO_ROOT/internal/e2e/testdata/probe.c
 stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) v5"
-if [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
+if [ "$mode" = cached ] && [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
 fi
@@ -28,7 +35,7 @@ build_image() {
   mkdir -p "$rootfs/usr/local/bin"
   install -m 0755 "$REPO_ROOT/examples/agent/agent.sh" "$rootfs/usr/local/bin/agent"
   if [ -n "${VOLUME:-}" ]; then mkdir -p "$rootfs$VOLUME"; chmod 1777 "$rootfs$VOLUME"; fi
-  [ -z "${EXTRA_BIN:-}" ] || install -m 0755 "$EXTRA_BIN" "$rootfs/usr/local/bin/$(basename "$EXTRA_BIN")"
+  for b in ${EXTRA_BINS:-}; do install -m 0755 "$b" "$rootfs/usr/local/bin/$(basename "$b")"; done
   cp /bin/busybox "$rootfs/bin/busybox"
   for applet in $(/bin/busybox --list); do
     [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
@@ -43,6 +50,16 @@ build_image() {
   tar -C "$layout" -cf "$img_dir/$name.tar" .
 }
 
+if [ "$mode" = installer ]; then
+  for b in "$OUT_BIN/agentbox" "$OUT_BIN/containerd-shim-agentbox-v1" "$TOOLS_BIN/runsc"; do
+    [ -x "$b" ] || die "$b missing: run hack/setup.sh"
+  done
+  EXTRA_BINS="$OUT_BIN/agentbox $OUT_BIN/containerd-shim-agentbox-v1 $TOOLS_BIN/runsc" build_image installer latest /usr/local/bin/agentbox install --help
+  echo "$img_dir/installer.tar"
+  exit 0
+fi
+[ "$mode" = cached ] || die "usage: $0 [installer]"
+
 build_image agent latest /usr/local/bin/agent
 # The e2e suite's probe image: the agent image plus abx-probe, a small
 # static program that tries from inside the sandbox what the syscall
@@ -50,7 +67,7 @@ build_image agent latest /usr/local/bin/agent
 step "compiling abx-probe (static)"
 gcc -static -O2 -pthread -o "$work/abx-probe" "$probe_src"
 # Its VOLUME makes containerd's CRI add an image-volume mount.
-EXTRA_BIN=$work/abx-probe VOLUME=/var/lib/probe build_image probe latest /usr/local/bin/agent
+EXTRA_BINS=$work/abx-probe VOLUME=/var/lib/probe build_image probe latest /usr/local/bin/agent
 # The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
 build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
 echo "$stamp" >"$img_dir/.stamp"

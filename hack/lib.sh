@@ -36,3 +36,12 @@ need_root() { [ "$(id -u)" = 0 ] || die "$0 must run as root (containerd, runsc,
 # ctrq runs ctr without containerd's cgroup v1 deprecation warning (which
 # ctr prints on every call on these hosts); other output is untouched.
 ctrq() { ctr "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2); }
+
+# mod_version GO.MOD MODULE: the version GO.MOD requires of MODULE.
+mod_version() { awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1"; }
+
+# The Kubernetes and etcd hack/kube.sh runs (built by hack/kube/build.sh
+# from the modules hack/kube/*/go.mod pin).
+KUBE_VERSION=$(mod_version "$REPO_ROOT/hack/kube/kube-all/go.mod" k8s.io/kubernetes)
+ETCD_VERSION=$(mod_version "$REPO_ROOT/hack/kube/etcd/go.mod" go.etcd.io/etcd/server/v3)
+kube_bin_dir() { echo "$AGENTBOX_CACHE/kube/$KUBE_VERSION-etcd$ETCD_VERSION/bin"; }

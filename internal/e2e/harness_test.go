@@ -103,6 +103,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if err := kubeDown(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	if err := dev.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		code = 1

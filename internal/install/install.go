@@ -93,10 +93,11 @@ func manifestFile(handler string) string {
 	return etcDir + "/install-" + handler + ".json"
 }
 
-// ConfigFile is the shim config Install writes for o's handler.
+// ConfigFile is the shim config Install writes for o's handler, as the
+// node sees it.
 func ConfigFile(o Options) string {
 	o = withDefaults(o)
-	return filepath.Join(o.Root, configFile(o.Handler))
+	return nodePath(o, configFile(o.Handler))
 }
 
 // handlerName is a CRI runtime handler name, as the shim config accepts it.
@@ -277,11 +278,12 @@ version = 3
 `, handler) + handlerTables("io.containerd.cri.v1.runtime", handler, agentboxConfig))
 }
 
-// dropInFile is the handler's drop-in, below the node's root.
+// dropInFile is the handler's drop-in, below the node's root: named after
+// the handler, and after agentbox too.
 func (in *installer) dropInFile() string {
-	name := "agentbox.toml"
-	if in.o.Handler != defaultHandler {
-		name = "agentbox-" + in.o.Handler + ".toml"
+	name := in.o.Handler + ".toml"
+	if !strings.HasPrefix(in.o.Handler, defaultHandler) {
+		name = "agentbox-" + name
 	}
 	return "/etc/containerd/conf.d/" + name
 }
@@ -400,8 +402,9 @@ func dig(t map[string]any, keys ...string) (map[string]any, bool) {
 	return t, true
 }
 
-// addImport adds path to the config's imports, inserting an imports line
-// after version when there is none (line is then true).
+// addImport adds path to the config's imports unless an entry (a glob, as
+// containerd reads them) names it already, inserting an imports line after
+// version when there is none (line is then true).
 func addImport(main []byte, path string) ([]byte, bool, error) {
 	if m := importsLine.FindSubmatchIndex(main); m != nil {
 		entries, err := parseList(string(main[m[2]:m[3]]))
@@ -409,7 +412,8 @@ func addImport(main []byte, path string) ([]byte, bool, error) {
 			return nil, false, err
 		}
 		for _, e := range entries {
-			if e == path {
+			// containerd expands each entry as a glob.
+			if ok, _ := filepath.Match(e, path); ok || e == path {
 				return main, false, nil
 			}
 		}

@@ -239,7 +239,7 @@ func TestInstallTwoHandlers(t *testing.T) {
 	}
 	// The dotted handler is one quoted key, not nested tables.
 	var drop map[string]any
-	d, _ := os.ReadFile(filepath.Join(root, "etc/containerd/conf.d/agentbox-agentbox.strict.toml"))
+	d, _ := os.ReadFile(filepath.Join(root, "etc/containerd/conf.d/agentbox.strict.toml"))
 	if err := toml.Unmarshal(d, &drop); err != nil {
 		t.Fatal(err)
 	}
@@ -310,5 +310,32 @@ func TestInstallHostRoot(t *testing.T) {
 	}
 	if main, _ := os.ReadFile(filepath.Join(root, "etc/containerd/config.toml")); string(main) != "version = 3\n" {
 		t.Errorf("main config after uninstall: %q", main)
+	}
+}
+
+// A config that imports conf.d/*.toml already takes the drop-in: it is not
+// added again, and uninstall leaves the glob alone.
+func TestInstallGlobImport(t *testing.T) {
+	root := t.TempDir()
+	o := opts(t, root)
+	o.HostRoot = true
+	main := "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n"
+	mainPath := filepath.Join(root, "etc/containerd/config.toml")
+	writeFile(t, mainPath, main, 0o644)
+	acts, err := Install(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := whats(acts)[mainPath]; w != "unchanged" {
+		t.Errorf("main config: %s, want unchanged", w)
+	}
+	if _, err := Uninstall(o); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(mainPath); string(b) != main {
+		t.Errorf("main config after uninstall: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/containerd/conf.d/agentbox.toml")); !os.IsNotExist(err) {
+		t.Errorf("drop-in left: %v", err)
 	}
 }

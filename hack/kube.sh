@@ -1,0 +1,428 @@
+#!/usr/bin/env bash
+# A private single-node Kubernetes on the project's containerd: etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler and a kubelet,
+# with runtime handlers runc, agentbox and agentbox-coder. agentbox gets onto
+# the node the way it does on a real cluster: the installer DaemonSet
+# (examples/kubernetes/installer.yaml, its image built here) runs
+# `agentbox install`, then containerd is restarted.
+#
+#   hack/kube.sh up       # builds what is missing (cached), starts, installs
+#   hack/kube.sh down     # stops everything and removes every trace
+#   hack/kube.sh status
+#   hack/kube.sh env      # shell exports: KUBECONFIG, PATH with kubectl,
+#                         # CONTAINER_RUNTIME_ENDPOINT for crictl
+#   hack/kube.sh node CMD...   # runs CMD in the node's mount namespace
+#
+# The node lives in a mount namespace of its own (held by a bind mount):
+# there /var/lib, /var/log, /usr/local/bin and /etc are private (/etc a
+# copy), so the kubelet and containerd use their default paths, the
+# installer writes to the node's real /etc/containerd and /usr/local/bin,
+# and nothing on the host changes. The kubelet insists on some host sysctls
+# (vm.overcommit_memory=1, kernel.panic=10, ...): read-only files with those
+# values shadow /proc/sys there. Everything is under $AGENTBOX_KUBE
+# (default /tmp/agentbox-kube).
+source "$(dirname "$0")/lib.sh"
+
+DIR=${AGENTBOX_KUBE:-/tmp/agentbox-kube}
+KBIN=$(kube_bin_dir)
+PIDS=$DIR/pids
+LOGS=$DIR/logs
+PKI=$DIR/pki
+MNTNS=$DIR/mntns
+SOCK=$DIR/containerd.sock
+BRIDGE=abxkube0
+NODE=agentbox-node
+NODE_IP=10.97.0.1
+POD_SUBNET=10.97.0.0/24
+SVC_CIDR=10.98.0.0/24
+APISERVER=https://127.0.0.1:16443
+ETCD_CLIENT=http://127.0.0.1:23790
+ETCD_PEER=http://127.0.0.1:23800
+INSTALLER_IMAGE=docker.io/agentbox/installer:latest
+CGROUP_ROOT=agentbox-kube
+CG_CONTROLLERS=(cpu cpuacct cpuset memory devices freezer blkio pids net_cls perf_event hugetlb systemd unified)
+export KUBECONFIG=$PKI/admin.kubeconfig
+export PATH=$KBIN:$PATH
+
+alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+
+# bg NAME CMD...: CMD in the background, logging to $LOGS/NAME.log. CMD
+# must be a program (its pid is the one recorded), not a shell function.
+bg() {
+  local n=$1; shift
+  alive "$n" && return
+  "$@" >"$LOGS/$n.log" 2>&1 &
+  echo $! >"$PIDS/$n.pid"
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD until it succeeds.
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  local end=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$end" ] || die "timed out after ${secs}s waiting for $what (logs: $LOGS)"
+    sleep 1
+  done
+}
+
+node() { nsenter --mount="$MNTNS" -- "$@"; }
+
+node_ns_up() { [ -f "$MNTNS" ] && findmnt -n "$MNTNS" >/dev/null 2>&1; }
+
+# node_ns makes the node's mount namespace (see the top of this file).
+node_ns() {
+  node_ns_up && return
+  mkdir -p "$DIR"/{varlib,varlog,usrlocalbin,sysctl}
+  rm -rf "$DIR/etc"; cp -a /etc "$DIR/etc"
+  # Pods' DNS: nothing listens on the node's bridge address, so a pod's
+  # lookup never leaves the machine (there is no cluster DNS).
+  rm -f "$DIR/etc/resolv.conf"; echo "nameserver $NODE_IP" >"$DIR/etc/resolv.conf"
+  rm -rf "$DIR/etc/containerd" "$DIR/etc/agentbox"
+  touch "$MNTNS"
+  unshare --mount="$MNTNS" --propagation private true
+  node sh -ec "
+    mount --bind '$DIR/varlib' /var/lib
+    mount --bind '$DIR/varlog' /var/log
+    mount --bind '$DIR/usrlocalbin' /usr/local/bin
+    mount --bind '$DIR/etc' /etc
+    for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+      k=\${kv%%=*}; f='$DIR/sysctl/'\$(echo \$k | tr / _)
+      echo \${kv#*=} >\$f
+      mount --bind \$f /proc/sys/\$k
+      mount -o remount,bind,ro /proc/sys/\$k
+    done"
+}
+
+certs() {
+  mkdir -p "$PKI"
+  (
+    cd "$PKI"
+    [ -f ca.crt ] || openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 -subj "/CN=agentbox-kube-ca" 2>/dev/null
+    [ -f sa.key ] || { openssl genrsa -out sa.key 2048 2>/dev/null; openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null; }
+    # cert NAME SUBJECT [SAN] [EKU]
+    cert() {
+      local n=$1 subj=$2 san=${3:-} eku=${4:-clientAuth}
+      [ -f "$n.crt" ] && return
+      openssl req -newkey rsa:2048 -nodes -keyout "$n.key" -out "$n.csr" -subj "$subj" 2>/dev/null
+      { echo "basicConstraints=CA:FALSE"; echo "keyUsage=critical,digitalSignature,keyEncipherment"; echo "extendedKeyUsage=$eku"
+        [ -z "$san" ] || echo "subjectAltName=$san"; } >"$n.ext"
+      openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$n.crt" -days 30 -extfile "$n.ext" 2>/dev/null
+      rm -f "$n.csr" "$n.ext"
+    }
+    cert apiserver "/CN=kube-apiserver" "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1,IP:$NODE_IP,IP:10.98.0.1" serverAuth
+    cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    cert admin "/O=system:masters/CN=kubernetes-admin"
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE"
+    cert kubelet-serving "/CN=$NODE" "DNS:$NODE,IP:$NODE_IP,IP:127.0.0.1" serverAuth
+    cert scheduler "/CN=system:kube-scheduler"
+    cert controller-manager "/CN=system:kube-controller-manager"
+    for n in admin kubelet scheduler controller-manager; do
+      cat >"$n.kubeconfig" <<EOT
+apiVersion: v1
+kind: Config
+clusters:
+- name: agentbox-kube
+  cluster: {server: "$APISERVER", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: $n
+  user: {client-certificate: "$PKI/$n.crt", client-key: "$PKI/$n.key"}
+contexts:
+- name: agentbox-kube
+  context: {cluster: agentbox-kube, user: $n}
+current-context: agentbox-kube
+EOT
+    done
+  )
+}
+
+# The node's containerd config: runc only. agentbox's handlers come from
+# the installer's drop-ins (imports). It sees /etc, /var/lib and
+# /usr/local/bin as the node's.
+write_containerd_config() {
+  mkdir -p "$DIR/etc/containerd/conf.d" "$DIR/cni/net.d" "$DIR/cni/ipam" "$DIR/state"
+  cat >"$DIR/etc/containerd/config.toml" <<EOT
+version = 3
+root = "/var/lib/containerd"
+state = "$DIR/state"
+imports = ["/etc/containerd/conf.d/*.toml"]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[plugins."io.containerd.nri.v1.nri"]
+  socket_path = "$DIR/nri.sock"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "$PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  netns_mounts_under_state_dir = true
+  # Hosts like this one withhold CAP_SYS_RESOURCE even from root: runc
+  # could not lower oom_score_adj below containerd's.
+  restrict_oom_score_adj = true
+
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    SystemdCgroup = false
+    Root = "$DIR/runc-root"
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "$DIR/cni/net.d"
+EOT
+  # No default route: pods reach the bridge's subnet only, so no test
+  # packet leaves the machine.
+  cat >"$DIR/cni/net.d/10-agentbox-kube.conflist" <<EOT
+{
+  "cniVersion": "1.0.0",
+  "name": "agentbox-kube",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$DIR/cni/ipam",
+        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.97.0.10"}]],
+        "routes": [{"dst": "169.254.169.254/32"}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+EOT
+}
+
+start_containerd() {
+  # nsenter execs containerd: the recorded pid is containerd's.
+  bg containerd nsenter --mount="$MNTNS" -- env PATH="/usr/local/bin:$TOOLS_BIN:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "$TOOLS_BIN/containerd" --config /etc/containerd/config.toml
+  wait_for containerd 60 ctr --address "$SOCK" version
+}
+
+stop_one() {
+  local n=$1
+  [ -f "$PIDS/$n.pid" ] || return 0
+  local pid; pid=$(cat "$PIDS/$n.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$PIDS/$n.pid"
+}
+
+up() {
+  need_root
+  [ -x "$KBIN/kubelet" ] && [ -x "$KBIN/etcd" ] || "$REPO_ROOT/hack/kube/build.sh" >/dev/null
+  for b in containerd ctr crictl runsc containerd-shim-runc-v2; do
+    [ -x "$TOOLS_BIN/$b" ] || die "$TOOLS_BIN/$b missing: run hack/setup.sh"
+  done
+  [ -x "$OUT_BIN/agentbox" ] || die "$OUT_BIN/agentbox missing: run hack/build.sh"
+  if alive kubelet; then step "already up"; return; fi
+  # What a killed run left behind goes first.
+  if [ -e "$DIR" ]; then down; fi
+  mkdir -p "$PIDS" "$LOGS"
+  step "certificates and kubeconfigs ($PKI)"
+  certs
+  step "node: bridge $BRIDGE ($NODE_IP/24), cgroup /$CGROUP_ROOT, mount namespace"
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    [ -z "$(ip -4 route show "$POD_SUBNET")" ] || die "$POD_SUBNET is routed already: another cluster is up"
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$NODE_IP/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+  fi
+  for c in "${CG_CONTROLLERS[@]}"; do
+    [ -d "/sys/fs/cgroup/$c" ] && mkdir -p "/sys/fs/cgroup/$c/$CGROUP_ROOT"
+  done
+  if [ -d "/sys/fs/cgroup/cpuset/$CGROUP_ROOT" ]; then
+    cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/$CGROUP_ROOT/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$CGROUP_ROOT/cpuset.mems"
+  fi
+  node_ns
+  write_containerd_config
+  step "containerd $CONTAINERD_VERSION ($SOCK)"
+  start_containerd
+  for img in agent pause probe; do
+    ctrq --address "$SOCK" -n k8s.io images import --index-name "docker.io/agentbox/$img:latest" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
+  done
+  step "installer image"
+  "$REPO_ROOT/hack/images.sh" installer >/dev/null
+  ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null
+
+  step "etcd $ETCD_VERSION ($ETCD_CLIENT)"
+  bg etcd etcd --name agentbox-kube --data-dir "$DIR/etcd" \
+    --listen-client-urls "$ETCD_CLIENT" --advertise-client-urls "$ETCD_CLIENT" \
+    --listen-peer-urls "$ETCD_PEER" --initial-advertise-peer-urls "$ETCD_PEER" \
+    --initial-cluster "agentbox-kube=$ETCD_PEER" --unsafe-no-fsync --log-level warn
+  wait_for etcd 60 curl -fsS "$ETCD_CLIENT/health"
+  step "kube-apiserver $KUBE_VERSION ($APISERVER)"
+  bg kube-apiserver kube-apiserver --etcd-servers="$ETCD_CLIENT" \
+    --bind-address=127.0.0.1 --secure-port=16443 --advertise-address="$NODE_IP" \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SVC_CIDR" \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --allow-privileged=true --profiling=false --v=1
+  wait_for kube-apiserver 180 kubectl get --raw /readyz
+  step "kube-controller-manager, kube-scheduler"
+  bg kube-controller-manager kube-controller-manager \
+    --kubeconfig="$PKI/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$PKI/controller-manager.kubeconfig" --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=20257 --leader-elect=false \
+    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+    --use-service-account-credentials=true --profiling=false --v=1
+  bg kube-scheduler kube-scheduler --kubeconfig="$PKI/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$PKI/scheduler.kubeconfig" --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=20259 --leader-elect=false --profiling=false --v=1
+
+  step "kubelet (node $NODE)"
+  cat >"$DIR/kubelet-config.yaml" <<EOT
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: "$NODE_IP"
+port: 20250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 20248
+tlsCertFile: "$PKI/kubelet-serving.crt"
+tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: "unix://$SOCK"
+imageServiceEndpoint: "unix://$SOCK"
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
+cgroupsPerQOS: true
+# These hosts have cgroup v1 (hybrid); kubelet 1.35+ refuses it otherwise.
+failCgroupV1: false
+failSwapOn: false
+makeIPTablesUtilChains: false
+protectKernelDefaults: true
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+registerNode: true
+rotateCertificates: false
+serverTLSBootstrap: false
+runtimeRequestTimeout: 5m
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%", imagefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 99
+imageGCLowThresholdPercent: 98
+shutdownGracePeriod: 0s
+shutdownGracePeriodCriticalPods: 0s
+EOT
+  bg kubelet nsenter --mount="$MNTNS" -- "$KBIN/kubelet" --config="$DIR/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
+    --hostname-override="$NODE" --node-ip="$NODE_IP" --v=2
+  wait_for "node $NODE Ready" 300 kubectl wait --for=condition=Ready "node/$NODE" --timeout=5s
+  # Pods need the default service account (the controller manager makes
+  # it) and a node without the not-ready taint.
+  wait_for "the default service account" 120 kubectl -n default get serviceaccount default
+  wait_for "the node's taints to clear" 120 sh -c "[ -z \"\$(kubectl get node $NODE -o jsonpath='{.spec.taints}')\" ]"
+
+  step "installing agentbox through the installer DaemonSet"
+  kubectl label node "$NODE" agentbox.dev/runtime=true --overwrite >/dev/null
+  kubectl apply -f "$REPO_ROOT/examples/kubernetes/installer.yaml" -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
+  # The node's runc handler, for the tests' twins.
+  printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n' | kubectl apply -f - >/dev/null
+  wait_for "the installer pod" 180 kubectl -n kube-system rollout status daemonset/agentbox-installer --timeout=5s
+  kubectl -n kube-system logs daemonset/agentbox-installer -c install | sed 's/^/    /' >&2
+  step "restarting containerd to load the drop-ins"
+  stop_one containerd
+  start_containerd
+  wait_for "the agentbox handlers" 60 sh -c "crictl --runtime-endpoint unix://$SOCK info 2>/dev/null | grep -q agentbox-coder"
+  node "$OUT_BIN/agentbox" doctor --address "$SOCK" --config /etc/agentbox/config.toml >"$LOGS/doctor.log" 2>&1 \
+    || { cat "$LOGS/doctor.log" >&2; die "agentbox doctor failed on the node"; }
+  step "up: $(kubectl get node "$NODE" --no-headers | awk '{print $1, $2, $5}'); eval \"\$(hack/kube.sh env)\" for kubectl"
+}
+
+down() {
+  need_root
+  if alive kube-apiserver && alive kubelet; then
+    step "deleting pods through the kubelet"
+    # The DaemonSet first, or it makes its pod again.
+    kubectl -n kube-system delete daemonset agentbox-installer --wait=true --timeout=60s >/dev/null 2>&1 || true
+    kubectl delete pods --all --all-namespaces --wait=true --timeout=120s >/dev/null 2>&1 || true
+  fi
+  step "stopping the control plane and the kubelet"
+  for n in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
+  if alive containerd && [ -S "$SOCK" ]; then
+    step "removing what pods and containers are left"
+    crictl --runtime-endpoint "unix://$SOCK" rmp -fa >/dev/null 2>&1 || true
+    for ns in $(ctr --address "$SOCK" namespaces ls -q 2>/dev/null); do
+      for t in $(ctr --address "$SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
+        ctr --address "$SOCK" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1 || true
+        ctr --address "$SOCK" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
+      done
+    done
+  fi
+  stop_one containerd
+  # Whatever is left in the node's namespace was started by it; runsc's
+  # sandbox and gofer have mount namespaces of their own: find them by
+  # this instance's runsc root and socket.
+  local rroot; rroot=/run/agentbox/runsc/$(printf '%s' "$SOCK" | sha256sum | cut -c1-12)
+  if node_ns_up; then
+    local want; want=mnt:[$(stat -L -c %i "$MNTNS")]
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$want" ] && kill -9 "${p#/proc/}" 2>/dev/null
+    done
+  fi
+  pkill -9 -f -- "--root=$rroot/" 2>/dev/null || true
+  pkill -9 -f -- "-address $SOCK" 2>/dev/null || true
+  # Pods' processes are in the kubelet's cgroup root (runc containers have
+  # mount namespaces of their own).
+  local procs
+  for procs in $(find "/sys/fs/cgroup/memory/$CGROUP_ROOT" -name cgroup.procs 2>/dev/null); do
+    xargs -r kill -9 <"$procs" 2>/dev/null || true
+  done
+  step "removing the node's mounts, cgroups, bridge and files"
+  if [ -f "$MNTNS" ]; then umount "$MNTNS" 2>/dev/null || umount -l "$MNTNS" 2>/dev/null || true; fi
+  { grep -oE " ($DIR|$rroot)(/[^ ]*)?" /proc/mounts || true; } | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
+  for c in "${CG_CONTROLLERS[@]}"; do
+    [ -d "/sys/fs/cgroup/$c/$CGROUP_ROOT" ] || continue
+    find "/sys/fs/cgroup/$c/$CGROUP_ROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    [ ! -d "/sys/fs/cgroup/$c/$CGROUP_ROOT" ] || step "warning: /sys/fs/cgroup/$c/$CGROUP_ROOT is busy; left"
+  done
+  ip link del "$BRIDGE" >/dev/null 2>&1 || true
+  rm -rf "$rroot" "$DIR"
+  step "down"
+}
+
+status() {
+  local rc=0 n
+  for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    if alive "$n"; then echo "$n: running (pid $(cat "$PIDS/$n.pid"))"; else echo "$n: stopped"; rc=3; fi
+  done
+  return $rc
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  env)
+    echo "export KUBECONFIG=$PKI/admin.kubeconfig"
+    echo "export CONTAINER_RUNTIME_ENDPOINT=unix://$SOCK"
+    echo "export IMAGE_SERVICE_ENDPOINT=unix://$SOCK"
+    echo "export CONTAINERD_ADDRESS=$SOCK"
+    echo "export PATH=$KBIN:$OUT_BIN:$TOOLS_BIN:\$PATH" ;;
+  node) shift; need_root; node_ns_up || die "the node is not up"; node "$@" ;;
+  *) die "usage: $0 up|down|status|env|node CMD..." ;;
+esac

@@ -217,15 +217,15 @@ type kubePod struct {
 		UID string `json:"uid"`
 	} `json:"metadata"`
 	Status struct {
-		Phase             string            `json:"phase"`
+		Phase             string          `json:"phase"`
 		ContainerStatuses []kubeContainer `json:"containerStatuses"`
 	} `json:"status"`
 }
 
 type kubeContainer struct {
-	Name         string         `json:"name"`
-	RestartCount int            `json:"restartCount"`
-	ContainerID  string         `json:"containerID"`
+	Name         string    `json:"name"`
+	RestartCount int       `json:"restartCount"`
+	ContainerID  string    `json:"containerID"`
 	State        kubeState `json:"state"`
 	LastState    kubeState `json:"lastState"`
 }

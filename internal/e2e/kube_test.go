@@ -783,8 +783,9 @@ spec:
 		net.JoinHostPort("api.kube.test", fmt.Sprint(other.port)),
 		net.JoinHostPort("other.kube.test", fmt.Sprint(allowed.port)),
 	)
+	links := hostLinks()
 	k.apply(t, podSpec(ns, "egress", "agentbox", "e2e-kube-egress", "sh", "-c", script))
-	k.waitPod(t, ns, "egress", 3*time.Minute, "Running", running)
+	pod := k.waitPod(t, ns, "egress", 3*time.Minute, "Running", running)
 	var logs string
 	deadline := time.Now().Add(60 * time.Second)
 	for !strings.Contains(logs, "probes-done") {
@@ -810,4 +811,17 @@ spec:
 	if allowed.count(nodeIP) != 1 {
 		t.Errorf("the allowed server saw %d connections, want 1", allowed.count(nodeIP))
 	}
+	// The resolver's link is the one host link the pod adds; it goes
+	// with the pod, as do its netns (and the nft table in it).
+	sandbox := k.sandboxOf(t, pod.Metadata.UID)
+	var added []string
+	for l := range hostLinks() {
+		if !links[l] {
+			added = append(added, l)
+		}
+	}
+	if len(added) == 0 {
+		t.Errorf("no host link for the pod's resolver")
+	}
+	k.deleteAndExpectGone(t, ns, "egress", sandbox, pod.Metadata.UID, links)
 }

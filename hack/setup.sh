@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs and builds everything agentbox needs into a cache reused across
 # runs: Debian packages, static runsc at the pinned gVisor version,
-# containerd + ctr + the runc shim, crictl, containerd 1.7, etcd and
-# Kubernetes; then the project's binaries and the local images. Safe to
-# run again: finished steps are skipped.
+# containerd + ctr + the runc shim, crictl, containerd 1.7; then the
+# project's binaries and the local images. Safe to run again: finished
+# steps are skipped. (etcd and Kubernetes, for hack/kube.sh and the
+# TestKube tests, are hack/kube/build.sh's: hack/test.sh runs it.)
 source "$(dirname "$0")/lib.sh"
 need_root
 mkdir -p "$TOOLS_BIN" "$AGENTBOX_CACHE/logs" "$OUT_BIN"
@@ -92,10 +93,6 @@ build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VER
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
   || die "$TOOLS_BIN/runsc is not static; remove it and run again"
-
-# etcd and Kubernetes for hack/kube.sh and the TestKube tests (about 16
-# CPU-minutes the first time).
-"$REPO_ROOT/hack/kube/build.sh" >/dev/null
 
 "$REPO_ROOT/hack/build.sh"
 "$REPO_ROOT/hack/images.sh"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The full test suite: installs what it needs (cached), then the static
 # checks, the unit tests, and the end-to-end suite against a private
-# containerd with the real shim, runsc, ctr and crictl (Makefile targets
-# check, test and e2e). Needs root.
+# containerd with the real shim, runsc, ctr and crictl, and through a
+# kubelet on a private single-node cluster (Makefile targets check, test
+# and e2e). Needs root.
 source "$(dirname "$0")/lib.sh"
 need_root
 "$REPO_ROOT/hack/setup.sh"
+# etcd and Kubernetes for the TestKube tests (about 16 CPU-minutes the
+# first time, cached after).
+"$REPO_ROOT/hack/kube/build.sh" >/dev/null
 cd "$REPO_ROOT"
 step "static checks (make check: gofmt, go vet, staticcheck)"
 make --no-print-directory check

@@ -180,6 +180,10 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 		}
 	}
 	plan.mounts.Stage = plan.stager.Stage
+	if plan.mounts.MaskFile, err = mountguard.MaskFile(r.Bundle); err != nil {
+		return err
+	}
+	plan.mounts.Kind = pathKinds(r)
 	if err := hostNamespaces(spec); err != nil {
 		return errkind.PermissionDenied(err)
 	}
@@ -289,6 +293,26 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 			return "", fmt.Errorf("write resolv.conf: %w", err)
 		}
 		return ocispec.MountResolvConf(path)(spec)
+	}
+}
+
+// pathKinds says what masked paths are at start: beneath a staged bind
+// source, or in the container's image layers (read when first needed:
+// the runtime's own masked paths are all gVisor's).
+func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKind, error) {
+	return func(root, rel string) (policy.PathKind, error) {
+		if root != "" {
+			return mountguard.KindBeneath(root, rel)
+		}
+		var ms []mountguard.RootfsMount
+		for _, m := range r.Rootfs {
+			ms = append(ms, mountguard.RootfsMount{Type: m.Type, Source: m.Source, Options: m.Options})
+		}
+		layers, err := mountguard.LayersOf(r.Bundle, ms)
+		if err != nil {
+			return 0, fmt.Errorf("cannot tell what it is in the image: %w", err)
+		}
+		return layers.Kind(rel)
 	}
 }
 

@@ -3,12 +3,15 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // The boundary against pod authors and agents: one test per class of
@@ -329,5 +332,61 @@ func TestBoundaryRecursiveReadOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(sub, "f")); err == nil {
 		t.Fatal("a write reached the host through the recursive read-only mount")
+	}
+}
+
+// TestBoundaryMaskedPaths: runsc ignores linux.maskedPaths, so the shim
+// mounts over them. A role's masked file reads empty and cannot be
+// written, its masked directory lists nothing and takes no file, while
+// their twins (/etc/group, /bin) read as before.
+func TestBoundaryMaskedPaths(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	script := `echo "passwd=$(wc -c </etc/passwd)"; echo "group=$(wc -c </etc/group)"
+echo "localbin=$(ls /usr/local/bin | wc -l)"; echo "binfiles=$(ls /bin | wc -l)"
+if echo x >>/etc/passwd 2>/dev/null; then echo passwd-written; fi
+if touch /usr/local/bin/new 2>/dev/null; then echo localbin-written; fi
+grep -E ' /(etc/passwd|usr/local/bin) ' /proc/self/mounts | cut -d' ' -f2-4`
+	r := dev.runAgent(t, uniqueID("mask"), []string{"--annotation", "agentbox.dev/role=e2e-masked"}, "sh", "-c", script)
+	if r.code != 0 {
+		t.Fatalf("%v", r)
+	}
+	t.Logf("masked:\n%s", r.stdout)
+	for _, want := range []string{"passwd=0\n", "localbin=0\n"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("not masked: want %q in\n%s", want, r.stdout)
+		}
+	}
+	for _, bad := range []string{"group=0\n", "binfiles=0\n", "passwd-written", "localbin-written"} {
+		if strings.Contains(r.stdout, bad) {
+			t.Errorf("%q in\n%s", bad, r.stdout)
+		}
+	}
+	// The twin: the same container under baseline sees both.
+	r = dev.runAgent(t, uniqueID("mask-twin"), nil, "sh", "-c", script)
+	if r.code != 0 || strings.Contains(r.stdout, "passwd=0\n") || strings.Contains(r.stdout, "localbin=0\n") {
+		t.Errorf("baseline hides them too:\n%v", r)
+	}
+}
+
+// TestMaskedPathsGVisorTable checks the shim's table of what gVisor has
+// at the paths runtimes mask or make read-only against a real sandbox: a
+// gVisor upgrade that adds one must update the table (or a masked path
+// would be left visible).
+func TestMaskedPathsGVisorTable(t *testing.T) {
+	requireEnv(t)
+	paths := []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+		"/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/proc/kallsyms", "/sys/firmware", "/sys/devices/virtual/powercap",
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+	script := `for p in "$@"; do if [ -d $p ]; then echo "$p dir"; elif [ -e $p ]; then echo "$p file"; else echo "$p absent"; fi; done`
+	r := dev.runAgent(t, uniqueID("gvtable"), nil, append([]string{"sh", "-c", script, "sh"}, paths...)...)
+	if r.code != 0 {
+		t.Fatalf("%v", r)
+	}
+	for _, p := range paths {
+		want := fmt.Sprintf("%s %s\n", p, policy.GVisorPathKind(p))
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("gVisor's %s is not what the table says (%q):\n%s", p, strings.TrimSpace(want), r.stdout)
+		}
 	}
 }

@@ -257,6 +257,20 @@ spec:
   subjects: [{namespace: e2e-dns}, {containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-masked}
+spec:
+  inherits: baseline
+  filesystem: {maskedPaths: [/etc/passwd, /usr/local/bin]}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-masked}
+spec:
+  role: e2e-masked
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
 kind: RoleBinding
 metadata: {name: e2e-ctr}
 spec:

@@ -41,6 +41,12 @@ type MountEnv struct {
 	// Stage resolves and mounts an accepted bind and returns the path the
 	// spec names instead. nil keeps the sources (policy explain).
 	Stage func(Bind) (string, error)
+	// Kind says what rel is beneath root (a host path: a staged bind
+	// source) without following symlinks; root "" is the container's
+	// image. nil leaves masked paths listed in the spec (policy explain).
+	Kind func(root, rel string) (PathKind, error)
+	// MaskFile is an empty read-only file bound over masked files.
+	MaskFile string
 }
 
 // Bind is an accepted bind mount: its source is Root/Rel.
@@ -325,14 +331,28 @@ func (p *Profile) rewriteMounts(env MountEnv) func(s *specs.Spec) (string, error
 			s.Linux = &specs.Linux{}
 		}
 		s.Linux.MaskedPaths = appendMissing(s.Linux.MaskedPaths, p.Filesystem.MaskedPaths...)
-		if len(removed) == 0 && len(p.Filesystem.Writable) == 0 && len(staged) == 0 {
-			return "", nil
+		maskMsg, err := maskPaths(s, env)
+		if err != nil {
+			return "", err
 		}
-		msg := fmt.Sprintf("mounts: scratch %v; removed %v", p.Filesystem.Writable, removed)
-		if len(staged) > 0 {
-			msg += fmt.Sprintf("; staged %v", staged)
+		roMsg, err := readonlyPaths(s)
+		if err != nil {
+			return "", err
 		}
-		return msg, nil
+		var msgs []string
+		if len(removed) > 0 || len(p.Filesystem.Writable) > 0 || len(staged) > 0 {
+			msg := fmt.Sprintf("mounts: scratch %v; removed %v", p.Filesystem.Writable, removed)
+			if len(staged) > 0 {
+				msg += fmt.Sprintf("; staged %v", staged)
+			}
+			msgs = append(msgs, msg)
+		}
+		for _, m := range []string{maskMsg, roMsg} {
+			if m != "" {
+				msgs = append(msgs, m)
+			}
+		}
+		return strings.Join(msgs, "; "), nil
 	}
 }
 

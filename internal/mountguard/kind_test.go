@@ -1,0 +1,106 @@
+package mountguard
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// TestLayersKind builds an overlay's layers on disk and asks what paths
+// are in the merged view.
+func TestLayersKind(t *testing.T) {
+	upper, mid, low := t.TempDir(), t.TempDir(), t.TempDir()
+	mk := func(root, p string, dir bool) {
+		full := filepath.Join(root, p)
+		os.MkdirAll(filepath.Dir(full), 0o755)
+		if dir {
+			os.MkdirAll(full, 0o755)
+		} else {
+			os.WriteFile(full, []byte("x"), 0o644)
+		}
+	}
+	mk(low, "etc/passwd", false)
+	mk(low, "etc/shadow", false)
+	mk(low, "usr/local/bin/tool", false)
+	mk(low, "opt/old/file", false)
+	mk(low, "srv", true)
+	os.Symlink("/etc/passwd", filepath.Join(low, "etc/link"))
+	os.Symlink("/usr", filepath.Join(low, "linkdir"))
+	mk(mid, "etc/passwd", true) // a directory above the lower file
+	mk(mid, "opt/old", true)
+	mk(upper, "new.txt", false)
+	cases := map[string]policy.PathKind{
+		"etc/passwd":         policy.PathDir,
+		"etc/shadow":         policy.PathFile,
+		"usr/local/bin":      policy.PathDir,
+		"usr/local/bin/tool": policy.PathFile,
+		"new.txt":            policy.PathFile,
+		"nothing":            policy.PathAbsent,
+		"etc/shadow/below":   policy.PathAbsent,
+		"opt/old/file":       policy.PathFile,
+		"":                   policy.PathDir,
+	}
+	whiteout := unix.Mknod(filepath.Join(mid, "etc/shadow"), unix.S_IFCHR, 0) == nil
+	if whiteout {
+		cases["etc/shadow"] = policy.PathAbsent
+	}
+	opaque := unix.Lsetxattr(filepath.Join(mid, "opt/old"), "trusted.overlay.opaque", []byte("y"), 0) == nil
+	if opaque {
+		cases["opt/old/file"] = policy.PathAbsent
+	}
+	l := Layers{upper, mid, low}
+	for rel, want := range cases {
+		got, err := l.Kind(rel)
+		if err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", rel, got, err, want)
+		}
+	}
+	for _, rel := range []string{"etc/link", "linkdir/local"} {
+		if _, err := l.Kind(rel); err == nil || !strings.Contains(err.Error(), "symlink") {
+			t.Errorf("%q: %v, want a symlink error", rel, err)
+		}
+	}
+	if !whiteout || !opaque {
+		t.Logf("whiteout checked: %v, opaque checked: %v (need CAP_MKNOD and CAP_SYS_ADMIN)", whiteout, opaque)
+	}
+}
+
+func TestLayersOf(t *testing.T) {
+	l, err := LayersOf("/b", []RootfsMount{{Type: "overlay", Source: "overlay", Options: []string{"index=off", "workdir=/s/w", "upperdir=/s/u", "lowerdir=/s/2:/s/1"}}})
+	if err != nil || strings.Join(l, " ") != "/s/u /s/2 /s/1" {
+		t.Errorf("overlay: %v %v", l, err)
+	}
+	if l, err := LayersOf("/b", nil); err != nil || l[0] != "/b/rootfs" {
+		t.Errorf("no mounts: %v %v", l, err)
+	}
+	for _, bad := range [][]RootfsMount{
+		{{Type: "overlay", Options: []string{"lowerdir=rel/1"}}},
+		{{Type: "overlay", Options: []string{"upperdir=/u"}}},
+		{{Type: "zfs", Source: "pool/x"}},
+		{{Type: "bind", Source: "/a"}, {Type: "bind", Source: "/b"}},
+	} {
+		if _, err := LayersOf("/b", bad); err == nil {
+			t.Errorf("%+v: accepted", bad)
+		}
+	}
+}
+
+func TestKindBeneath(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "d"), 0o755)
+	os.WriteFile(filepath.Join(root, "d/f"), nil, 0o644)
+	os.Symlink("d", filepath.Join(root, "l"))
+	for rel, want := range map[string]policy.PathKind{"": policy.PathDir, "d": policy.PathDir, "d/f": policy.PathFile, "x": policy.PathAbsent, "d/f/x": policy.PathAbsent} {
+		if got, err := KindBeneath(root, rel); err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", rel, got, err, want)
+		}
+	}
+	if _, err := KindBeneath(root, "l/f"); err == nil {
+		t.Error("through a symlink: accepted")
+	}
+}

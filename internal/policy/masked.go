@@ -1,0 +1,171 @@
+package policy
+
+// Masked paths. runsc never reads linux.maskedPaths (nor readonlyPaths),
+// so the shim masks them itself, the way runc does: a read-only empty
+// tmpfs over a directory, an empty read-only file over anything else. What
+// a path is (and whether it exists at all) is read from where the container
+// will see it at start: gVisor's own /proc and /sys (a table, checked
+// against the pinned gVisor by the e2e suite), the source of the bind mount
+// it lies under, or the image's layers. A path that is absent at start is
+// not masked (as with runc), and the spec change says so.
+
+import (
+	"fmt"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"agentbox.dev/agentbox/internal/errkind"
+)
+
+// PathKind is what a path is in a container's filesystem at start.
+type PathKind int
+
+const (
+	PathAbsent PathKind = iota
+	PathFile            // anything but a directory
+	PathDir
+)
+
+func (k PathKind) String() string {
+	return [...]string{"absent", "file", "dir"}[k]
+}
+
+// gvisorPaths is what the pinned gVisor's sandbox has at the paths
+// runtimes mask or make read-only (the OCI and CRI defaults, and
+// baseline's /proc/kallsyms); a path under /proc or /sys not listed here is
+// absent. TestMaskedPathsGVisorTable checks it inside a sandbox.
+var gvisorPaths = map[string]PathKind{
+	"/proc/bus":           PathDir,
+	"/proc/fs":            PathDir,
+	"/proc/irq":           PathDir,
+	"/proc/sys":           PathDir,
+	"/proc/sysrq-trigger": PathFile,
+	"/sys/firmware":       PathDir,
+}
+
+// GVisorPathKind is what gVisor's sandbox has at p (under /proc or /sys).
+func GVisorPathKind(p string) PathKind { return gvisorPaths[p] }
+
+// inGVisorFS says p is in a filesystem gVisor makes itself.
+func inGVisorFS(p string) bool { return under(p, "/proc") || under(p, "/sys") }
+
+// maskPaths turns the spec's masked paths (the runtime's and the role's)
+// into mounts, appended after every other mount so that they cover them.
+// env.Kind == nil (policy explain) leaves them listed.
+func maskPaths(s *specs.Spec, env MountEnv) (string, error) {
+	if s.Linux == nil || len(s.Linux.MaskedPaths) == 0 || env.Kind == nil {
+		return "", nil
+	}
+	var masked, absent []string
+	var added []specs.Mount
+	for i, p := range s.Linux.MaskedPaths {
+		if !isClean(p) || p == "/" {
+			return "", errkind.InvalidArgument(fmt.Errorf("linux.maskedPaths[%d]: %q is not a clean absolute path below /", i, p))
+		}
+		kind, err := maskedKind(s.Mounts, p, env)
+		if err != nil {
+			return "", errkind.FailedPrecondition(fmt.Errorf("masked path %s: %w", p, err))
+		}
+		switch kind {
+		case PathAbsent:
+			absent = append(absent, p)
+			continue
+		case PathDir:
+			added = append(added, specs.Mount{Destination: p, Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"ro", "nosuid", "nodev", "noexec", "mode=0555"}})
+		case PathFile:
+			if env.MaskFile == "" {
+				return "", fmt.Errorf("masked path %s: no empty file to mask it with", p)
+			}
+			added = append(added, specs.Mount{Destination: p, Type: "bind", Source: env.MaskFile,
+				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
+		}
+		masked = append(masked, fmt.Sprintf("%s (%s)", p, kind))
+	}
+	s.Mounts = append(s.Mounts, added...)
+	// Converted: nothing is left for a runtime that would read them.
+	s.Linux.MaskedPaths = nil
+	msg := fmt.Sprintf("masked %v", masked)
+	if len(absent) > 0 {
+		msg += fmt.Sprintf("; absent at start, not masked: %v", absent)
+	}
+	return msg, nil
+}
+
+// maskedKind is what p is at start: gVisor's, the covering mount's (the
+// deepest mount whose destination holds p), or the image's.
+func maskedKind(mounts []specs.Mount, p string, env MountEnv) (PathKind, error) {
+	var cover *specs.Mount
+	for i := range mounts {
+		m := &mounts[i]
+		if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
+			cover = m
+		}
+	}
+	switch {
+	case cover == nil || cover.Destination == "/":
+		if inGVisorFS(p) {
+			return GVisorPathKind(p), nil
+		}
+		return env.Kind("", strings.TrimPrefix(p, "/"))
+	case cover.Destination == "/proc" || cover.Destination == "/sys":
+		return GVisorPathKind(p), nil
+	case p == cover.Destination:
+		if isBind(*cover) {
+			return env.Kind(cover.Source, "")
+		}
+		return PathDir, nil
+	case isBind(*cover):
+		return env.Kind(cover.Source, rel(p, cover.Destination))
+	default:
+		// A fresh filesystem (tmpfs, mqueue, ...): empty at start.
+		return PathAbsent, nil
+	}
+}
+
+// readonlyPaths checks the spec's read-only paths, which runsc ignores
+// too. In gVisor's own /proc and /sys they are gVisor's files: the few it
+// lets root write (a handful under /proc/sys) change only the sandbox's
+// kernel, never the host's. Anywhere else a path must already be
+// read-only (under a read-only root or mount, which the role's
+// rootfs: read-only gives the image); a path in a writable place cannot be
+// made read-only without a source outside the sandbox to bind, so the
+// container is refused rather than left writable.
+func readonlyPaths(s *specs.Spec) (string, error) {
+	if s.Linux == nil || len(s.Linux.ReadonlyPaths) == 0 {
+		return "", nil
+	}
+	var gvisor, covered []string
+	for i, p := range s.Linux.ReadonlyPaths {
+		if !isClean(p) {
+			return "", errkind.InvalidArgument(fmt.Errorf("linux.readonlyPaths[%d]: %q is not a clean absolute path", i, p))
+		}
+		var cover *specs.Mount
+		for j := range s.Mounts {
+			m := &s.Mounts[j]
+			if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
+				cover = m
+			}
+		}
+		switch {
+		case inGVisorFS(p) && (cover == nil || cover.Destination == "/proc" || cover.Destination == "/sys"):
+			gvisor = append(gvisor, p)
+		case cover == nil || cover.Destination == "/":
+			if s.Root == nil || !s.Root.Readonly {
+				return "", errkind.FailedPrecondition(fmt.Errorf("linux.readonlyPaths[%d]: %s is in a writable root filesystem (the role's rootfs is not read-only): agentbox cannot make it read-only", i, p))
+			}
+			covered = append(covered, p+" (read-only root)")
+		case hasOption(cover.Options, "ro"):
+			covered = append(covered, fmt.Sprintf("%s (read-only mount %s)", p, cover.Destination))
+		default:
+			return "", errkind.FailedPrecondition(fmt.Errorf("linux.readonlyPaths[%d]: %s is in the writable mount %s: agentbox cannot make it read-only", i, p, cover.Destination))
+		}
+	}
+	s.Linux.ReadonlyPaths = nil
+	msg := fmt.Sprintf("read-only paths in gVisor's /proc and /sys (gVisor's own; writes stay in the sandbox): %v", gvisor)
+	if len(covered) > 0 {
+		msg += fmt.Sprintf("; already read-only: %v", covered)
+	}
+	return msg, nil
+}

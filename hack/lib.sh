@@ -15,8 +15,9 @@ AGENTBOX_DEV=${AGENTBOX_DEV:-/tmp/agentbox-dev}
 GVISOR_VERSION=$(cd "$REPO_ROOT" && sed -n 's/^[[:space:]]*gvisor.dev\/gvisor \(v[^ ]*\).*/\1/p' go.mod)
 [ -n "$GVISOR_VERSION" ] || { echo "error: no gvisor.dev/gvisor version in go.mod" >&2; exit 1; }
 CONTAINERD_VERSION=v2.4.2
-# The containerd 1.7 the compatibility tests also run.
+# The containerd 1.7 and the older 2.x the compatibility tests also run.
 CONTAINERD17_VERSION=v1.7.35
+CONTAINERD22_VERSION=v2.2.9
 CRICTL_VERSION=v1.37.0
 APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev make)
 

@@ -87,9 +87,11 @@ go_tool containerd "$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 
-# containerd 1.7, for the compatibility tests (its go.mod has exclude
-# directives, so `go install pkg@version` refuses it).
+# containerd 1.7 and an older 2.x, for the compatibility tests (1.7's
+# go.mod has exclude directives, so `go install pkg@version` refuses it;
+# 2.x's binary name would collide with the pinned one's).
 build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
+build_in_module containerd22 github.com/containerd/containerd/v2 "$CONTAINERD22_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD22_VERSION"
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
   || die "$TOOLS_BIN/runsc is not static; remove it and run again"

@@ -18,18 +18,24 @@ import (
 // (`agentbox install` into a root with a containerd config of its own),
 // starts containerd from that config, runs a container under the installed
 // handler, checks it with doctor, and uninstalls, leaving the containerd
-// config as it was: with containerd 2.x (config version 3) and 1.7
-// (version 2, whose CRI plugin also needs its runc entry).
+// config as it was: with the pinned containerd 2.4 and an older 2.2
+// (config version 3), and 1.7 (version 2, whose CRI plugin also needs its
+// runc entry).
 func TestInstallOnANode(t *testing.T) {
 	requireEnv(t)
-	t.Run("containerd-2.x", func(t *testing.T) { installAndRun(t, "containerd", 3) })
-	t.Run("containerd-1.7", func(t *testing.T) {
-		bins, _ := filepath.Glob(filepath.Join(cacheDir(), "bin", "containerd-v1.7.*"))
-		if len(bins) == 0 {
-			t.Skip("containerd 1.7 not built: run hack/setup.sh")
-		}
-		installAndRun(t, bins[0], 2)
-	})
+	t.Run("containerd-2.4", func(t *testing.T) { installAndRun(t, "containerd", 3) })
+	for _, v := range []struct {
+		name, glob string
+		version    int
+	}{{"containerd-2.2", "containerd-v2.2.*", 3}, {"containerd-1.7", "containerd-v1.7.*", 2}} {
+		t.Run(v.name, func(t *testing.T) {
+			bins, _ := filepath.Glob(filepath.Join(cacheDir(), "bin", v.glob))
+			if len(bins) == 0 {
+				t.Skipf("%s not built: run hack/setup.sh", v.name)
+			}
+			installAndRun(t, bins[0], v.version)
+		})
+	}
 }
 
 func installAndRun(t *testing.T, containerd string, version int) {

@@ -28,6 +28,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/cgroups"
+	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/hostexec"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/oomadj"
@@ -130,7 +131,13 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container_id", r.ID))
 	plan, err := s.prepare(ctx, r)
 	if err != nil {
-		log.G(ctx).WithError(err).Error("agentbox: container refused")
+		// A policy or input refusal is the request's fault, not the
+		// runtime's: the caller gets the reason, the log a warning.
+		if errkind.Refusal(err) {
+			log.G(ctx).WithError(err).Warn("agentbox: container refused")
+		} else {
+			log.G(ctx).WithError(err).Error("agentbox: container refused")
+		}
 		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: container %s refused: %w", r.ID, err))
 	}
 	resp, err := s.next.Create(ctx, r)

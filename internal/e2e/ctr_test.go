@@ -246,3 +246,39 @@ func TestTwoContainerdInstances(t *testing.T) {
 		}
 	}
 }
+
+// TestCtrNoErrorLogs: a clean short-lived container leaves no error-level
+// line in containerd's log. Before hack/patches/runsc-wait-root-status.patch
+// every one did ("Failed to wait for container ... sandbox no longer running
+// and its exit status is unavailable"), while its exit code was right.
+func TestCtrNoErrorLogs(t *testing.T) {
+	requireEnv(t)
+	logPath := filepath.Join(dev.dir, "logs", "containerd.log")
+	before, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 10; i++ {
+		id := uniqueID("quiet")
+		ids = append(ids, id)
+		if r := dev.runAgent(t, id, nil, "sh", "-c", fmt.Sprintf("exit %d", i)); r.code != i {
+			t.Fatalf("exit %d: %v", i, r)
+		}
+	}
+	after, _ := os.ReadFile(logPath)
+	var bad []string
+	for _, line := range strings.Split(string(after[len(before):]), "\n") {
+		if !strings.Contains(line, "level=error") {
+			continue
+		}
+		for _, id := range ids {
+			if strings.Contains(line, id) {
+				bad = append(bad, line)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("%d error-level lines for 10 clean containers:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}

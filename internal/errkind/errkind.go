@@ -61,3 +61,21 @@ func wrap(err error, f func(kinded) error) error {
 	}
 	return f(kinded{err})
 }
+
+// Refusal says err is a decision about the request (policy, input, the
+// node's state for it), not a fault of the runtime: the caller gets it
+// with its reason, and the shim logs it as a warning.
+func Refusal(err error) bool {
+	for err != nil {
+		switch err.(type) {
+		case permissionDenied, invalidArgument, notFound, failedPrecondition, resourceExhausted:
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}

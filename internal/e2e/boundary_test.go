@@ -390,3 +390,31 @@ func TestMaskedPathsGVisorTable(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundaryCRIPathsFromThePodAuthor: the CRI lets a pod author name
+// masked and read-only paths (the container's security context). A masked
+// image file reads empty beside its readable twin; a read-only path in the
+// read-only image holds, and one in writable scratch, which agentbox
+// cannot make read-only, refuses the container naming the field.
+func TestBoundaryCRIPathsFromThePodAuthor(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	p := newPodIn(t, "paths", "team", map[string]string{"agentbox.dev/role": "baseline"})
+	sc := func(masked, readonly []string) map[string]any {
+		return map[string]any{"security_context": map[string]any{"masked_paths": masked, "readonly_paths": readonly}}
+	}
+	id := p.containerWith(t, "ok", map[string]any{
+		"command": []string{"sh", "-c", `echo "passwd=$(wc -c </etc/passwd) group=$(wc -c </etc/group)"; echo x >/etc/x 2>/dev/null || echo etc-read-only; echo x >/tmp/x && echo tmp-writable; echo done; sleep 600`},
+		"linux":   sc([]string{"/etc/passwd", "/proc/kcore"}, []string{"/etc", "/proc/sys"}),
+	})
+	logs := waitLogs(t, id, "done")
+	for _, want := range []string{"passwd=0 ", "etc-read-only", "tmp-writable"} {
+		if !strings.Contains(logs.stdout, want) {
+			t.Errorf("%q missing:\n%s", want, logs.stdout)
+		}
+	}
+	if strings.Contains(logs.stdout, "group=0\n") {
+		t.Errorf("the twin /etc/group is hidden too:\n%s", logs.stdout)
+	}
+	p.startFails(t, "ro-scratch", map[string]any{"linux": sc(nil, []string{"/tmp/keep"})}, "linux.readonlyPaths[0]: /tmp/keep is in the writable mount /tmp")
+}

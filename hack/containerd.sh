@@ -10,6 +10,10 @@
 #   hack/containerd.sh start   # idempotent; prints the socket path
 #   hack/containerd.sh stop    # stops it and removes every trace
 #   hack/containerd.sh env     # shell exports for ctr/crictl
+#
+# AGENTBOX_REGISTRY_MIRROR=http://HOST:PORT sends registry.k8s.io, gcr.io
+# and k8s.gcr.io pulls there and nowhere else (hack/critest.sh's loopback
+# registry).
 source "$(dirname "$0")/lib.sh"
 
 DIR=$AGENTBOX_DEV
@@ -130,10 +134,35 @@ state = "$DIR/state"
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc-stock.options]
     ConfigPath = "$DIR/runsc-stock/config.toml"
 
+# runc, the reference the tests and critest compare with. These hosts
+# withhold CAP_SYS_RESOURCE even from root: runc could not lower
+# oom_score_adj below containerd's.
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    Root = "$DIR/runc-root"
+
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["/usr/lib/cni"]
   conf_dir = "$DIR/cni/net.d"
 EOT
+  if [ -n "${AGENTBOX_REGISTRY_MIRROR:-}" ]; then
+    local h
+    for h in registry.k8s.io gcr.io k8s.gcr.io; do
+      mkdir -p "$DIR/certs.d/$h"
+      # server is the mirror itself: containerd never falls back to the
+      # real host.
+      printf 'server = "%s"\n' "$AGENTBOX_REGISTRY_MIRROR" >"$DIR/certs.d/$h/hosts.toml"
+    done
+    cat >>"$DIR/config.toml" <<EOT
+
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "$DIR/certs.d"
+EOT
+  fi
 }
 
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }

@@ -15,6 +15,7 @@
 # widest role the schema expresses: with it, a spec that fails is a defect
 # or a gVisor limit rather than a role doing its job. Results (JUnit and
 # logs) go to _output/critest/NAME/, the counts to _output/critest/summary.txt.
+# CRITEST_FOCUS=REGEX runs only the specs it matches.
 source "$(dirname "$0")/lib.sh"
 need_root
 
@@ -159,7 +160,8 @@ for run in "${runs[@]}"; do
   ( cd "$out" && "$BIN/critest" --runtime-endpoint "unix://$sock" --image-endpoint "unix://$sock" \
       --runtime-handler "$handler" --nri-socket "$DEV/nri.sock" --report-dir "$out" \
       --ginkgo.no-color --ginkgo.v --ginkgo.timeout=2h \
-      --ginkgo.skip 'public image with digest should be pulled and removed' ) >"$out/critest.log" 2>&1 &
+      --ginkgo.skip 'public image with digest should be pulled and removed' \
+      ${CRITEST_FOCUS:+--ginkgo.focus "$CRITEST_FOCUS"} ) >"$out/critest.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30
@@ -170,7 +172,7 @@ for run in "${runs[@]}"; do
   result=$(grep -oE '[0-9]+ Passed \| [0-9]+ Failed \| [0-9]+ Pending \| [0-9]+ Skipped' "$out/critest.log" | tail -1)
   printf '%-32s %s; %s\n' "$name" "${counts:-no summary}" "${result:-see $out/critest.log}" | tee -a "$OUT/summary.txt"
   grep -E '^\s*\[FAIL\]' "$out/critest.log" | sed 's/^\s*//' | sort -u >"$out/failed.txt" || true
-  # Specs that skip and why (rro among them until the handler advertised it).
-  grep -E 'S \[SKIPPED\]|\[SKIPPED\]' "$out/critest.log" | sort | uniq -c >"$out/skipped.txt" || true
+  # The specs that skipped (rro's among them until the handler advertised it).
+  grep -A1 '^S \[SKIPPED\]' "$out/critest.log" | grep -v '^S \[SKIPPED\]\|^--' | sort >"$out/skipped.txt" || true
 done
 step "summary: $OUT/summary.txt"

@@ -61,7 +61,9 @@ type service struct {
 	policies  policy.Cache
 	sandboxes *sandboxRegistry
 	// stagers holds each created container's staged mounts (id to
-	// *mountguard.Stager), released at Delete.
+	// *mountguard.Stager), released once it has started (runsc's gofer
+	// holds its own copies then) and again at Delete, for one that never
+	// started.
 	stagers sync.Map
 }
 
@@ -185,6 +187,13 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if r.ExecID == "" {
+		// runsc's gofer has its own copies of the container's mounts
+		// now: the staged ones in the host's mount namespace would only
+		// keep the pod's directories busy (a host directory with a mount
+		// below it could not be removed while the pod runs).
+		if st, ok := s.stagers.Load(r.ID); ok {
+			releaseMounts(ctx, st.(*mountguard.Stager))
+		}
 		msg := "container started"
 		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)

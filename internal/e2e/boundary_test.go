@@ -333,6 +333,19 @@ func TestBoundaryRecursiveReadOnly(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sub, "f")); err == nil {
 		t.Fatal("a write reached the host through the recursive read-only mount")
 	}
+	// After the start the container's mounts are runsc's alone: an exec
+	// still reads them, and the host can take its directory apart while
+	// the pod runs (critest's rro spec does), which a mount the shim kept
+	// in the host's namespace made EBUSY.
+	if r := dev.crictl(30*time.Second, "exec", id, "cat", "/models/model.txt"); r.code != 0 || !strings.Contains(r.stdout, "weights") {
+		t.Fatalf("exec after start: %v", r)
+	}
+	if out, err := exec.Command("umount", "-l", sub).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v %s", err, out)
+	}
+	if err := os.Remove(sub); err != nil {
+		t.Fatalf("the host cannot remove the directory a running pod's mount was under: %v", err)
+	}
 }
 
 // TestBoundaryMaskedPaths: runsc ignores linux.maskedPaths, so the shim

@@ -165,7 +165,7 @@ for run in "${runs[@]}"; do
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30
-    kill -0 "$pid" 2>/dev/null && step "  $name: $(grep -c '^•' "$out/critest.log" 2>/dev/null || echo 0) specs done"
+    kill -0 "$pid" 2>/dev/null && step "  $name: $(grep -c "^•" "$out/critest.log" 2>/dev/null || true) specs done"
   done
   wait "$pid" || true
   counts=$(grep -E '^Ran [0-9]+ of [0-9]+ Specs' "$out/critest.log" | tail -1)

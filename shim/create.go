@@ -299,10 +299,11 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 // pathKinds says what masked paths are at start: beneath a staged bind
 // source, or in the container's image layers (read when first needed:
 // the runtime's own masked paths are all gVisor's).
-func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKind, error) {
-	return func(root, rel string) (policy.PathKind, error) {
+func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKind, string, error) {
+	return func(root, rel string) (policy.PathKind, string, error) {
 		if root != "" {
-			return mountguard.KindBeneath(root, rel)
+			k, err := mountguard.KindBeneath(root, rel)
+			return k, "", err
 		}
 		var ms []mountguard.RootfsMount
 		for _, m := range r.Rootfs {
@@ -310,9 +311,9 @@ func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKin
 		}
 		layers, err := mountguard.LayersOf(r.Bundle, ms)
 		if err != nil {
-			return 0, fmt.Errorf("cannot tell what it is in the image: %w", err)
+			return 0, "", fmt.Errorf("cannot tell what it is in the image: %w", err)
 		}
-		return layers.Kind(rel)
+		return layers.Lookup(rel)
 	}
 }
 

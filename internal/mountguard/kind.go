@@ -85,56 +85,68 @@ func LayersOf(bundle string, mounts []RootfsMount) (Layers, error) {
 	return nil, fmt.Errorf("a rootfs of type %q", m.Type)
 }
 
-// Kind says what rel (no leading "/") is in the merged view of the layers,
-// with overlayfs's rules: the topmost layer that has it decides, a
+// Lookup says what the absolute path p is in the merged view of the
+// layers, with overlayfs's rules: the topmost layer that has it decides, a
 // whiteout (a 0/0 character device) hides it, and an opaque directory
-// hides what the layers below have under it. A symlink on the way is an
-// error: what it would resolve to inside the container is not known here.
-func (l Layers) Kind(rel string) (policy.PathKind, error) {
-	comps := strings.Split(filepath.Clean("/" + rel)[1:], "/")
-	if comps[0] == "" {
-		return policy.PathDir, nil
+// hides what the layers below have under it. A symlink on the way is not
+// followed on the host: Lookup returns the path it leads to inside the
+// container (an absolute target from the image's root, ".." never above
+// it, the rest of p appended), which may lie on another mount, for the
+// caller to look up instead.
+func (l Layers) Lookup(p string) (kind policy.PathKind, next string, err error) {
+	p = filepath.Clean("/" + p)
+	if p == "/" {
+		return policy.PathDir, "", nil
 	}
+	comps := strings.Split(p[1:], "/")
 	for _, layer := range l {
 		opaque := false
-		p := layer
+		hp := layer
 		for i, c := range comps {
-			p = filepath.Join(p, c)
+			hp = filepath.Join(hp, c)
 			var st unix.Stat_t
-			err := unix.Lstat(p, &st)
+			err := unix.Lstat(hp, &st)
 			if errors.Is(err, unix.ENOENT) {
 				if opaque {
-					return policy.PathAbsent, nil
+					return policy.PathAbsent, "", nil
 				}
 				break // the layers below decide
 			}
 			if err != nil {
-				return 0, fmt.Errorf("layer %s: %w", layer, err)
+				return 0, "", fmt.Errorf("layer %s: %w", layer, err)
 			}
 			last := i == len(comps)-1
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFCHR:
 				if st.Rdev == 0 {
-					return policy.PathAbsent, nil // whiteout
+					return policy.PathAbsent, "", nil // whiteout
 				}
 			case unix.S_IFLNK:
-				return 0, fmt.Errorf("/%s is a symlink in the image: mask the path it points to", strings.Join(comps[:i+1], "/"))
+				target, err := os.Readlink(hp)
+				if err != nil {
+					return 0, "", fmt.Errorf("layer %s: %w", layer, err)
+				}
+				if !filepath.IsAbs(target) {
+					target = filepath.Join("/", filepath.Join(comps[:i]...), target)
+				}
+				next := filepath.Join(append([]string{"/", target}, comps[i+1:]...)...)
+				return 0, filepath.Clean(next), nil
 			case unix.S_IFDIR:
 				if last {
-					return policy.PathDir, nil
+					return policy.PathDir, "", nil
 				}
-				if v, _ := lgetxattr(p, "trusted.overlay.opaque"); v == "y" {
+				if v, _ := lgetxattr(hp, "trusted.overlay.opaque"); v == "y" {
 					opaque = true
 				}
 				continue
 			}
 			if last {
-				return policy.PathFile, nil
+				return policy.PathFile, "", nil
 			}
-			return policy.PathAbsent, nil // below a file
+			return policy.PathAbsent, "", nil // below a file
 		}
 	}
-	return policy.PathAbsent, nil
+	return policy.PathAbsent, "", nil
 }
 
 func lgetxattr(path, name string) (string, error) {

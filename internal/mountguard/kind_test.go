@@ -1,6 +1,7 @@
 package mountguard
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,16 +55,47 @@ func TestLayersKind(t *testing.T) {
 		cases["opt/old/file"] = policy.PathAbsent
 	}
 	l := Layers{upper, mid, low}
+	// kind follows Lookup's symlinks, all inside the image here.
+	kind := func(rel string) (policy.PathKind, error) {
+		p := rel
+		for hops := 0; hops < 40; hops++ {
+			k, next, err := l.Lookup(p)
+			if err != nil || next == "" {
+				return k, err
+			}
+			p = next
+		}
+		return 0, errors.New("too many levels of symlinks")
+	}
 	for rel, want := range cases {
-		got, err := l.Kind(rel)
+		got, err := kind(rel)
 		if err != nil || got != want {
 			t.Errorf("%q: %v %v, want %v", rel, got, err, want)
 		}
 	}
-	for _, rel := range []string{"etc/link", "linkdir/local"} {
-		if _, err := l.Kind(rel); err == nil || !strings.Contains(err.Error(), "symlink") {
-			t.Errorf("%q: %v, want a symlink error", rel, err)
+	// Symlinks resolve inside the image: absolute from its root, ".."
+	// stopping there, never through the host.
+	os.Symlink("../../../../etc/shadow", filepath.Join(low, "usr/local/up"))
+	os.Symlink("loop2", filepath.Join(low, "loop1"))
+	os.Symlink("loop1", filepath.Join(low, "loop2"))
+	os.Symlink("/proc/1/root", filepath.Join(low, "hostroot")) // absent in the image
+	for rel, want := range map[string]policy.PathKind{
+		"etc/link":               policy.PathDir, // -> /etc/passwd, a directory in mid
+		"linkdir/local":          policy.PathDir, // -> /usr/local
+		"linkdir/local/bin/tool": policy.PathFile,
+		"usr/local/up":           cases["etc/shadow"],
+		"hostroot/etc":           policy.PathAbsent,
+	} {
+		if got, err := kind(rel); err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", rel, got, err, want)
 		}
+	}
+	if _, err := kind("loop1"); err == nil || !strings.Contains(err.Error(), "too many levels of symlinks") {
+		t.Errorf("a symlink loop: %v", err)
+	}
+	// Lookup stops at the symlink and says where it leads.
+	if _, next, err := l.Lookup("/linkdir/local/bin"); err != nil || next != "/usr/local/bin" {
+		t.Errorf("Lookup through linkdir: %q %v", next, err)
 	}
 	if !whiteout || !opaque {
 		t.Logf("whiteout checked: %v, opaque checked: %v (need CAP_MKNOD and CAP_SYS_ADMIN)", whiteout, opaque)

@@ -6,11 +6,15 @@ package policy
 // a path is (and whether it exists at all) is read from where the container
 // will see it at start: gVisor's own /proc and /sys (a table, checked
 // against the pinned gVisor by the e2e suite), the source of the bind mount
-// it lies under, or the image's layers. A path that is absent at start is
-// not masked (as with runc), and the spec change says so.
+// it lies under, or the image's layers, whose symlinks are followed inside
+// the container to wherever they lead (gVisor resolves the mount's
+// destination the same way). A path that is absent at start is not masked
+// (as with runc), and the spec change says so.
 
 import (
 	"fmt"
+	"regexp"
+	"sort"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -33,19 +37,60 @@ func (k PathKind) String() string {
 
 // gvisorPaths is what the pinned gVisor's sandbox has at the paths
 // runtimes mask or make read-only (the OCI and CRI defaults, and
-// baseline's /proc/kallsyms); a path under /proc or /sys not listed here is
-// absent. TestMaskedPathsGVisorTable checks it inside a sandbox.
+// baseline's /proc/kallsyms). TestMaskedPathsGVisorTable checks every
+// entry inside a sandbox. Another path under /proc or /sys cannot be
+// masked: what it is there is not known before the sandbox runs.
 var gvisorPaths = map[string]PathKind{
-	"/proc/bus":           PathDir,
-	"/proc/fs":            PathDir,
-	"/proc/irq":           PathDir,
-	"/proc/sys":           PathDir,
-	"/proc/sysrq-trigger": PathFile,
-	"/sys/firmware":       PathDir,
+	"/proc/acpi":                    PathAbsent,
+	"/proc/interrupts":              PathAbsent,
+	"/proc/asound":                  PathAbsent,
+	"/proc/kcore":                   PathAbsent,
+	"/proc/keys":                    PathAbsent,
+	"/proc/latency_stats":           PathAbsent,
+	"/proc/timer_list":              PathAbsent,
+	"/proc/timer_stats":             PathAbsent,
+	"/proc/sched_debug":             PathAbsent,
+	"/proc/scsi":                    PathAbsent,
+	"/proc/kallsyms":                PathAbsent,
+	"/sys/devices/virtual/powercap": PathAbsent,
+	"/proc/bus":                     PathDir,
+	"/proc/fs":                      PathDir,
+	"/proc/irq":                     PathDir,
+	"/proc/sys":                     PathDir,
+	"/proc/sysrq-trigger":           PathFile,
+	"/sys/firmware":                 PathDir,
 }
 
-// GVisorPathKind is what gVisor's sandbox has at p (under /proc or /sys).
-func GVisorPathKind(p string) PathKind { return gvisorPaths[p] }
+// cpuThrottle is containerd 2.3+'s per-CPU masked path (for each CPU the
+// host has it on): gVisor's CPUs have no thermal_throttle.
+var cpuThrottle = regexp.MustCompile(`^/sys/devices/system/cpu/cpu[0-9]+/thermal_throttle$`)
+
+// GVisorPaths lists the paths gvisorPaths knows, and one of cpuThrottle's.
+func GVisorPaths() []string {
+	ps := []string{"/sys/devices/system/cpu/cpu0/thermal_throttle"}
+	for p := range gvisorPaths {
+		ps = append(ps, p)
+	}
+	sort.Strings(ps)
+	return ps
+}
+
+// GVisorPathKind is what gVisor's sandbox has at p (under /proc or /sys);
+// ok is false for a path the table does not know.
+func GVisorPathKind(p string) (kind PathKind, ok bool) {
+	if cpuThrottle.MatchString(p) {
+		return PathAbsent, true
+	}
+	kind, ok = gvisorPaths[p]
+	return kind, ok
+}
+
+func gvisorKind(p string) (PathKind, error) {
+	if k, ok := GVisorPathKind(p); ok {
+		return k, nil
+	}
+	return 0, fmt.Errorf("%s is in gVisor's own /proc or /sys, where agentbox can mask only %s", p, strings.Join(GVisorPaths(), ", "))
+}
 
 // inGVisorFS says p is in a filesystem gVisor makes itself.
 func inGVisorFS(p string) bool { return under(p, "/proc") || under(p, "/sys") }
@@ -94,34 +139,44 @@ func maskPaths(s *specs.Spec, env MountEnv) (string, error) {
 }
 
 // maskedKind is what p is at start: gVisor's, the covering mount's (the
-// deepest mount whose destination holds p), or the image's.
+// deepest mount whose destination holds p), or the image's, following the
+// image's symlinks inside the container to wherever they lead.
 func maskedKind(mounts []specs.Mount, p string, env MountEnv) (PathKind, error) {
-	var cover *specs.Mount
-	for i := range mounts {
-		m := &mounts[i]
-		if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
-			cover = m
+	for hops := 0; hops <= 40; hops++ {
+		var cover *specs.Mount
+		for i := range mounts {
+			m := &mounts[i]
+			if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
+				cover = m
+			}
 		}
+		switch {
+		case cover == nil || cover.Destination == "/":
+			if inGVisorFS(p) {
+				return gvisorKind(p)
+			}
+		case cover.Destination == "/proc" || cover.Destination == "/sys":
+			return gvisorKind(p)
+		case p == cover.Destination:
+			if isBind(*cover) {
+				k, _, err := env.Kind(cover.Source, "")
+				return k, err
+			}
+			return PathDir, nil
+		case isBind(*cover):
+			k, _, err := env.Kind(cover.Source, rel(p, cover.Destination))
+			return k, err
+		default:
+			// A fresh filesystem (tmpfs, mqueue, ...): empty at start.
+			return PathAbsent, nil
+		}
+		kind, next, err := env.Kind("", strings.TrimPrefix(p, "/"))
+		if err != nil || next == "" {
+			return kind, err
+		}
+		p = next
 	}
-	switch {
-	case cover == nil || cover.Destination == "/":
-		if inGVisorFS(p) {
-			return GVisorPathKind(p), nil
-		}
-		return env.Kind("", strings.TrimPrefix(p, "/"))
-	case cover.Destination == "/proc" || cover.Destination == "/sys":
-		return GVisorPathKind(p), nil
-	case p == cover.Destination:
-		if isBind(*cover) {
-			return env.Kind(cover.Source, "")
-		}
-		return PathDir, nil
-	case isBind(*cover):
-		return env.Kind(cover.Source, rel(p, cover.Destination))
-	default:
-		// A fresh filesystem (tmpfs, mqueue, ...): empty at start.
-		return PathAbsent, nil
-	}
+	return 0, fmt.Errorf("too many levels of symlinks in the image")
 }
 
 // readonlyPaths checks the spec's read-only paths, which runsc ignores

@@ -10,18 +10,27 @@ import (
 )
 
 func TestMaskPaths(t *testing.T) {
-	image := map[string]PathKind{"etc/passwd": PathFile, "usr/local/bin": PathDir}
+	image := map[string]PathKind{"etc/passwd": PathFile, "usr/local/bin": PathDir, "bin/busybox": PathFile}
 	binds := map[string]PathKind{"/staged/0/secret.txt": PathFile}
 	env := MountEnv{
 		MaskFile: "/bundle/agentbox-masked",
-		Kind: func(root, rel string) (PathKind, error) {
+		Kind: func(root, rel string) (PathKind, string, error) {
 			if root == "" {
-				if rel == "etc/link" {
-					return 0, errors.New("/etc/link is a symlink in the image")
+				switch rel {
+				case "etc/broken":
+					return 0, "", errors.New("layer /l: permission denied")
+				case "etc/mtab": // -> /proc/self/mounts, gVisor's
+					return 0, "/proc/self/mounts", nil
+				case "bin/ls": // -> /bin/busybox, in the image
+					return 0, "/bin/busybox", nil
+				case "etc/data": // -> /data/secret.txt, on a bind
+					return 0, "/data/secret.txt", nil
+				case "loop":
+					return 0, "/loop", nil
 				}
-				return image[rel], nil
+				return image[rel], "", nil
 			}
-			return binds[root+"/"+rel], nil
+			return binds[root+"/"+rel], "", nil
 		},
 	}
 	tmpfs := func(p string) specs.Mount {
@@ -48,7 +57,12 @@ func TestMaskPaths(t *testing.T) {
 		{"under a bind, by its source", []string{"/data/secret.txt", "/data/nothing"}, []specs.Mount{file("/data/secret.txt")}, "not masked: [/data/nothing]", ""},
 		{"a bind's own destination", []string{"/data"}, nil, "not masked: [/data]", ""},
 		{"under a fresh tmpfs: empty at start", []string{"/tmp/x"}, nil, "not masked: [/tmp/x]", ""},
-		{"a symlink in the image", []string{"/etc/link"}, nil, "", "masked path /etc/link: /etc/link is a symlink"},
+		{"symlinks followed inside the container", []string{"/bin/ls", "/etc/data"},
+			[]specs.Mount{file("/bin/ls"), file("/etc/data")}, "masked [/bin/ls (file) /etc/data (file)]", ""},
+		{"a symlink into gVisor's /proc", []string{"/etc/mtab"}, nil, "", "masked path /etc/mtab: /proc/self/mounts is in gVisor's own /proc or /sys, where agentbox can mask only"},
+		{"a gVisor path the table does not know", []string{"/proc/cpuinfo"}, nil, "", "masked path /proc/cpuinfo: /proc/cpuinfo is in gVisor's own"},
+		{"a symlink loop", []string{"/loop"}, nil, "", "masked path /loop: too many levels of symlinks"},
+		{"an unreadable layer", []string{"/etc/broken"}, nil, "", "masked path /etc/broken: layer /l: permission denied"},
 		{"not clean", []string{"/etc/../etc/passwd"}, nil, "", "linux.maskedPaths[0]"},
 		{"the root", []string{"/"}, nil, "", "linux.maskedPaths[0]"},
 	} {

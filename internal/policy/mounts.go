@@ -42,9 +42,11 @@ type MountEnv struct {
 	// spec names instead. nil keeps the sources (policy explain).
 	Stage func(Bind) (string, error)
 	// Kind says what rel is beneath root (a host path: a staged bind
-	// source) without following symlinks; root "" is the container's
-	// image. nil leaves masked paths listed in the spec (policy explain).
-	Kind func(root, rel string) (PathKind, error)
+	// source) without following symlinks. For root "" it looks rel up in
+	// the container's image, and where a symlink leads elsewhere it
+	// returns that path (absolute, inside the container) as next instead.
+	// nil leaves masked paths listed in the spec (policy explain).
+	Kind func(root, rel string) (kind PathKind, next string, err error)
 	// MaskFile is an empty read-only file bound over masked files.
 	MaskFile string
 }

@@ -335,6 +335,13 @@ func (p *Profile) compileFilesystem(fs Filesystem) []error {
 	p.Filesystem.HostMounts = nonNil(p.Filesystem.HostMounts)
 	p.Filesystem.MaskedPaths = nonNil(fs.MaskedPaths)
 	errs = append(errs, checkPaths("filesystem.maskedPaths", p.Filesystem.MaskedPaths)...)
+	for i, mp := range p.Filesystem.MaskedPaths {
+		if inGVisorFS(mp) {
+			if _, err := gvisorKind(mp); err != nil {
+				errs = append(errs, fmt.Errorf("filesystem.maskedPaths[%d]: %w", i, err))
+			}
+		}
+	}
 	p.Filesystem.AllowExec = nonNil(fs.AllowExec)
 	errs = append(errs, checkPaths("filesystem.allowExec", p.Filesystem.AllowExec)...)
 	p.Filesystem.Devices = nonNil(fs.Devices)

@@ -68,7 +68,10 @@ if [ "$(cat "$W/images/.stamp" 2>/dev/null)" != "$img_stamp" ]; then
     mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,tmp,root,home,var/www,var/run,proc,sys,dev}
     chmod 1777 "$r/tmp"
     cp /bin/busybox "$r/bin/busybox"
-    for a in $(/bin/busybox --list); do [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"; done
+    # Hard links, as in the real busybox image: a spec masks /bin/ls, and
+    # with symlinks that would mask busybox itself (runc and agentbox
+    # alike follow them inside the container).
+    for a in $(/bin/busybox --list); do [ -e "$r/bin/$a" ] || ln "$r/bin/busybox" "$r/bin/$a"; done
     printf '%s\n' root:x:0:0:root:/root:/bin/sh daemon:x:1:1:daemon:/usr/sbin:/bin/false www-data:x:33:33:www-data:/var/www:/bin/false \
       nobody:x:65534:65534:nobody:/home:/bin/false >"$r/etc/passwd"
     printf '%s\n' root:x:0: daemon:x:1: wheel:x:10:root www-data:x:33: users:x:100: nogroup:x:65534: >"$r/etc/group"

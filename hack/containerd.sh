@@ -229,6 +229,10 @@ stop() {
   { grep -oE " ($DIR|$rroot)/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   rm -rf "$rroot"
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
+  # The instance's directory too, when it is one this script made.
+  if [ "$DIR" != / ] && [ -f "$DIR/config.toml" ] && grep -q "$SOCK" "$DIR/config.toml" 2>/dev/null; then
+    rm -rf "$DIR"
+  fi
 }
 
 case "${1:-}" in

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -77,7 +78,9 @@ func runClone3Probe(ctx context.Context, runsc, self string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(dir)
+	// runsc leaves a mount in its root (state/null-netns, its placeholder
+	// network namespace), which RemoveAll alone cannot remove.
+	defer removeWithMounts(dir)
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return "", err
@@ -116,6 +119,24 @@ func runClone3Probe(ctx context.Context, runsc, self string) (string, error) {
 		return "", fmt.Errorf("booting a test sandbox: %v: %s", err, lastLine(stderr.String()))
 	}
 	return stdout.String(), nil
+}
+
+// removeWithMounts detaches every mount below dir, deepest first, then
+// removes it.
+func removeWithMounts(dir string) error {
+	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
+		var below []string
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+				below = append(below, f[1])
+			}
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(below)))
+		for _, m := range below {
+			unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+	}
+	return os.RemoveAll(dir)
 }
 
 func lastLine(s string) string {

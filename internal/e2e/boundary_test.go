@@ -300,9 +300,21 @@ func TestBoundarySmallerItems(t *testing.T) {
 // fail under the baseline policy).
 func TestBoundaryDoctorChecksSeccompErrno(t *testing.T) {
 	requireEnv(t)
+	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "agentbox-doctor-*"))
 	r := dev.run(90*time.Second, "agentbox", "doctor", "--address", dev.sock, "--config", filepath.Join(dev.dir, "agentbox", "config.toml"))
 	if !strings.Contains(r.stdout, "PASS  seccomp      runsc honours errnoRet") {
 		t.Fatalf("doctor must find the shipped runsc honouring errnoRet: %v", r)
+	}
+	// Its test sandbox leaves nothing: no directory, no mount.
+	after, _ := filepath.Glob(filepath.Join(os.TempDir(), "agentbox-doctor-*"))
+	if len(after) > len(before) {
+		t.Errorf("doctor left %d directories (%v)", len(after)-len(before), after)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	for _, d := range after {
+		if strings.Contains(string(mounts), d+"/") {
+			t.Errorf("doctor left a mount under %s", d)
+		}
 	}
 }
 

@@ -16,7 +16,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -523,4 +525,27 @@ func expectNoLeaks(t *testing.T, d *daemon) {
 		}
 		t.Errorf("left behind after the test:\n  %s", strings.Join(left, "\n  "))
 	})
+}
+
+// removeWithMounts detaches every mount below dir (runsc leaves its
+// null-netns placeholder in its root), deepest first, then removes dir,
+// failing the test if anything stays.
+func removeWithMounts(t *testing.T, dir string) {
+	t.Helper()
+	b, _ := os.ReadFile("/proc/self/mounts")
+	var below []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			below = append(below, f[1])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(below)))
+	for _, m := range below {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", m, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Errorf("remove %s: %v", dir, err)
+	}
 }

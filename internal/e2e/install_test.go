@@ -43,7 +43,7 @@ func installAndRun(t *testing.T, containerd string, version int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	t.Cleanup(func() { removeWithMounts(t, root) })
 	sock := filepath.Join(root, "c.sock")
 	mainCfg := filepath.Join(root, "etc/containerd/config.toml")
 	// Its own NRI socket: the default one is the machine's (the private
@@ -84,7 +84,7 @@ func installAndRun(t *testing.T, containerd string, version int) {
 		cd.Process.Kill()
 		cd.Wait()
 		logf.Close()
-		os.RemoveAll(config.InstanceRunscRoot(sock))
+		removeWithMounts(t, config.InstanceRunscRoot(sock))
 	})
 	ctr := func(timeout time.Duration, a ...string) result {
 		return dev.run(timeout, "ctr", append([]string{"--address", sock}, a...)...)

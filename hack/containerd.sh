@@ -201,32 +201,17 @@ stop() {
   if running; then
     local pid; pid=$(cat "$PIDFILE")
     step "stopping containerd (pid $pid)"
-    # Remove what is left: pods, then plain containers, in every namespace.
-    if [ -S "$SOCK" ]; then
-      crictl --runtime-endpoint "unix://$SOCK" rmp -fa >/dev/null 2>&1 || true
-      for ns in $(ctr --address "$SOCK" namespaces ls -q 2>/dev/null); do
-        for t in $(ctr --address "$SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
-          ctr --address "$SOCK" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1 || true
-          ctr --address "$SOCK" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
-        done
-        for c in $(ctr --address "$SOCK" -n "$ns" containers ls -q 2>/dev/null); do
-          ctr --address "$SOCK" -n "$ns" containers delete "$c" >/dev/null 2>&1 || true
-        done
-      done
-    fi
+    remove_containers "$SOCK"
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$PIDFILE"
-  # Last resort for a run that was killed mid-test: runsc processes of this
-  # instance's runsc root (the shim derives it from the socket path).
-  local rroot
-  rroot=/run/agentbox/runsc/$(printf '%s' "$SOCK" | sha256sum | cut -c1-12)
-  pkill -9 -f -- "--root=$rroot/" 2>/dev/null || true
-  pkill -9 -f -- "-address $SOCK" 2>/dev/null || true
+  # Last resort for a run that was killed mid-test.
+  kill_leftovers "$SOCK"
   # Leftover mounts under our dirs (from a killed run), deepest first.
-  { grep -oE " ($DIR|$rroot)/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  local rroot; rroot=$(runsc_root "$SOCK")
+  unmount_under "$DIR" "$rroot"
   rm -rf "$rroot"
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
   # The instance's directory too, when it is one this script made.

@@ -361,29 +361,22 @@ down() {
   fi
   step "stopping the control plane and the kubelet"
   for n in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
-  if alive containerd && [ -S "$SOCK" ]; then
+  if alive containerd; then
     step "removing what pods and containers are left"
-    crictl --runtime-endpoint "unix://$SOCK" rmp -fa >/dev/null 2>&1 || true
-    for ns in $(ctr --address "$SOCK" namespaces ls -q 2>/dev/null); do
-      for t in $(ctr --address "$SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
-        ctr --address "$SOCK" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1 || true
-        ctr --address "$SOCK" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
-      done
-    done
+    remove_containers "$SOCK"
   fi
   stop_one containerd
   # Whatever is left in the node's namespace was started by it; runsc's
   # sandbox and gofer have mount namespaces of their own: find them by
   # this instance's runsc root and socket.
-  local rroot; rroot=/run/agentbox/runsc/$(printf '%s' "$SOCK" | sha256sum | cut -c1-12)
+  local rroot; rroot=$(runsc_root "$SOCK")
   if node_ns_up; then
     local want; want=mnt:[$(stat -L -c %i "$MNTNS")]
     for p in /proc/[0-9]*; do
       [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$want" ] && kill -9 "${p#/proc/}" 2>/dev/null
     done
   fi
-  pkill -9 -f -- "--root=$rroot/" 2>/dev/null || true
-  pkill -9 -f -- "-address $SOCK" 2>/dev/null || true
+  kill_leftovers "$SOCK"
   # Pods' processes are in the kubelet's cgroup root (runc containers have
   # mount namespaces of their own).
   local procs
@@ -392,9 +385,7 @@ down() {
   done
   step "removing the node's mounts, cgroups, bridge and files"
   if [ -f "$MNTNS" ]; then umount "$MNTNS" 2>/dev/null || umount -l "$MNTNS" 2>/dev/null || true; fi
-  { grep -oE " ($DIR|$rroot)(/[^ ]*)?" /proc/mounts || true; } | sort -r | while read -r m; do
-    umount -l "$m" 2>/dev/null || true
-  done
+  unmount_under "$DIR" "$rroot"
   for c in "${CG_CONTROLLERS[@]}"; do
     [ -d "/sys/fs/cgroup/$c/$CGROUP_ROOT" ] || continue
     find "/sys/fs/cgroup/$c/$CGROUP_ROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || true

@@ -12,7 +12,9 @@ AGENTBOX_DEV=${AGENTBOX_DEV:-/tmp/agentbox-dev}
 
 # runsc is built from the gVisor the shim links (go.mod): the shim checks
 # trace points against that gVisor's registry.
-GVISOR_VERSION=$(cd "$REPO_ROOT" && sed -n 's/^[[:space:]]*gvisor.dev\/gvisor \(v[^ ]*\).*/\1/p' go.mod)
+# mod_version GO.MOD MODULE: the version GO.MOD requires of MODULE.
+mod_version() { awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1"; }
+GVISOR_VERSION=$(mod_version "$REPO_ROOT/go.mod" gvisor.dev/gvisor)
 [ -n "$GVISOR_VERSION" ] || { echo "error: no gvisor.dev/gvisor version in go.mod" >&2; exit 1; }
 CONTAINERD_VERSION=v2.4.2
 # The containerd 1.7 and the older 2.x the compatibility tests also run.
@@ -38,11 +40,46 @@ need_root() { [ "$(id -u)" = 0 ] || die "$0 must run as root (containerd, runsc,
 # ctr prints on every call on these hosts); other output is untouched.
 ctrq() { ctr "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2); }
 
-# mod_version GO.MOD MODULE: the version GO.MOD requires of MODULE.
-mod_version() { awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1"; }
-
 # The Kubernetes and etcd hack/kube.sh runs (built by hack/kube/build.sh
 # from the modules hack/kube/*/go.mod pin).
 KUBE_VERSION=$(mod_version "$REPO_ROOT/hack/kube/kube-all/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(mod_version "$REPO_ROOT/hack/kube/etcd/go.mod" go.etcd.io/etcd/server/v3)
 kube_bin_dir() { echo "$AGENTBOX_CACHE/kube/$KUBE_VERSION-etcd$ETCD_VERSION/bin"; }
+
+# runsc_root SOCK: the runsc state directory the shim derives from a
+# containerd instance's socket (config.InstanceRunscRoot).
+runsc_root() { echo "/run/agentbox/runsc/$(printf '%s' "$1" | sha256sum | cut -c1-12)"; }
+
+# remove_containers SOCK: removes what a running containerd instance still
+# has: its CRI pods, then every task and container in every namespace.
+remove_containers() {
+  local sock=$1 ns t c
+  [ -S "$sock" ] || return 0
+  crictl --runtime-endpoint "unix://$sock" rmp -fa >/dev/null 2>&1 || true
+  for ns in $(ctr --address "$sock" namespaces ls -q 2>/dev/null); do
+    for t in $(ctr --address "$sock" -n "$ns" tasks ls -q 2>/dev/null); do
+      ctr --address "$sock" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1 || true
+      ctr --address "$sock" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
+    done
+    for c in $(ctr --address "$sock" -n "$ns" containers ls -q 2>/dev/null); do
+      ctr --address "$sock" -n "$ns" containers delete "$c" >/dev/null 2>&1 || true
+    done
+  done
+}
+
+# kill_leftovers SOCK: the last resort for an instance whose containerd is
+# gone (a killed run): its shims, and runsc processes under its runsc root.
+kill_leftovers() {
+  pkill -9 -f -- "--root=$(runsc_root "$1")/" 2>/dev/null || true
+  pkill -9 -f -- "-address $1" 2>/dev/null || true
+}
+
+# unmount_under DIR...: lazily unmounts every mount at or below the DIRs,
+# deepest first.
+unmount_under() {
+  local re m
+  re=$(printf '%s|' "$@"); re=${re%|}
+  { grep -oE " ($re)(/[^ ]*)?" /proc/mounts || true; } | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
+}

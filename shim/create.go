@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/BurntSushi/toml"
 	task "github.com/containerd/containerd/api/runtime/task/v2"
@@ -300,20 +301,23 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 // source, or in the container's image layers (read when first needed:
 // the runtime's own masked paths are all gVisor's).
 func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKind, string, error) {
+	layers := sync.OnceValues(func() (mountguard.Layers, error) {
+		var ms []mountguard.RootfsMount
+		for _, m := range r.Rootfs {
+			ms = append(ms, mountguard.RootfsMount{Type: m.Type, Source: m.Source, Options: m.Options})
+		}
+		return mountguard.LayersOf(r.Bundle, ms)
+	})
 	return func(root, rel string) (policy.PathKind, string, error) {
 		if root != "" {
 			k, err := mountguard.KindBeneath(root, rel)
 			return k, "", err
 		}
-		var ms []mountguard.RootfsMount
-		for _, m := range r.Rootfs {
-			ms = append(ms, mountguard.RootfsMount{Type: m.Type, Source: m.Source, Options: m.Options})
-		}
-		layers, err := mountguard.LayersOf(r.Bundle, ms)
+		l, err := layers()
 		if err != nil {
 			return 0, "", fmt.Errorf("cannot tell what it is in the image: %w", err)
 		}
-		return layers.Lookup(rel)
+		return l.Lookup(rel)
 	}
 }
 

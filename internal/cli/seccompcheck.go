@@ -8,13 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/mountguard"
 )
 
 // The baseline syscall policy makes clone3 answer ENOSYS so that glibc
@@ -78,9 +79,8 @@ func runClone3Probe(ctx context.Context, runsc, self string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// runsc leaves a mount in its root (state/null-netns, its placeholder
-	// network namespace), which RemoveAll alone cannot remove.
-	defer removeWithMounts(dir)
+	// Not os.RemoveAll: runsc leaves a mount in its root.
+	defer mountguard.RemoveAll(dir)
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return "", err
@@ -119,24 +119,6 @@ func runClone3Probe(ctx context.Context, runsc, self string) (string, error) {
 		return "", fmt.Errorf("booting a test sandbox: %v: %s", err, lastLine(stderr.String()))
 	}
 	return stdout.String(), nil
-}
-
-// removeWithMounts detaches every mount below dir, deepest first, then
-// removes it.
-func removeWithMounts(dir string) error {
-	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
-		var below []string
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
-				below = append(below, f[1])
-			}
-		}
-		sort.Sort(sort.Reverse(sort.StringSlice(below)))
-		for _, m := range below {
-			unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-		}
-	}
-	return os.RemoveAll(dir)
 }
 
 func lastLine(s string) string {

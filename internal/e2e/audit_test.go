@@ -58,20 +58,27 @@ func readTrail(t *testing.T, sandbox string) []record {
 		if err != nil {
 			continue
 		}
-		recs = recs[:0]
-		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			var r record
-			if err := json.Unmarshal([]byte(l), &r); err != nil {
-				t.Fatalf("bad record %q: %v", l, err)
-			}
-			recs = append(recs, r)
-		}
+		recs = parseTrail(t, b)
 		if len(recs) > 0 && recs[len(recs)-1].Event == "agentbox/sandbox_end" {
 			return recs
 		}
 	}
 	t.Fatalf("trail %s has no end record: %d records", path, len(recs))
 	return nil
+}
+
+// parseTrail decodes a trail's records, failing on a line that is not one.
+func parseTrail(t *testing.T, b []byte) []record {
+	t.Helper()
+	var recs []record
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("bad record %q: %v", l, err)
+		}
+		recs = append(recs, r)
+	}
+	return recs
 }
 
 func agentbox(args ...string) result {

@@ -16,13 +16,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/mountguard"
 )
 
 const (
@@ -352,10 +351,18 @@ func clip(s string) string {
 
 // run runs a command against d with a deadline.
 func (d *daemon) run(timeout time.Duration, name string, args ...string) result {
+	return runCommand(timeout, d.env(), nil, name, args...)
+}
+
+// runCommand runs a command with env and stdin (nil: none) and a deadline.
+func runCommand(timeout time.Duration, env []string, stdin []byte, name string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = d.env()
+	cmd.Env = env
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	cmd.WaitDelay = 5 * time.Second
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
@@ -527,25 +534,11 @@ func expectNoLeaks(t *testing.T, d *daemon) {
 	})
 }
 
-// removeWithMounts detaches every mount below dir (runsc leaves its
-// null-netns placeholder in its root), deepest first, then removes dir,
-// failing the test if anything stays.
+// removeWithMounts removes dir and the mounts below it (runsc leaves its
+// null-netns placeholder in its root), failing the test if anything stays.
 func removeWithMounts(t *testing.T, dir string) {
 	t.Helper()
-	b, _ := os.ReadFile("/proc/self/mounts")
-	var below []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
-			below = append(below, f[1])
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(below)))
-	for _, m := range below {
-		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", m, err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := mountguard.RemoveAll(dir); err != nil {
 		t.Errorf("remove %s: %v", dir, err)
 	}
 }

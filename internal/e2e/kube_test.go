@@ -118,27 +118,7 @@ func kubeDown() error {
 }
 
 func (k *kubeNode) run(timeout time.Duration, stdin []byte, name string, args ...string) result {
-	cmd := exec.Command(name, args...)
-	cmd.Env = k.env
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		return result{stderr: err.Error(), code: -1}
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	timedOut := false
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		cmd.Process.Kill()
-		<-done
-		timedOut = true
-	}
-	return result{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode(), timedOut: timedOut}
+	return runCommand(timeout, k.env, stdin, name, args...)
 }
 
 func (k *kubeNode) kubectl(args ...string) result {
@@ -342,15 +322,19 @@ func (k *kubeNode) trail(t *testing.T, sandbox string) []record {
 	if err != nil {
 		t.Fatalf("audit trail of %s: %v", sandbox, err)
 	}
-	var recs []record
-	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		var r record
-		if err := json.Unmarshal(line, &r); err != nil {
-			t.Fatalf("trail line %q: %v", line, err)
-		}
-		recs = append(recs, r)
+	return parseTrail(t, b)
+}
+
+// waitLogs polls the pod's logs until they hold want or timeout passes,
+// and returns them either way.
+func (k *kubeNode) waitLogs(t *testing.T, ns, name, want string, timeout time.Duration) string {
+	t.Helper()
+	var logs string
+	for deadline := time.Now().Add(timeout); !strings.Contains(logs, want) && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		logs = k.logs(t, ns, name)
 	}
-	return recs
+	return logs
 }
 
 // nodeTraces lists what a sandbox may leave on the node: processes naming
@@ -444,11 +428,7 @@ func TestKubePodLifecycle(t *testing.T) {
 			name := "life-" + rc
 			k.apply(t, podSpec(ns, name, rc, "baseline", "sh", "-c", "dmesg | head -n1; echo uid=$(id -u); echo to-stderr >&2; sleep 3600"))
 			p := k.waitPod(t, ns, name, 3*time.Minute, "Running", running)
-			var logs string
-			for i := 0; i < 50 && !strings.Contains(logs, "to-stderr"); i++ {
-				time.Sleep(200 * time.Millisecond)
-				logs = k.logs(t, ns, name)
-			}
+			logs := k.waitLogs(t, ns, name, "to-stderr", 10*time.Second)
 			gvisor := strings.Contains(logs, "Starting gVisor")
 			if rc == "agentbox" && (!gvisor || !strings.Contains(logs, "uid=65532")) {
 				t.Fatalf("not under gVisor as the role's user:\n%s", logs)
@@ -561,11 +541,7 @@ sleep 3600`
 			name := "vol-" + rc
 			k.apply(t, withVolumes(podSpec(ns, name, rc, "baseline", "sh", "-c", script), volumes, mounts))
 			k.waitPod(t, ns, name, 3*time.Minute, "Running", running)
-			var logs string
-			for i := 0; i < 50 && !strings.Contains(logs, "token="); i++ {
-				time.Sleep(200 * time.Millisecond)
-				logs = k.logs(t, ns, name)
-			}
+			logs := k.waitLogs(t, ns, name, "token=", 10*time.Second)
 			for _, want := range []string{"/cm/task.txt=the task", "/sec/key=s3cret", "/info/name=" + name, "emptydir=scratch"} {
 				if !strings.Contains(logs, want) {
 					t.Errorf("missing %q:\n%s", want, logs)
@@ -587,11 +563,7 @@ sleep 3600`
 	t.Run("hostPath-by-role", func(t *testing.T) {
 		k.apply(t, withVolumes(podSpec(ns, "host-role", "agentbox", "e2e-kube-host", "sh", "-c", "echo model=$(cat /host/model.txt); sleep 3600"), host, hostMount))
 		k.waitPod(t, ns, "host-role", 3*time.Minute, "Running", running)
-		var logs string
-		for i := 0; i < 50 && !strings.Contains(logs, "model="); i++ {
-			time.Sleep(200 * time.Millisecond)
-			logs = k.logs(t, ns, "host-role")
-		}
+		logs := k.waitLogs(t, ns, "host-role", "model=", 10*time.Second)
 		if !strings.Contains(logs, "model=weights") {
 			t.Errorf("hostPath under its role:\n%s", logs)
 		}
@@ -786,14 +758,9 @@ spec:
 	links := hostLinks()
 	k.apply(t, podSpec(ns, "egress", "agentbox", "e2e-kube-egress", "sh", "-c", script))
 	pod := k.waitPod(t, ns, "egress", 3*time.Minute, "Running", running)
-	var logs string
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(logs, "probes-done") {
-		if time.Now().After(deadline) {
-			t.Fatalf("probes did not finish:\n%s", logs)
-		}
-		time.Sleep(500 * time.Millisecond)
-		logs = k.logs(t, ns, "egress")
+	logs := k.waitLogs(t, ns, "egress", "probes-done", 60*time.Second)
+	if !strings.Contains(logs, "probes-done") {
+		t.Fatalf("probes did not finish:\n%s", logs)
 	}
 	t.Logf("pod:\n%s", logs)
 	if !strings.Contains(logs, "nameserver 169.254.53.53") {

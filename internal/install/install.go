@@ -212,8 +212,7 @@ func Install(o Options) ([]Action, error) {
 		return in.actions, err
 	}
 	if !o.DryRun {
-		b, _ := json.MarshalIndent(in.m, "", "  ")
-		if err := os.WriteFile(in.path(manifestFile(o.Handler)), append(b, '\n'), 0o644); err != nil {
+		if err := writeManifest(in.path(manifestFile(o.Handler)), in.m); err != nil {
 			return in.actions, err
 		}
 	}
@@ -491,6 +490,11 @@ func writeKeepingMode(path string, b []byte) error {
 	return os.Rename(tmp, path)
 }
 
+func writeManifest(path string, m manifest) error {
+	b, _ := json.MarshalIndent(m, "", "  ")
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
 func readManifest(path string) (manifest, error) {
 	var m manifest
 	b, err := os.ReadFile(path)
@@ -609,8 +613,7 @@ func (in *installer) handOver(m *manifest) error {
 	if in.o.DryRun {
 		return nil
 	}
-	b, _ := json.MarshalIndent(hm, "", "  ")
-	return os.WriteFile(heir, append(b, '\n'), 0o644)
+	return writeManifest(heir, hm)
 }
 
 // RequireStatic refuses a dynamically linked binary: runsc re-executes

@@ -16,7 +16,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -170,6 +172,33 @@ func Release(dir string) error {
 		}
 	}
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveAll detaches every mount below dir, deepest first, then removes
+// dir. runsc leaves one in its root (state/null-netns, its placeholder
+// network namespace), which os.RemoveAll alone cannot remove.
+func RemoveAll(dir string) error {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return err
+	}
+	var below []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			below = append(below, f[1])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(below)))
+	var errs []error
+	for _, m := range below {
+		if err := unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -143,13 +143,7 @@ func maskPaths(s *specs.Spec, env MountEnv) (string, error) {
 // image's symlinks inside the container to wherever they lead.
 func maskedKind(mounts []specs.Mount, p string, env MountEnv) (PathKind, error) {
 	for hops := 0; hops <= 40; hops++ {
-		var cover *specs.Mount
-		for i := range mounts {
-			m := &mounts[i]
-			if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
-				cover = m
-			}
-		}
+		cover := coveringMount(mounts, p)
 		switch {
 		case cover == nil || cover.Destination == "/":
 			if inGVisorFS(p) {
@@ -179,6 +173,19 @@ func maskedKind(mounts []specs.Mount, p string, env MountEnv) (PathKind, error) 
 	return 0, fmt.Errorf("too many levels of symlinks in the image")
 }
 
+// coveringMount is the deepest mount whose destination holds p (nil: the
+// root filesystem's).
+func coveringMount(mounts []specs.Mount, p string) *specs.Mount {
+	var cover *specs.Mount
+	for i := range mounts {
+		m := &mounts[i]
+		if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
+			cover = m
+		}
+	}
+	return cover
+}
+
 // readonlyPaths checks the spec's read-only paths, which runsc ignores
 // too. In gVisor's own /proc and /sys they are gVisor's files: the few it
 // lets root write (a handful under /proc/sys) change only the sandbox's
@@ -196,13 +203,7 @@ func readonlyPaths(s *specs.Spec) (string, error) {
 		if !isClean(p) {
 			return "", errkind.InvalidArgument(fmt.Errorf("linux.readonlyPaths[%d]: %q is not a clean absolute path", i, p))
 		}
-		var cover *specs.Mount
-		for j := range s.Mounts {
-			m := &s.Mounts[j]
-			if under(p, m.Destination) && (cover == nil || len(m.Destination) > len(cover.Destination)) {
-				cover = m
-			}
-		}
+		cover := coveringMount(s.Mounts, p)
 		switch {
 		case inGVisorFS(p) && (cover == nil || cover.Destination == "/proc" || cover.Destination == "/sys"):
 			gvisor = append(gvisor, p)

@@ -260,7 +260,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		flags["pod-init-config"] = podInit
 		p := plan.profile
 		plan.sandbox.audit.trail.Emit(audit.TypeProfileApplied.New("Success",
-			fmt.Sprintf("rootfs %s, writable %v, egress %s, uid %d, %d processes, %d bytes, wall clock %v", p.Filesystem.Rootfs, p.Filesystem.Writable, p.Network.Egress, p.Process.RunAsUser, p.Process.MaxProcesses, p.Limits.MemoryBytes, p.Limits.WallClock),
+			fmt.Sprintf("rootfs %s, writable %v, egress %s, default uid %d, %d processes, %d bytes, wall clock %v", p.Filesystem.Rootfs, p.Filesystem.Writable, p.Network.Egress, p.Process.RunAsUser, p.Process.MaxProcesses, p.Limits.MemoryBytes, p.Limits.WallClock),
 			map[string]string{"spec_changes": joinChanges(changes), "runsc_flags": fmt.Sprint(flags)}), true)
 	}
 	optsPath := filepath.Join(r.Bundle, runscOptionsFile)

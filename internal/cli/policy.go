@@ -53,6 +53,8 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "policy-dir", Usage: "policy directory (default: the config's policy.dir)"},
 					&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
 					&cli.StringSliceFlag{Name: "annotation", Usage: "pod annotation KEY=VALUE (agentbox.dev/* tighten the role)"},
+					&cli.StringFlag{Name: "pod", Usage: "a Kubernetes v1 Pod manifest (YAML or JSON, - for stdin): explain what each of its containers asks for and gets, or why it is refused; its namespace and annotations claim the role"},
+					&cli.StringFlag{Name: "image-user", Value: "0", Usage: "with --pod: the image's USER as UID[:GID], which explain cannot read"},
 					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"},
 				},
 				Action: explain,
@@ -65,9 +67,29 @@ func policyCommand() *cli.Command {
 type explanation struct {
 	Request    policy.Request    `json:"request"`
 	Profile    *policy.Profile   `json:"profile"`
-	SpecChange []string          `json:"specChanges"`
-	Spec       *specs.Spec       `json:"spec"`
+	SpecChange []string          `json:"specChanges,omitempty"`
+	Spec       *specs.Spec       `json:"spec,omitempty"`
 	RunscFlags map[string]string `json:"runscFlags"`
+	// Pod is set with --pod: each container's request and outcome.
+	Pod *podExplanation `json:"pod,omitempty"`
+}
+
+// podExplanation is what `policy explain --pod` says of a pod.
+type podExplanation struct {
+	Name       string                 `json:"name"`
+	Namespace  string                 `json:"namespace"`
+	Notes      []string               `json:"notes,omitempty"`
+	Containers []containerExplanation `json:"containers"`
+}
+
+type containerExplanation struct {
+	Name string `json:"name"`
+	Asks string `json:"asks"`
+	// Gets is what the container runs with; Refused why it does not start.
+	Gets       string      `json:"gets,omitempty"`
+	Refused    string      `json:"refused,omitempty"`
+	SpecChange []string    `json:"specChanges,omitempty"`
+	Spec       *specs.Spec `json:"spec,omitempty"`
 }
 
 func explain(c *cli.Context) error {
@@ -106,29 +128,119 @@ func explain(c *cli.Context) error {
 	if r := c.String("role"); r != "" {
 		req.Annotations[policy.RoleAnnotation] = r
 	}
-	spec := sampleSpec(req)
-	res, err := compile.Compile(compile.Input{
-		Config: cfg, Policies: set, Request: req,
-		Mounts: policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir},
-	}, spec)
-	if err != nil {
-		return cli.Exit(err, 1)
+	if c.String("output") != "text" && c.String("output") != "json" {
+		return cli.Exit(fmt.Sprintf("--output %q: want text or json", c.String("output")), 2)
 	}
+	var ex explanation
+	if file := c.String("pod"); file != "" {
+		for _, f := range []string{"role", "namespace", "annotation"} {
+			if c.IsSet(f) {
+				return cli.Exit(fmt.Sprintf("--%s with --pod: the pod's metadata gives its namespace and annotations", f), 2)
+			}
+		}
+		img, err := parseImageUser(c.String("image-user"))
+		if err != nil {
+			return cli.Exit(err, 2)
+		}
+		if ex, err = explainPod(cfg, set, req, file, c.App.Reader, img); err != nil {
+			return cli.Exit(err, 1)
+		}
+	} else {
+		spec := sampleSpec(req)
+		res, err := compile.Compile(compile.Input{
+			Config: cfg, Policies: set, Request: req,
+			Mounts: policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir},
+		}, spec)
+		if err != nil {
+			return cli.Exit(err, 1)
+		}
+		ex = explanation{Request: req, Profile: res.Profile, SpecChange: withResolver(res), Spec: spec, RunscFlags: res.RunscFlags}
+	}
+	var refused int
+	if ex.Pod != nil {
+		for _, ce := range ex.Pod.Containers {
+			if ce.Refused != "" {
+				refused++
+			}
+		}
+	}
+	if c.String("output") == "json" {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(ex); err != nil {
+			return err
+		}
+	} else {
+		writeExplanation(c.App.Writer, ex)
+	}
+	if refused > 0 {
+		return cli.Exit(fmt.Sprintf("%d of %d container(s) would not start", refused, len(ex.Pod.Containers)), 1)
+	}
+	return nil
+}
+
+func withResolver(res *compile.Result) []string {
 	changes := res.Changes
 	if res.Egress != nil && res.Egress.Resolver {
 		changes = append(changes, ocispec.ResolvConfPath+": the pod's resolver configuration, written by the shim for each container")
 	}
-	ex := explanation{Request: req, Profile: res.Profile, SpecChange: changes, Spec: spec, RunscFlags: res.RunscFlags}
-	if c.String("output") == "json" {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		return enc.Encode(ex)
+	return changes
+}
+
+// explainPod compiles each container of a Pod manifest as the shim would:
+// the pod's namespace and annotations select the role.
+func explainPod(cfg *config.Config, set *policy.Set, req policy.Request, file string, stdin io.Reader, img imageUser) (explanation, error) {
+	pod, err := readPod(file, stdin)
+	if err != nil {
+		return explanation{}, err
 	}
-	if c.String("output") != "text" {
-		return cli.Exit(fmt.Sprintf("--output %q: want text or json", c.String("output")), 2)
+	req.PodNamespace = pod.Metadata.Namespace
+	req.ContainerdNamespace = "k8s.io"
+	for k, v := range pod.Metadata.Annotations {
+		req.Annotations[k] = v
 	}
-	writeExplanation(c.App.Writer, ex)
-	return nil
+	profile, err := set.Select(req)
+	if err != nil {
+		return explanation{}, err
+	}
+	env := policy.MountEnv{SandboxRootDir: sampleSandboxDir, SandboxStateDir: sampleSandboxStateDir, PodDir: "/var/lib/kubelet/pods/" + pod.Metadata.UID}
+	containers, notes, err := pod.containers(func() *specs.Spec { return sampleSpec(req) }, env, img)
+	if err != nil {
+		return explanation{}, err
+	}
+	ex := explanation{Request: req, Profile: profile, Pod: &podExplanation{Name: pod.Metadata.Name, Namespace: pod.Metadata.Namespace, Notes: notes}}
+	for _, pc := range containers {
+		ce := containerExplanation{Name: pc.Name, Asks: pc.Asks}
+		if pc.Err != nil {
+			ce.Refused = "before agentbox: " + pc.Err.Error()
+			ex.Pod.Containers = append(ex.Pod.Containers, ce)
+			continue
+		}
+		res, err := compile.Compile(compile.Input{Config: cfg, Profile: profile, Request: req, Mounts: env}, pc.Spec)
+		if err != nil {
+			ce.Refused = err.Error()
+		} else {
+			ce.Gets, ce.SpecChange, ce.Spec = granted(pc.Spec, profile), withResolver(res), pc.Spec
+			ex.RunscFlags = res.RunscFlags
+		}
+		ex.Pod.Containers = append(ex.Pod.Containers, ce)
+	}
+	if ex.RunscFlags == nil {
+		ex.RunscFlags = profile.RunscFlags()
+	}
+	return ex, nil
+}
+
+// granted summarizes the process a compiled spec runs.
+func granted(s *specs.Spec, profile *policy.Profile) string {
+	p := s.Process
+	seccomp := "none"
+	if sc := s.Linux.Seccomp; sc != nil {
+		ours := len(profile.Syscalls().SeccompRules())
+		seccomp = fmt.Sprintf("the role's %d rules, then %d of the pod's, default %s", ours, len(sc.Syscalls)-ours, sc.DefaultAction)
+	}
+	return fmt.Sprintf("uid %d gid %d groups %v; capabilities %v; no_new_privs %v; read-only root %v; seccomp: %s",
+		p.User.UID, p.User.GID, p.User.AdditionalGids, p.Capabilities.Bounding, p.NoNewPrivileges, s.Root.Readonly, seccomp)
 }
 
 // containerd's CRI directories of the sample pod (default containerd root
@@ -177,6 +289,24 @@ func sampleAnnotations(req policy.Request) map[string]string {
 
 func writeExplanation(w io.Writer, ex explanation) {
 	p := ex.Profile
+	if pod := ex.Pod; pod != nil {
+		fmt.Fprintf(w, "pod %s/%s\n", pod.Namespace, pod.Name)
+		for _, ce := range pod.Containers {
+			fmt.Fprintf(w, "\ncontainer %s\n  asks:    %s\n", ce.Name, ce.Asks)
+			if ce.Refused != "" {
+				fmt.Fprintf(w, "  REFUSED: %s\n", ce.Refused)
+				continue
+			}
+			fmt.Fprintf(w, "  gets:    %s\n", ce.Gets)
+			for _, ch := range ce.SpecChange {
+				fmt.Fprintln(w, "    - "+ch)
+			}
+		}
+		for _, n := range pod.Notes {
+			fmt.Fprintln(w, "note: "+n)
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "role %s (chain %s), digest %s\n", p.Role, strings.Join(p.Chain, " -> "), p.Digest)
 	if len(p.Tightened) > 0 {
 		fmt.Fprintf(w, "tightened by: %s\n", strings.Join(p.Tightened, ", "))
@@ -194,8 +324,12 @@ func writeExplanation(w io.Writer, ex explanation) {
 			fmt.Fprintf(w, "             DNS only through the pod's resolver, which answers %s and refuses every other name\n", answers)
 		}
 	}
-	fmt.Fprintf(w, "process:     uid %d gid %d; capabilities %v; at most %d processes; no_new_privs\n",
-		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.Capabilities, p.Process.MaxProcesses)
+	nnp := "no_new_privs always"
+	if p.Process.AllowPrivilegeEscalation {
+		nnp = "no_new_privs unless the pod allows privilege escalation"
+	}
+	fmt.Fprintf(w, "process:     uid %d gid %d unless the pod asks for users %s, groups %s; capabilities at most %v; at most %d processes; %s\n",
+		p.Process.RunAsUser, p.Process.RunAsGroup, p.Process.AllowUsers, p.Process.AllowGroups, p.Process.Capabilities, p.Process.MaxProcesses, nnp)
 	sp := p.Syscalls()
 	fmt.Fprintf(w, "syscalls:    %s\n", sp)
 	for _, c := range policy.BaselineSyscalls {
@@ -219,9 +353,11 @@ func writeExplanation(w io.Writer, ex explanation) {
 	fmt.Fprintf(w, "limits:      cpu %s; memory %s; cpu time %s; open files %d; wall clock %s\n",
 		orNone(p.Limits.CPUMillis > 0, fmt.Sprintf("%dm", p.Limits.CPUMillis)), orNone(p.Limits.MemoryBytes > 0, fmt.Sprintf("%d bytes", p.Limits.MemoryBytes)),
 		orNone(p.Limits.CPUTimeSeconds > 0, fmt.Sprintf("%ds", p.Limits.CPUTimeSeconds)), p.Limits.OpenFiles, orNone(p.Limits.WallClock > 0, p.Limits.WallClock.String()))
-	fmt.Fprintln(w, "\nOCI spec changes (on containerd's default spec):")
-	for _, ch := range ex.SpecChange {
-		fmt.Fprintln(w, "  - "+ch)
+	if ex.Pod == nil {
+		fmt.Fprintln(w, "\nOCI spec changes (on containerd's default spec):")
+		for _, ch := range ex.SpecChange {
+			fmt.Fprintln(w, "  - "+ch)
+		}
 	}
 	fmt.Fprintln(w, "\nrunsc flags (the shim config's tuning flags, then the role's; the shim adds each sandbox's --pod-init-config):")
 	keys := make([]string, 0, len(ex.RunscFlags))

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,5 +81,106 @@ func TestPolicyExplain(t *testing.T) {
 	}
 	if _, _, err := run(t, "policy", "explain", "--policy-dir", "../../policies", "--role", "coder", "--namespace", "default"); err == nil || !strings.Contains(err.Error(), "not bound") {
 		t.Fatalf("unbound: %v", err)
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// TestPolicyExplainPod: explain with a Pod manifest as input shows what
+// each container asks for and gets under its role, or the refusal naming
+// the field (testdata/pod-*.yaml against testdata/*.golden).
+func TestPolicyExplainPod(t *testing.T) {
+	for _, c := range []struct {
+		pod     string
+		refused int // containers that would not start
+	}{
+		{"restricted", 0},
+		{"asks-nothing", 0},
+		{"asks-too-much", 2},
+	} {
+		t.Run(c.pod, func(t *testing.T) {
+			out, stderr, err := run(t, "policy", "explain", "--config", "testdata/shim.toml", "--policy-dir", "../../policies", "--pod", "testdata/pod-"+c.pod+".yaml")
+			if c.refused == 0 && err != nil {
+				t.Fatalf("%v\n%s", err, stderr)
+			}
+			if c.refused > 0 && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d of ", c.refused))) {
+				t.Fatalf("want %d refused, got %v", c.refused, err)
+			}
+			golden := filepath.Join("testdata", "explain-pod-"+c.pod+".golden")
+			if *update {
+				os.WriteFile(golden, []byte(out), 0o644)
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (go test -update)", err)
+			}
+			if string(want) != out {
+				t.Fatalf("differs from %s (go test -update to accept):\n%s", golden, out)
+			}
+		})
+	}
+	// What the golden files say, asserted directly, so that a careless
+	// -update cannot bless a regression.
+	out, _, err := run(t, "policy", "explain", "--config", "testdata/shim.toml", "--policy-dir", "../../policies", "--pod", "testdata/pod-restricted.yaml", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex struct {
+		Pod struct {
+			Containers []struct {
+				Name    string `json:"name"`
+				Refused string `json:"refused"`
+				Spec    struct {
+					Root    struct{ Readonly bool } `json:"root"`
+					Process struct {
+						User            struct{ UID, GID uint32; AdditionalGids []uint32 }
+						Capabilities    map[string][]string `json:"capabilities"`
+						NoNewPrivileges bool                `json:"noNewPrivileges"`
+					} `json:"process"`
+					Linux struct {
+						Seccomp struct {
+							DefaultAction string `json:"defaultAction"`
+						} `json:"seccomp"`
+					} `json:"linux"`
+				} `json:"spec"`
+			} `json:"containers"`
+		} `json:"pod"`
+	}
+	if err := json.Unmarshal([]byte(out), &ex); err != nil || len(ex.Pod.Containers) != 1 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	s := ex.Pod.Containers[0].Spec
+	u := s.Process.User
+	if u.UID != 1000 || u.GID != 1000 || fmt.Sprint(u.AdditionalGids) != "[1000 2000]" || !s.Process.NoNewPrivileges || !s.Root.Readonly || s.Linux.Seccomp.DefaultAction != "SCMP_ACT_ERRNO" {
+		t.Errorf("restricted pod under baseline: %+v", s)
+	}
+	for set, caps := range s.Process.Capabilities {
+		if len(caps) != 0 {
+			t.Errorf("capabilities %s: %v, want none", set, caps)
+		}
+	}
+	out, _, _ = run(t, "policy", "explain", "--config", "testdata/shim.toml", "--policy-dir", "../../policies", "--pod", "testdata/pod-asks-too-much.yaml")
+	for _, want := range []string{"REFUSED: process.capabilities: CAP_NET_ADMIN not granted", "REFUSED: host options refused: linux.resources.devices[0]"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("asks-too-much: no %q in\n%s", want, out)
+		}
+	}
+	// Input explain does not understand is an error naming the field.
+	dir := t.TempDir()
+	for name, pod := range map[string]string{
+		"spec.containers[0].securityContext.runAsUsr: unknown field": "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    securityContext: {runAsUsr: 1000}\n",
+		"spec.securityContext.seccompProfile.type \"Bogus\"":           "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {seccompProfile: {type: Bogus}}\n  containers:\n  - name: c\n",
+		"want a v1 Pod":                                                "apiVersion: apps/v1\nkind: Deployment\n",
+		"spec.volumes[0] (v): a volume type explain does not model":    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes: [{name: v, nfs: {server: x}}]\n  containers:\n  - name: c\n",
+	} {
+		f := filepath.Join(dir, "pod.yaml")
+		os.WriteFile(f, []byte(pod), 0o644)
+		out, _, err := run(t, "policy", "explain", "--config", "testdata/shim.toml", "--policy-dir", "../../policies", "--pod", f)
+		if err == nil || !strings.Contains(err.Error()+out, name) {
+			t.Errorf("want %q, got %v\n%s", name, err, out)
+		}
+	}
+	if _, _, err := run(t, "policy", "explain", "--policy-dir", "../../policies", "--pod", "testdata/pod-restricted.yaml", "--role", "coder"); err == nil {
+		t.Error("--role with --pod: want a usage error")
 	}
 }

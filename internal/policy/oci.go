@@ -51,8 +51,11 @@ func (p *Profile) rewriteRootfs(s *specs.Spec) (string, error) {
 	if s.Root == nil {
 		return "", fmt.Errorf("spec has no root filesystem")
 	}
-	ro := p.Filesystem.Rootfs == RootfsReadOnly
+	ro := p.boundRootReadonly(s.Root.Readonly)
 	if s.Root.Readonly == ro {
+		if ro && p.Filesystem.Rootfs == RootfsOverlay {
+			return "rootfs read-only (asked for; no overlay)", nil
+		}
 		return "", nil
 	}
 	s.Root.Readonly = ro
@@ -73,23 +76,21 @@ func appendMissing(list []string, add ...string) []string {
 	return list
 }
 
-// ApplyProcess narrows a process (a container's, or an exec's) to the
-// profile: identity, capabilities, no_new_privs, rlimits and environment.
+// ApplyProcess bounds a process (a container's, or an exec's) by the
+// profile (ceiling.go): identity, capabilities, no_new_privs, rlimits and
+// environment. What it asks beyond the role is refused, naming the field.
 func (p *Profile) ApplyProcess(proc *specs.Process, secrets map[string]string) (string, error) {
-	proc.User = specs.User{UID: p.Process.RunAsUser, GID: p.Process.RunAsGroup}
-	caps := append([]string(nil), p.Process.Capabilities...)
-	proc.Capabilities = &specs.LinuxCapabilities{
-		Bounding: caps, Effective: caps, Permitted: caps,
-		// Ambient (and so Inheritable) lets a non-root agent actually hold
-		// the capabilities its role grants.
-		Inheritable: caps, Ambient: caps,
+	user, userNote, err := p.boundUser(proc.User)
+	if err != nil {
+		return "", err
 	}
-	proc.NoNewPrivileges = true
-	proc.Rlimits = setRlimit(proc.Rlimits, "RLIMIT_NPROC", uint64(p.Process.MaxProcesses))
-	proc.Rlimits = setRlimit(proc.Rlimits, "RLIMIT_NOFILE", uint64(p.Limits.OpenFiles))
-	if p.Limits.CPUTimeSeconds > 0 {
-		proc.Rlimits = setRlimit(proc.Rlimits, "RLIMIT_CPU", uint64(p.Limits.CPUTimeSeconds))
+	caps, capsNote, err := p.boundCapabilities(proc.Capabilities)
+	if err != nil {
+		return "", err
 	}
+	proc.User, proc.Capabilities = user, caps
+	proc.NoNewPrivileges = p.boundNoNewPrivileges(proc.NoNewPrivileges)
+	proc.Rlimits = p.boundRlimits(proc.Rlimits)
 	env, dropped := p.FilterEnv(proc.Env)
 	for _, sec := range p.Credentials.Secrets {
 		v, ok := secrets[sec.Env]
@@ -99,7 +100,11 @@ func (p *Profile) ApplyProcess(proc *specs.Process, secrets map[string]string) (
 		env = setEnv(env, sec.Env, v)
 	}
 	proc.Env = env
-	return fmt.Sprintf("process: uid %d gid %d caps %v nproc %d nofile %d; env dropped %v", p.Process.RunAsUser, p.Process.RunAsGroup, caps, p.Process.MaxProcesses, p.Limits.OpenFiles, dropped), nil
+	var limits []string
+	for _, r := range proc.Rlimits {
+		limits = append(limits, fmt.Sprintf("%s %d", strings.ToLower(strings.TrimPrefix(r.Type, "RLIMIT_")), r.Hard))
+	}
+	return fmt.Sprintf("process: %s; %s; no_new_privs %v; %s; env dropped %v", userNote, capsNote, proc.NoNewPrivileges, strings.Join(limits, " "), dropped), nil
 }
 
 // FilterEnv keeps the variables the role allows and returns the names of the
@@ -137,16 +142,6 @@ func setEnv(env []string, name, value string) []string {
 		}
 	}
 	return append(out, name+"="+value)
-}
-
-func setRlimit(rl []specs.POSIXRlimit, typ string, v uint64) []specs.POSIXRlimit {
-	out := rl[:0:0]
-	for _, r := range rl {
-		if r.Type != typ {
-			out = append(out, r)
-		}
-	}
-	return append(out, specs.POSIXRlimit{Type: typ, Hard: v, Soft: v})
 }
 
 func (p *Profile) rewriteResources(s *specs.Spec) (string, error) {

@@ -53,7 +53,7 @@ func baseSpec() *specs.Spec {
 			Args:         []string{"agent"},
 			User:         specs.User{UID: 0, GID: 0, AdditionalGids: []uint32{10}},
 			Env:          []string{"PATH=/bin", "AGENT_MODE=fast", "AWS_SECRET_ACCESS_KEY=x", "API_TOKEN=from-image"},
-			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_SYS_ADMIN"}, Effective: []string{"CAP_SYS_ADMIN"}},
+			Capabilities: &specs.LinuxCapabilities{Bounding: RuntimeDefaultCapabilities, Effective: RuntimeDefaultCapabilities, Permitted: RuntimeDefaultCapabilities},
 			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}, {Type: "RLIMIT_CORE", Hard: 0, Soft: 0}},
 		},
 		Mounts: []specs.Mount{

@@ -57,6 +57,11 @@ type ProcessProfile struct {
 	Capabilities   []string `json:"capabilities"`
 	RunAsUser      uint32   `json:"runAsUser"`
 	RunAsGroup     uint32   `json:"runAsGroup"`
+	// AllowUsers and AllowGroups are the ids a pod may ask for, besides
+	// RunAsUser and RunAsGroup.
+	AllowUsers               IDRanges `json:"allowUsers"`
+	AllowGroups              IDRanges `json:"allowGroups"`
+	AllowPrivilegeEscalation bool     `json:"allowPrivilegeEscalation"`
 	DeniedSyscalls []string `json:"deniedSyscalls"`
 	AllowSyscalls  []string `json:"allowSyscalls"`
 }
@@ -228,6 +233,9 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.MaxProcesses, c.MaxProcesses)
 		pick(&m.RunAsUser, c.RunAsUser)
 		pick(&m.RunAsGroup, c.RunAsGroup)
+		pickSlice(&m.AllowUsers, c.AllowUsers)
+		pickSlice(&m.AllowGroups, c.AllowGroups)
+		pick(&m.AllowPrivilegeEscalation, c.AllowPrivilegeEscalation)
 		pickSlice(&m.Capabilities, c.Capabilities)
 		pickSlice(&m.DeniedSyscalls, c.DeniedSyscalls)
 		pickSlice(&m.AllowSyscalls, c.AllowSyscalls)
@@ -389,6 +397,14 @@ func (p *Profile) compileProcess(pr Process) []error {
 	if p.Process.RunAsUser == math.MaxUint32 || p.Process.RunAsGroup == math.MaxUint32 {
 		errs = append(errs, ferr("process.runAsUser", "4294967295 is not a valid id"))
 	}
+	var err error
+	if p.Process.AllowUsers, err = parseIDRanges("process.allowUsers", pr.AllowUsers); err != nil {
+		errs = append(errs, err)
+	}
+	if p.Process.AllowGroups, err = parseIDRanges("process.allowGroups", pr.AllowGroups); err != nil {
+		errs = append(errs, err)
+	}
+	p.Process.AllowPrivilegeEscalation = deref(pr.AllowPrivilegeEscalation, false)
 	p.Process.Capabilities = []string{}
 	for i, c := range pr.Capabilities {
 		name := strings.ToUpper(c)
@@ -643,3 +659,21 @@ var knownCapabilities = func() map[string]bool {
 	}
 	return m
 }()
+
+// ParseCPU parses a CPU amount as roles and Kubernetes write it ("2",
+// "0.5", "500m") into millicores.
+func ParseCPU(s string) (int64, error) { return parseCPU(&s, 0) }
+
+// ParseMemory parses an amount of memory as roles and Kubernetes write it
+// ("512Mi", "2Gi", "1G") into bytes.
+func ParseMemory(s string) (int64, error) { return parseBytes(&s, 0) }
+
+// AllCapabilities lists every Linux capability agentbox knows, sorted.
+func AllCapabilities() []string {
+	out := make([]string, 0, len(knownCapabilities))
+	for c := range knownCapabilities {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -127,9 +127,19 @@ type Process struct {
 	MaxProcesses *int `yaml:"maxProcesses,omitempty"`
 	// Capabilities the agent keeps (none by default), e.g. CAP_NET_BIND_SERVICE.
 	Capabilities []string `yaml:"capabilities,omitempty"`
-	// RunAsUser and RunAsGroup are the agent's uid and gid (default 65532).
+	// RunAsUser and RunAsGroup are the agent's uid and gid when the pod
+	// names none (default 65532; the group defaults to the user).
 	RunAsUser  *uint32 `yaml:"runAsUser,omitempty"`
 	RunAsGroup *uint32 `yaml:"runAsGroup,omitempty"`
+	// AllowUsers and AllowGroups are the uids and gids a pod may ask for
+	// ("1000", "1000-1999"), besides runAsUser and runAsGroup (default:
+	// any non-root id, "1-4294967294").
+	AllowUsers  []string `yaml:"allowUsers,omitempty"`
+	AllowGroups []string `yaml:"allowGroups,omitempty"`
+	// AllowPrivilegeEscalation lets a pod run without no_new_privs
+	// (allowPrivilegeEscalation: true), so setuid files take effect
+	// (default false: no_new_privs always).
+	AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation,omitempty"`
 	// DeniedSyscalls fail with EPERM, enforced by gVisor's seccomp, in
 	// addition to the baseline syscall policy.
 	DeniedSyscalls []string `yaml:"deniedSyscalls,omitempty"`

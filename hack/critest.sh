@@ -30,6 +30,10 @@ runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(runc agentbox:baseline agentbox:critest-permissive)
 mkdir -p "$BIN" "$OUT" "$AGENTBOX_CACHE/logs"
 
+# runsc, containerd, crictl and the agentbox binaries (cached; quick when
+# nothing changed).
+"$REPO_ROOT/hack/setup.sh"
+
 # critest: cmd/critest holds only test files, so it is built as a test
 # binary from a copy of the module.
 if [ "$(cat "$BIN/.critest.stamp" 2>/dev/null)" != "$CRITEST_VERSION" ]; then

@@ -172,6 +172,22 @@ spec:
 ---
 apiVersion: agentbox.dev/v1
 kind: Role
+metadata: {name: e2e-narrow}
+spec:
+  inherits: baseline
+  process:
+    allowUsers: ["1000-1999"]
+    allowGroups: ["1000-2999"]
+    capabilities: [NET_BIND_SERVICE]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-narrow}
+spec:
+  role: e2e-narrow
+  subjects: [{namespace: e2e-narrow}]---
+apiVersion: agentbox.dev/v1
+kind: Role
 metadata: {name: e2e-tight}
 spec:
   inherits: baseline

@@ -133,7 +133,10 @@ func TestPolicyExplainPod(t *testing.T) {
 				Spec    struct {
 					Root    struct{ Readonly bool } `json:"root"`
 					Process struct {
-						User            struct{ UID, GID uint32; AdditionalGids []uint32 }
+						User struct {
+							UID, GID       uint32
+							AdditionalGids []uint32
+						}
 						Capabilities    map[string][]string `json:"capabilities"`
 						NoNewPrivileges bool                `json:"noNewPrivileges"`
 					} `json:"process"`
@@ -169,9 +172,9 @@ func TestPolicyExplainPod(t *testing.T) {
 	dir := t.TempDir()
 	for name, pod := range map[string]string{
 		"spec.containers[0].securityContext.runAsUsr: unknown field": "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    securityContext: {runAsUsr: 1000}\n",
-		"spec.securityContext.seccompProfile.type \"Bogus\"":           "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {seccompProfile: {type: Bogus}}\n  containers:\n  - name: c\n",
-		"want a v1 Pod":                                                "apiVersion: apps/v1\nkind: Deployment\n",
-		"spec.volumes[0] (v): a volume type explain does not model":    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes: [{name: v, nfs: {server: x}}]\n  containers:\n  - name: c\n",
+		"spec.securityContext.seccompProfile.type \"Bogus\"":         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  securityContext: {seccompProfile: {type: Bogus}}\n  containers:\n  - name: c\n",
+		"want a v1 Pod": "apiVersion: apps/v1\nkind: Deployment\n",
+		"spec.volumes[0] (v): a volume type explain does not model": "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes: [{name: v, nfs: {server: x}}]\n  containers:\n  - name: c\n",
 	} {
 		f := filepath.Join(dir, "pod.yaml")
 		os.WriteFile(f, []byte(pod), 0o644)

@@ -53,17 +53,17 @@ type NetworkProfile struct {
 
 // ProcessProfile is the enforced process identity and limits.
 type ProcessProfile struct {
-	MaxProcesses   int      `json:"maxProcesses"`
-	Capabilities   []string `json:"capabilities"`
-	RunAsUser      uint32   `json:"runAsUser"`
-	RunAsGroup     uint32   `json:"runAsGroup"`
+	MaxProcesses int      `json:"maxProcesses"`
+	Capabilities []string `json:"capabilities"`
+	RunAsUser    uint32   `json:"runAsUser"`
+	RunAsGroup   uint32   `json:"runAsGroup"`
 	// AllowUsers and AllowGroups are the ids a pod may ask for, besides
 	// RunAsUser and RunAsGroup.
 	AllowUsers               IDRanges `json:"allowUsers"`
 	AllowGroups              IDRanges `json:"allowGroups"`
 	AllowPrivilegeEscalation bool     `json:"allowPrivilegeEscalation"`
-	DeniedSyscalls []string `json:"deniedSyscalls"`
-	AllowSyscalls  []string `json:"allowSyscalls"`
+	DeniedSyscalls           []string `json:"deniedSyscalls"`
+	AllowSyscalls            []string `json:"allowSyscalls"`
 }
 
 // CredentialsProfile is the enforced credential scope.

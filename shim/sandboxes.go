@@ -33,6 +33,9 @@ type sandboxState struct {
 	// registry's mu.
 	expired   bool
 	oomKilled bool
+	// oomKills counts the OOM kills gVisor reported for the sandbox's
+	// cgroup. Protected by the registry's mu.
+	oomKills uint64
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
 	// egressMu guards the egress fields below. Create sets them before the
@@ -214,7 +217,19 @@ func (r *sandboxRegistry) markOOM(sandboxID string) {
 	defer r.mu.Unlock()
 	if sb, ok := r.sandboxes[sandboxID]; ok {
 		sb.oomKilled = true
+		sb.oomKills++
 	}
+}
+
+// oomKills returns the OOM kills of a container's sandbox.
+func (r *sandboxRegistry) oomKills(id string) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sandboxes[r.sandboxOf[id]]
+	if sb == nil {
+		return 0, false
+	}
+	return sb.oomKills, true
 }
 
 // oomKilledContainer reports whether a container's sandbox ran out of

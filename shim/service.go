@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"sync"
 
+	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
@@ -21,8 +23,10 @@ import (
 	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 
@@ -342,9 +346,51 @@ func (s *service) Wait(ctx context.Context, r *task.WaitRequest) (*task.WaitResp
 	return resp, errgrpc.ToGRPC(err)
 }
 
+// Stats adds what gVisor's task service leaves out of a container's
+// cgroup metrics: the OOM kill count (memory.oom_control in v1,
+// memory.events in v2), from the OOM kills gVisor reported for the
+// container's sandbox. gVisor enforces memory per sandbox, so each
+// container of a pod reports its sandbox's count. The CRI's pod metrics
+// (container_oom_events_total) read it.
 func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsResponse, error) {
 	resp, err := s.next.Stats(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
+	if err != nil || resp == nil || resp.Stats == nil {
+		return resp, errgrpc.ToGRPC(err)
+	}
+	kills, ok := s.sandboxes.oomKills(r.ID)
+	if !ok {
+		return resp, nil
+	}
+	if stats, err := withOOMKills(resp.Stats, kills); err == nil {
+		resp.Stats = stats
+	} else {
+		log.G(ctx).WithError(err).Debug("agentbox: stats left as gVisor gave them")
+	}
+	return resp, nil
+}
+
+// withOOMKills sets the OOM kill count in cgroup v1 or v2 metrics where
+// gVisor left it out.
+func withOOMKills(stats *anypb.Any, kills uint64) (*anypb.Any, error) {
+	m, err := typeurl.UnmarshalAny(stats)
+	if err != nil {
+		return nil, err
+	}
+	switch v := m.(type) {
+	case *cgroup1stats.Metrics:
+		if v.MemoryOomControl == nil {
+			v.MemoryOomControl = &cgroup1stats.MemoryOomControl{}
+		}
+		v.MemoryOomControl.OomKill = kills
+	case *cgroup2stats.Metrics:
+		if v.MemoryEvents == nil {
+			v.MemoryEvents = &cgroup2stats.MemoryEvents{}
+		}
+		v.MemoryEvents.OomKill = kills
+	default:
+		return nil, fmt.Errorf("metrics of type %T", m)
+	}
+	return typeurl.MarshalAnyToProto(m)
 }
 
 func (s *service) Connect(ctx context.Context, r *task.ConnectRequest) (*task.ConnectResponse, error) {

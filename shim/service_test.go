@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/audit"
@@ -124,5 +127,31 @@ func TestDeleteRacesExitPublication(t *testing.T) {
 	removed, counted := strings.Index(string(b), `"event":"agentbox/egress_removed"`), strings.Index(string(b), `"event":"test/drops"`)
 	if strings.Count(string(b), `"event":"agentbox/egress_removed"`) != 1 || counted < 0 || removed < counted {
 		t.Fatalf("removal must be recorded once, after the drop counters:\n%s", b)
+	}
+}
+
+// TestWithOOMKills: the OOM kill count lands where containerd's CRI reads
+// it, in v1 and v2 metrics alike, and gVisor's other figures stay.
+func TestWithOOMKills(t *testing.T) {
+	v1, _ := typeurl.MarshalAnyToProto(&cgroup1stats.Metrics{Memory: &cgroup1stats.MemoryStat{Cache: 7}})
+	out, err := withOOMKills(v1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := typeurl.UnmarshalAny(out)
+	if got := m.(*cgroup1stats.Metrics); got.MemoryOomControl.GetOomKill() != 3 || got.Memory.GetCache() != 7 {
+		t.Fatalf("v1: %+v", got)
+	}
+	v2, _ := typeurl.MarshalAnyToProto(&cgroup2stats.Metrics{Pids: &cgroup2stats.PidsStat{Current: 4}})
+	if out, err = withOOMKills(v2, 2); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = typeurl.UnmarshalAny(out)
+	if got := m.(*cgroup2stats.Metrics); got.MemoryEvents.GetOomKill() != 2 || got.Pids.GetCurrent() != 4 {
+		t.Fatalf("v2: %+v", got)
+	}
+	other, _ := typeurl.MarshalAnyToProto(&cgroup2stats.PidsStat{})
+	if _, err := withOOMKills(other, 1); err == nil {
+		t.Fatal("metrics of another type must be left alone")
 	}
 }

@@ -10,12 +10,13 @@ import (
 
 // identityScript prints what a container runs with: its ids, capability
 // sets, no_new_privs and seccomp mode as gVisor's kernel reports them,
-// whether its root and /tmp are writable, and whether syslog (allowed by
+// whether its root is mounted read-only (a user without write permission on
+// / would get EACCES before EROFS: the mount says it) and /tmp writable, and whether syslog (allowed by
 // the baseline syscall policy, denied by containerd's RuntimeDefault
 // profile without CAP_SYSLOG) passes its seccomp filters.
 const identityScript = `echo "ids $(id -u) $(id -g) [$(id -G)]"
 grep -E '^(CapBnd|CapEff|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
-if touch /root-probe 2>/dev/null; then echo root=writable; else echo root=read-only; fi
+awk '$2 == "/" { split($4, o, ","); print "root=" (o[1] == "ro" ? "read-only" : "writable") " (" $3 ")" }' /proc/self/mounts
 if echo x >/tmp/probe 2>/dev/null; then echo tmp=writable; else echo tmp=denied; fi
 if dmesg >/dev/null 2>&1; then echo syslog=allowed; else echo syslog=denied; fi`
 

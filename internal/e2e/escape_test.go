@@ -358,6 +358,12 @@ func TestExecGetsTheProfile(t *testing.T) {
 		strings.Contains(e.stdout, "hunter2") || !strings.Contains(e.stdout, "etc-read-only") || !strings.Contains(e.stdout, "tmp-ok") {
 		t.Fatalf("exec must run under the container's profile: %v", e)
 	}
+	// Its twin: a non-root user the role allows is kept (the role is a
+	// ceiling, not a costume), still without capabilities.
+	e = dev.ctr(60*time.Second, "tasks", "exec", "--user", "1234", "--exec-id", "x2", id, "sh", "-c", "id -u; grep CapEff /proc/self/status")
+	if e.code != 0 || !strings.Contains(e.stdout, "1234\n") || !strings.Contains(e.stdout, "CapEff:\t0000000000000000") {
+		t.Fatalf("exec --user 1234 under baseline: %v", e)
+	}
 	// The exec request is in the container's audit trail.
 	b, err := os.ReadFile(filepath.Join(dev.dir, "audit", id+".jsonl"))
 	if err != nil || !strings.Contains(string(b), `"event":"agentbox/exec"`) || !strings.Contains(string(b), `"exec_id":"x1"`) {

@@ -185,7 +185,8 @@ kind: RoleBinding
 metadata: {name: e2e-narrow}
 spec:
   role: e2e-narrow
-  subjects: [{namespace: e2e-narrow}]---
+  subjects: [{namespace: e2e-narrow}]
+---
 apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-tight}

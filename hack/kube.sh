@@ -12,6 +12,7 @@
 #   hack/kube.sh env      # shell exports: KUBECONFIG, PATH with kubectl,
 #                         # CONTAINER_RUNTIME_ENDPOINT for crictl
 #   hack/kube.sh node CMD...   # runs CMD in the node's mount namespace
+#   hack/kube.sh apiserver stop|start   # the API server alone (what a node does without it)
 #
 # The node lives in a mount namespace of its own (held by a bind mount):
 # there /var/lib, /var/log, /usr/local/bin and /etc are private (/etc a
@@ -209,6 +210,21 @@ start_containerd() {
   wait_for containerd 60 ctr --address "$SOCK" version
 }
 
+start_apiserver() {
+  bg kube-apiserver kube-apiserver --etcd-servers="$ETCD_CLIENT" \
+    --bind-address=127.0.0.1 --secure-port=16443 --advertise-address="$NODE_IP" \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SVC_CIDR" \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --allow-privileged=true --profiling=false --v=1
+  wait_for kube-apiserver 180 kubectl get --raw /readyz
+}
+
 stop_one() {
   local n=$1
   [ -f "$PIDS/$n.pid" ] || return 0
@@ -266,18 +282,7 @@ up() {
     --initial-cluster "agentbox-kube=$ETCD_PEER" --unsafe-no-fsync --log-level warn
   wait_for etcd 60 curl -fsS "$ETCD_CLIENT/health"
   step "kube-apiserver $KUBE_VERSION ($APISERVER)"
-  bg kube-apiserver kube-apiserver --etcd-servers="$ETCD_CLIENT" \
-    --bind-address=127.0.0.1 --secure-port=16443 --advertise-address="$NODE_IP" \
-    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
-    --client-ca-file="$PKI/ca.crt" \
-    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=InternalIP \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
-    --service-cluster-ip-range="$SVC_CIDR" \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --allow-privileged=true --profiling=false --v=1
-  wait_for kube-apiserver 180 kubectl get --raw /readyz
+  start_apiserver
   step "kube-controller-manager, kube-scheduler"
   bg kube-controller-manager kube-controller-manager \
     --kubeconfig="$PKI/controller-manager.kubeconfig" \
@@ -337,7 +342,13 @@ EOT
 
   step "installing agentbox through the installer DaemonSet"
   kubectl label node "$NODE" agentbox.dev/runtime=true --overwrite >/dev/null
-  kubectl apply -f "$REPO_ROOT/examples/kubernetes/installer.yaml" -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
+  # The policy API first: the installer's sync container watches it.
+  kubectl apply -f "$REPO_ROOT/examples/kubernetes/crds/" -f "$REPO_ROOT/examples/kubernetes/sync-rbac.yaml" >/dev/null
+  wait_for "the policy CRDs" 60 kubectl wait --for=condition=Established crd/agentroles.agentbox.dev crd/agentrolebindings.agentbox.dev crd/agentnodepolicies.agentbox.dev --timeout=5s
+  # No kube-proxy here: the sync container (host network) reaches the API
+  # server where it listens, not through the kubernetes Service.
+  sed 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \
+    "$REPO_ROOT/examples/kubernetes/installer.yaml" | kubectl apply -f - -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
   # The node's runc handler, for the tests' twins.
   printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n' | kubectl apply -f - >/dev/null
   wait_for "the installer pod" 180 kubectl -n kube-system rollout status daemonset/agentbox-installer --timeout=5s
@@ -415,5 +426,13 @@ case "${1:-}" in
     echo "export CONTAINERD_ADDRESS=$SOCK"
     echo "export PATH=$KBIN:$OUT_BIN:$TOOLS_BIN:\$PATH" ;;
   node) shift; need_root; node_ns_up || die "the node is not up"; node "$@" ;;
-  *) die "usage: $0 up|down|status|env|node CMD..." ;;
+  # The API server alone, to show what a node does without it.
+  apiserver)
+    need_root
+    case "${2:-}" in
+      stop) stop_one kube-apiserver ;;
+      start) alive etcd || die "etcd is not running: hack/kube.sh up"; start_apiserver ;;
+      *) die "usage: $0 apiserver stop|start" ;;
+    esac ;;
+  *) die "usage: $0 up|down|status|env|node CMD...|apiserver stop|start" ;;
 esac

@@ -102,6 +102,9 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		s.resolved(plan, res.Profile)
 	}
 	if err != nil {
+		if plan.profile == nil && plan.cfg != nil {
+			err = policy.WithClusterRefusal(plan.cfg.Policy.Dir, plan.request.RoleName(), err)
+		}
 		return plan, err
 	}
 	return plan, s.apply(ctx, r, plan, res)

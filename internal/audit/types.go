@@ -47,6 +47,8 @@ var (
 	TypeResolverStopped  = RecordType{"agentbox/resolver_stopped", ClassBase, "Resolver Stopped", "the pod's resolver stopped and its link removed"}
 	TypeEgressRemoved    = RecordType{"agentbox/egress_removed", ClassBase, "Egress Rules Removed", "the pod's egress rules removed"}
 	TypeAnomaly          = RecordType{"agentbox/anomaly", ClassBase, "Anomaly", "a malformed, oversized or out-of-order message from the sandbox"}
+	TypePolicySnapshot   = RecordType{"agentbox/policy_snapshot", ClassBase, "Policy Snapshot Applied", "a node's trail: the cluster's policy objects became the node's snapshot, with the old and new digest and what changed"}
+	TypePolicyRefused    = RecordType{"agentbox/policy_refused", ClassBase, "Policy Snapshot Refused", "a node's trail: the newest set of policy objects does not load, and the node keeps its snapshot"}
 	TypeGap              = RecordType{EventGap, ClassBase, "Gap", "events that were not recorded, by reason"}
 	TypeSandboxEnd       = RecordType{EventSandboxEnd, ClassBase, "Sandbox End", "the trail's last record, with its totals"}
 )
@@ -57,5 +59,5 @@ var Catalog = []RecordType{
 	TypeContainerCreated, TypeContainerFailed, TypeContainerStart, TypeExec, TypeExecRefused, TypeExecStart,
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
-	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypeGap, TypeSandboxEnd,
+	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused, TypeGap, TypeSandboxEnd,
 }

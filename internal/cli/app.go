@@ -31,6 +31,7 @@ func App() *cli.App {
 			probeClone3Command(),
 			policyCommand(),
 			auditCommand(),
+			syncCommand(),
 		}, installCommands()...),
 	}
 }

@@ -28,93 +28,107 @@ const (
 
 // header is what every policy object starts with.
 type header struct {
-	APIVersion string   `yaml:"apiVersion"`
-	Kind       string   `yaml:"kind"`
-	Metadata   Metadata `yaml:"metadata"`
+	APIVersion string   `yaml:"apiVersion" json:"apiVersion"`
+	Kind       string   `yaml:"kind" json:"kind"`
+	Metadata   Metadata `yaml:"metadata" json:"metadata"`
 }
 
 // Metadata names an object.
 type Metadata struct {
-	Name string `yaml:"name"`
+	Name string `yaml:"name" json:"name"`
 }
 
 // Role is what an agent claiming the role may do.
 type Role struct {
-	APIVersion string   `yaml:"apiVersion"`
-	Kind       string   `yaml:"kind"`
-	Metadata   Metadata `yaml:"metadata"`
-	Spec       RoleSpec `yaml:"spec"`
+	APIVersion string   `yaml:"apiVersion" json:"apiVersion"`
+	Kind       string   `yaml:"kind" json:"kind"`
+	Metadata   Metadata `yaml:"metadata" json:"metadata"`
+	Spec       RoleSpec `yaml:"spec" json:"spec"`
 
 	// Source is where the role was defined ("file:line").
-	Source string `yaml:"-"`
+	Source string `yaml:"-" json:"-"`
 }
 
 // RoleSpec is a role's grants. Unset fields (nil) are inherited from the
 // parent role, or take the least-privilege default.
 type RoleSpec struct {
 	// Inherits names a parent role whose spec this one refines.
-	Inherits    string       `yaml:"inherits,omitempty"`
-	Filesystem  *Filesystem  `yaml:"filesystem,omitempty"`
-	Network     *Network     `yaml:"network,omitempty"`
-	Process     *Process     `yaml:"process,omitempty"`
-	Credentials *Credentials `yaml:"credentials,omitempty"`
-	Limits      *Limits      `yaml:"limits,omitempty"`
-	Audit       *Audit       `yaml:"audit,omitempty"`
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`
+	Inherits    string       `yaml:"inherits,omitempty" json:"inherits,omitempty"`
+	Filesystem  *Filesystem  `yaml:"filesystem,omitempty" json:"filesystem,omitempty"`
+	Network     *Network     `yaml:"network,omitempty" json:"network,omitempty"`
+	Process     *Process     `yaml:"process,omitempty" json:"process,omitempty"`
+	Credentials *Credentials `yaml:"credentials,omitempty" json:"credentials,omitempty"`
+	Limits      *Limits      `yaml:"limits,omitempty" json:"limits,omitempty"`
+	Audit       *Audit       `yaml:"audit,omitempty" json:"audit,omitempty"`
 }
 
 // Audit selects what the audit trail records (all by default). Container
 // starts and the shim's own decisions are always recorded.
 type Audit struct {
 	// Process: execve, clone, exit.
-	Process *bool `yaml:"process,omitempty"`
+	Process *bool `yaml:"process,omitempty" json:"process,omitempty"`
 	// File: open, openat, creat (with results), chdir.
-	File *bool `yaml:"file,omitempty"`
+	File *bool `yaml:"file,omitempty" json:"file,omitempty"`
 	// Network: socket, connect, bind, listen, accept (with results).
-	Network *bool `yaml:"network,omitempty"`
+	Network *bool `yaml:"network,omitempty" json:"network,omitempty"`
 }
 
 // Filesystem scope.
 type Filesystem struct {
 	// Rootfs is read-only (default) or overlay.
-	Rootfs *string `yaml:"rootfs,omitempty"`
+	// +kubebuilder:validation:Enum=read-only;overlay
+	Rootfs *string `yaml:"rootfs,omitempty" json:"rootfs,omitempty"`
 	// Writable are scratch directories (in-memory tmpfs) the agent may write.
-	Writable []string `yaml:"writable,omitempty"`
+	Writable []string `yaml:"writable,omitempty" json:"writable,omitempty"`
 	// NoExecWritable mounts the writable directories noexec (default true).
-	NoExecWritable *bool `yaml:"noExecWritable,omitempty"`
+	NoExecWritable *bool `yaml:"noExecWritable,omitempty" json:"noExecWritable,omitempty"`
 	// HostMounts are the host paths a container may bind-mount; any other
 	// bind mount makes the container fail to start.
-	HostMounts []HostMount `yaml:"hostMounts,omitempty"`
+	HostMounts []HostMount `yaml:"hostMounts,omitempty" json:"hostMounts,omitempty"`
 	// MaskedPaths are hidden from the agent, in addition to the runtime's.
-	MaskedPaths []string `yaml:"maskedPaths,omitempty"`
+	MaskedPaths []string `yaml:"maskedPaths,omitempty" json:"maskedPaths,omitempty"`
 	// AllowExec names mount destinations (scratch, pod volumes, host
 	// mounts, /dev/shm) where files the agent writes may run. Every other
 	// writable place is noexec.
-	AllowExec []string `yaml:"allowExec,omitempty"`
+	AllowExec []string `yaml:"allowExec,omitempty" json:"allowExec,omitempty"`
 	// Devices are host device paths (linux.devices) a container may ask
 	// for; any other device refuses the container.
-	Devices []string `yaml:"devices,omitempty"`
+	Devices []string `yaml:"devices,omitempty" json:"devices,omitempty"`
 }
 
 // HostMount allows bind mounts from a host path (and below it).
 type HostMount struct {
-	Path     string `yaml:"path" json:"path"`
-	ReadOnly *bool  `yaml:"readOnly,omitempty" json:"readOnly"`
+	// Path is an absolute host path; binds from it and below it are allowed.
+	Path string `yaml:"path" json:"path"`
+	// ReadOnly makes such binds read-only (default true).
+	// +optional
+	ReadOnly *bool `yaml:"readOnly,omitempty" json:"readOnly"`
 }
 
 // Network egress.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.allow) || size(self.allow) == 0 || !has(self.egress) || self.egress == 'allowlist'",message="allow is only for egress: allowlist (set here, or inherited)"
 type Network struct {
 	// Egress is none (default), allowlist or open.
-	Egress *string `yaml:"egress,omitempty"`
+	// +kubebuilder:validation:Enum=none;allowlist;open
+	Egress *string `yaml:"egress,omitempty" json:"egress,omitempty"`
 	// Allow lists what allowlist egress may reach.
-	Allow []EgressRule `yaml:"allow,omitempty"`
+	Allow []EgressRule `yaml:"allow,omitempty" json:"allow,omitempty"`
 }
 
 // EgressRule allows connections to a host name or a CIDR, on some ports
 // (all ports when none are listed).
 type EgressRule struct {
-	Host  string `yaml:"host,omitempty" json:"host,omitempty"`
-	CIDR  string `yaml:"cidr,omitempty" json:"cidr,omitempty"`
-	Ports []int  `yaml:"ports,omitempty" json:"ports,omitempty"`
+	// Host is a DNS name, or "*.suffix" for the names below suffix; the
+	// pod's resolver answers it and the answers open the filter.
+	Host string `yaml:"host,omitempty" json:"host,omitempty"`
+	// CIDR is an IPv4 or IPv6 network ("10.0.0.0/8", "2001:db8::/32").
+	CIDR string `yaml:"cidr,omitempty" json:"cidr,omitempty"`
+	// Ports are TCP and UDP destination ports (all ports when empty).
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
+	Ports []int `yaml:"ports,omitempty" json:"ports,omitempty"`
 	// AllowPrivate lets a host rule open the private, loopback,
 	// link-local and node addresses its name resolves to (refused by
 	// default: a name must not become a way into the node or its network).
@@ -124,81 +138,91 @@ type EgressRule struct {
 // Process limits and identity.
 type Process struct {
 	// MaxProcesses caps the number of processes (RLIMIT_NPROC inside gVisor).
-	MaxProcesses *int `yaml:"maxProcesses,omitempty"`
-	// Capabilities the agent keeps (none by default), e.g. CAP_NET_BIND_SERVICE.
-	Capabilities []string `yaml:"capabilities,omitempty"`
-	// RunAsUser and RunAsGroup are the agent's uid and gid when the pod
-	// names none (default 65532; the group defaults to the user).
-	RunAsUser  *uint32 `yaml:"runAsUser,omitempty"`
-	RunAsGroup *uint32 `yaml:"runAsGroup,omitempty"`
-	// AllowUsers and AllowGroups are the uids and gids a pod may ask for
-	// ("1000", "1000-1999"), besides runAsUser and runAsGroup (default:
-	// any non-root id, "1-4294967294").
-	AllowUsers  []string `yaml:"allowUsers,omitempty"`
-	AllowGroups []string `yaml:"allowGroups,omitempty"`
+	// +kubebuilder:validation:Minimum=1
+	MaxProcesses *int `yaml:"maxProcesses,omitempty" json:"maxProcesses,omitempty"`
+	// Capabilities are the most a container may hold (none by default),
+	// e.g. CAP_NET_BIND_SERVICE: what it asks within them it keeps.
+	Capabilities []string `yaml:"capabilities,omitempty" json:"capabilities,omitempty"`
+	// RunAsUser is the agent's uid when the pod names none (default 65532).
+	RunAsUser *uint32 `yaml:"runAsUser,omitempty" json:"runAsUser,omitempty"`
+	// RunAsGroup is the agent's gid when the pod names none (default:
+	// runAsUser).
+	RunAsGroup *uint32 `yaml:"runAsGroup,omitempty" json:"runAsGroup,omitempty"`
+	// AllowUsers are the uids a pod may ask for ("1000", "1000-1999"),
+	// besides runAsUser (default: any non-root id, "1-4294967294").
+	AllowUsers []string `yaml:"allowUsers,omitempty" json:"allowUsers,omitempty"`
+	// AllowGroups are the gids (primary and supplemental) a pod may ask
+	// for, besides runAsGroup (default: any non-root id).
+	AllowGroups []string `yaml:"allowGroups,omitempty" json:"allowGroups,omitempty"`
 	// AllowPrivilegeEscalation lets a pod run without no_new_privs
 	// (allowPrivilegeEscalation: true), so setuid files take effect
 	// (default false: no_new_privs always).
-	AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation,omitempty"`
+	AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation,omitempty" json:"allowPrivilegeEscalation,omitempty"`
 	// DeniedSyscalls fail with EPERM, enforced by gVisor's seccomp, in
 	// addition to the baseline syscall policy.
-	DeniedSyscalls []string `yaml:"deniedSyscalls,omitempty"`
+	DeniedSyscalls []string `yaml:"deniedSyscalls,omitempty" json:"deniedSyscalls,omitempty"`
 	// AllowSyscalls names classes of the baseline syscall policy
 	// (syscalls.go: namespaces, mount, ptrace, bpf, keyring, userfaultfd,
 	// perf, memfd, kernel) that this role does not deny.
-	AllowSyscalls []string `yaml:"allowSyscalls,omitempty"`
+	AllowSyscalls []string `yaml:"allowSyscalls,omitempty" json:"allowSyscalls,omitempty"`
 }
 
 // Credentials scope.
 type Credentials struct {
-	Env *EnvPolicy `yaml:"env,omitempty"`
+	Env *EnvPolicy `yaml:"env,omitempty" json:"env,omitempty"`
 	// Secrets are injected as environment variables from files on the node.
-	Secrets []Secret `yaml:"secrets,omitempty"`
+	Secrets []Secret `yaml:"secrets,omitempty" json:"secrets,omitempty"`
 	// ServiceAccountToken keeps Kubernetes service-account token mounts
 	// (default false: they are removed).
-	ServiceAccountToken *bool `yaml:"serviceAccountToken,omitempty"`
+	ServiceAccountToken *bool `yaml:"serviceAccountToken,omitempty" json:"serviceAccountToken,omitempty"`
 }
 
 // EnvPolicy filters the environment.
 type EnvPolicy struct {
 	// Allow lists variable names, or prefixes ending in '*', that pass.
-	Allow []string `yaml:"allow"`
+	Allow []string `yaml:"allow" json:"allow"`
 }
 
 // Secret injects the content of a node file as an environment variable.
 type Secret struct {
-	Env  string `yaml:"env" json:"env"`
+	// Env is the variable's name.
+	Env string `yaml:"env" json:"env"`
+	// File is the node file whose content becomes its value.
 	File string `yaml:"file" json:"file"`
 }
 
 // Limits on resources.
 type Limits struct {
 	// CPU in cores: "1", "0.5" or "500m".
-	CPU *string `yaml:"cpu,omitempty"`
+	CPU *string `yaml:"cpu,omitempty" json:"cpu,omitempty"`
 	// Memory in bytes with an optional suffix: "512Mi", "2Gi", "1G".
-	Memory *string `yaml:"memory,omitempty"`
+	Memory *string `yaml:"memory,omitempty" json:"memory,omitempty"`
 	// CPUTime is the CPU time a process may use (RLIMIT_CPU), e.g. "10m".
-	CPUTime *string `yaml:"cpuTime,omitempty"`
+	CPUTime *string `yaml:"cpuTime,omitempty" json:"cpuTime,omitempty"`
 	// OpenFiles caps open file descriptors per process (RLIMIT_NOFILE).
-	OpenFiles *int `yaml:"openFiles,omitempty"`
+	OpenFiles *int `yaml:"openFiles,omitempty" json:"openFiles,omitempty"`
 	// WallClock is how long the sandbox may run before the shim stops it.
-	WallClock *string `yaml:"wallClock,omitempty"`
+	WallClock *string `yaml:"wallClock,omitempty" json:"wallClock,omitempty"`
 }
 
 // RoleBinding says who may claim a role.
 type RoleBinding struct {
-	APIVersion string          `yaml:"apiVersion"`
-	Kind       string          `yaml:"kind"`
-	Metadata   Metadata        `yaml:"metadata"`
-	Spec       RoleBindingSpec `yaml:"spec"`
+	APIVersion string          `yaml:"apiVersion" json:"apiVersion"`
+	Kind       string          `yaml:"kind" json:"kind"`
+	Metadata   Metadata        `yaml:"metadata" json:"metadata"`
+	Spec       RoleBindingSpec `yaml:"spec" json:"spec"`
 
-	Source string `yaml:"-"`
+	Source string `yaml:"-" json:"-"`
 }
 
 // RoleBindingSpec binds a role to subjects.
 type RoleBindingSpec struct {
-	Role     string    `yaml:"role"`
-	Subjects []Subject `yaml:"subjects"`
+	// Role is the role's name.
+	// +kubebuilder:validation:MinLength=1
+	Role string `yaml:"role" json:"role"`
+	// Subjects: a container matching any of them may claim the role.
+	// +kubebuilder:validation:MinItems=1
+	Subjects []Subject `yaml:"subjects" json:"subjects"`
 }
 
 // Subject matches containers by what the runtime can trust. Every field that

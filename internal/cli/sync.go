@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/policysync"
+)
+
+func syncCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "sync",
+		Usage: "node agent: keep this node's policy snapshot in step with the cluster's AgentRole and AgentRoleBinding objects",
+		Description: `Watches the cluster's policy objects and writes them into the node's policy
+directory as one file (` + policysync.FileName + `), swapped in atomically, after
+validating it with the shim's loader together with the node's own files there. An
+invalid set is never applied: the node keeps its last good snapshot, and the objects'
+status names the file, line and field. Without the API server, the node keeps what
+it has. Every change is a record in the node's audit trail (node-NODE.jsonl).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
+			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
+			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
+			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
+			&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
+			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
+		},
+		Action: runSync,
+	}
+}
+
+func runSync(c *cli.Context) error {
+	node := c.String("node-name")
+	if node == "" {
+		return cli.Exit("--node-name (or NODE_NAME) is required", 2)
+	}
+	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	dir, auditDir := cfg.Policy.Dir, cfg.Audit.Dir
+	if c.IsSet("policy-dir") {
+		dir = c.String("policy-dir")
+	}
+	if c.IsSet("audit-dir") {
+		auditDir = c.String("audit-dir")
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return cli.Exit(fmt.Sprintf("policy directory %s: not a directory (%v)", dir, err), 1)
+	}
+	var rc *rest.Config
+	if kc := c.String("kubeconfig"); kc != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kc)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	rc.UserAgent = "agentbox-sync/" + node
+	client, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	sink, err := audit.NewFileSink(auditDir, "node-"+node, cfg.Audit.MaxFileBytes)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("node audit trail: %v", err), 1)
+	}
+	trail := audit.NewTrail(audit.Meta{Sandbox: sink.Name(), PodName: node}, sink)
+	log := logrus.New()
+	log.SetOutput(c.App.ErrWriter)
+	entry := log.WithFields(logrus.Fields{"node": node, "dir": dir})
+	entry.WithField("trail", sink.Path()).Info("agentbox sync starting")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync")}
+	runErr := agent.Run(ctx)
+	if err := trail.Close(audit.TypeSandboxEnd.New("Success", "agentbox sync stopped", map[string]string{"node": node})); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}

@@ -1,0 +1,276 @@
+package policysync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/kubeapi"
+)
+
+// Resources of agentbox's API.
+var (
+	RolesGVR    = schema.GroupVersionResource{Group: kubeapi.Group, Version: kubeapi.Version, Resource: kubeapi.RolesResource}
+	BindingsGVR = schema.GroupVersionResource{Group: kubeapi.Group, Version: kubeapi.Version, Resource: kubeapi.BindingsResource}
+	NodesGVR    = schema.GroupVersionResource{Group: kubeapi.Group, Version: kubeapi.Version, Resource: kubeapi.NodesResource}
+)
+
+// Agent keeps one node's policy snapshot in step with the cluster's
+// objects, and reports on it.
+type Agent struct {
+	Client    dynamic.Interface
+	NodeName  string
+	PolicyDir string
+	// Trail is the node-level audit trail: every snapshot change, and every
+	// newest set refused.
+	Trail *audit.Trail
+	Log   *logrus.Entry
+	// Resync re-validates even when nothing changed (the node admin's
+	// files may have).
+	Resync time.Duration
+
+	roles, bindings, nodes cache.SharedIndexInformer
+	kick                   chan struct{}
+	lastRefused            string
+}
+
+// Run watches until ctx ends. Until the informers have listed the objects
+// once, and whenever the API server cannot be reached, the node keeps the
+// snapshot it has: the agent never writes a set it has not seen whole.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.Resync == 0 {
+		a.Resync = time.Minute
+	}
+	a.kick = make(chan struct{}, 1)
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(a.Client, 10*time.Minute)
+	a.roles = factory.ForResource(RolesGVR).Informer()
+	a.bindings = factory.ForResource(BindingsGVR).Informer()
+	a.nodes = factory.ForResource(NodesGVR).Informer()
+	poke := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.poke() },
+		UpdateFunc: func(any, any) { a.poke() },
+		DeleteFunc: func(any) { a.poke() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{a.roles, a.bindings, a.nodes} {
+		if _, err := inf.AddEventHandler(poke); err != nil {
+			return err
+		}
+	}
+	factory.Start(ctx.Done())
+	a.Log.Info("waiting for the policy objects (the node keeps its snapshot meanwhile)")
+	if !cache.WaitForCacheSync(ctx.Done(), a.roles.HasSynced, a.bindings.HasSynced, a.nodes.HasSynced) {
+		return ctx.Err()
+	}
+	a.Log.Info("policy objects listed; syncing")
+	tick := time.NewTicker(a.Resync)
+	defer tick.Stop()
+	for {
+		if err := a.Sync(ctx); err != nil {
+			a.Log.WithError(err).Warn("sync")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.kick:
+			// Let a burst of events (kubectl apply -f dir) settle.
+			time.Sleep(200 * time.Millisecond)
+			select {
+			case <-a.kick:
+			default:
+			}
+		case <-tick.C:
+		}
+	}
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// objects reads the roles and bindings from the informers' caches.
+func (a *Agent) objects() ([]Object, map[string]*unstructured.Unstructured, error) {
+	var objs []Object
+	byKey := map[string]*unstructured.Unstructured{}
+	for _, src := range []struct {
+		kind string
+		inf  cache.SharedIndexInformer
+	}{{kubeapi.KindRole, a.roles}, {kubeapi.KindRoleBinding, a.bindings}} {
+		for _, item := range src.inf.GetStore().List() {
+			u, ok := item.(*unstructured.Unstructured)
+			if !ok {
+				return nil, nil, fmt.Errorf("unexpected %T in the %s cache", item, src.kind)
+			}
+			spec, err := json.Marshal(u.Object["spec"])
+			if err != nil {
+				return nil, nil, err
+			}
+			o := Object{Kind: src.kind, Name: u.GetName(), Generation: u.GetGeneration(), Spec: spec}
+			objs = append(objs, o)
+			byKey[o.Key()] = u
+		}
+	}
+	return objs, byKey, nil
+}
+
+// Sync renders the cached objects, applies them on the node if they load,
+// records the change, and reports.
+func (a *Agent) Sync(ctx context.Context) error {
+	objs, byKey, err := a.objects()
+	if err != nil {
+		return err
+	}
+	snap := Render(objs)
+	out, err := Apply(a.PolicyDir, snap)
+	if err != nil {
+		return err
+	}
+	refused := !out.Applied && !out.Unchanged
+	switch {
+	case out.Applied:
+		a.lastRefused = ""
+		a.Log.WithFields(logrus.Fields{"old": out.OldDigest, "new": out.NewDigest, "changes": strings.Join(out.Changes, "; ")}).Info("policy snapshot applied")
+		if a.Trail != nil {
+			a.Trail.Emit(audit.TypePolicySnapshot.New("Success", "policy snapshot applied",
+				map[string]string{"old_digest": out.OldDigest, "new_digest": out.NewDigest, "changes": strings.Join(out.Changes, "; "), "node": a.NodeName}), true)
+		}
+	case refused && a.lastRefused != snap.Digest:
+		a.lastRefused = snap.Digest
+		problems := problemLines(out)
+		a.Log.WithField("problems", strings.Join(problems, "; ")).Warn("the newest policy set does not load; keeping the last good snapshot")
+		if a.Trail != nil {
+			a.Trail.Emit(audit.TypePolicyRefused.New("Failure", "the newest policy set does not load; the node keeps its snapshot",
+				map[string]string{"kept_digest": out.OldDigest, "refused_digest": out.NewDigest, "problems": strings.Join(problems, "\n"), "changes": strings.Join(out.Changes, "; "), "node": a.NodeName}), true)
+		}
+	}
+	if err := a.reportNode(ctx, out, snap); err != nil {
+		a.Log.WithError(err).Warn("report the node's snapshot")
+	}
+	return a.reportObjects(ctx, objs, byKey, out, refused)
+}
+
+func problemLines(out Outcome) []string {
+	var lines []string
+	for k, ps := range out.ObjectProblems {
+		for _, p := range ps {
+			lines = append(lines, k+": "+p)
+		}
+	}
+	sort.Strings(lines)
+	return append(lines, out.NodeProblems...)
+}
+
+// reportNode writes the node's AgentNodePolicy (creating it the first
+// time).
+func (a *Agent) reportNode(ctx context.Context, out Outcome, snap *Snapshot) error {
+	client := a.Client.Resource(NodesGVR)
+	var cur *unstructured.Unstructured
+	if item, ok, _ := a.nodes.GetStore().GetByKey(a.NodeName); ok {
+		cur = item.(*unstructured.Unstructured).DeepCopy()
+	} else {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion(kubeapi.Group + "/" + kubeapi.Version)
+		u.SetKind(kubeapi.KindNodePolicy)
+		u.SetName(a.NodeName)
+		created, err := client.Create(ctx, u, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			created, err = client.Get(ctx, a.NodeName, metav1.GetOptions{})
+		}
+		if err != nil {
+			return err
+		}
+		cur = created
+	}
+	var node kubeapi.AgentNodePolicy
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cur.Object, &node); err != nil {
+		return err
+	}
+	st := NodeStatus(node.Status, out, snap, metav1.Now())
+	if sameNode(node.Status, st) {
+		return nil
+	}
+	if err := setStatus(cur, st); err != nil {
+		return err
+	}
+	_, err := client.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	return err
+}
+
+func sameNode(a, b kubeapi.NodeStatus) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
+}
+
+// reportObjects writes each role's and binding's status where it changed.
+func (a *Agent) reportObjects(ctx context.Context, objs []Object, byKey map[string]*unstructured.Unstructured, out Outcome, refused bool) error {
+	var nodes []kubeapi.AgentNodePolicy
+	for _, item := range a.nodes.GetStore().List() {
+		var n kubeapi.AgentNodePolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(item.(*unstructured.Unstructured).Object, &n); err == nil {
+			nodes = append(nodes, n)
+		}
+	}
+	now := metav1.Now()
+	var errs []string
+	for _, o := range objs {
+		u := byKey[o.Key()].DeepCopy()
+		var prev kubeapi.ObjectStatus
+		if raw, ok := u.Object["status"].(map[string]any); ok {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &prev); err != nil {
+				prev = kubeapi.ObjectStatus{}
+			}
+		}
+		st := ObjectStatus(prev, o, out.ObjectProblems[o.Key()], refused, nodes, now)
+		if SameStatus(prev, st) {
+			continue
+		}
+		if err := setStatus(u, st); err != nil {
+			return err
+		}
+		gvr := RolesGVR
+		if o.Kind == kubeapi.KindRoleBinding {
+			gvr = BindingsGVR
+		}
+		if _, err := a.Client.Resource(gvr).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Sprintf("%s: %v", o.Key(), err))
+		} else if err != nil {
+			// A newer version is on its way through the informer: the next
+			// sync writes on top of it.
+			a.poke()
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("status: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func setStatus(u *unstructured.Unstructured, status any) error {
+	b, err := json.Marshal(status)
+	if err != nil {
+		return err
+	}
+	m := map[string]any{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	u.Object["status"] = m
+	return nil
+}

@@ -18,6 +18,7 @@ check:
 	go vet -tags e2e ./internal/e2e
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags e2e ./internal/e2e
+	hack/crds.sh --check
 
 test:
 	go test -count=1 ./...

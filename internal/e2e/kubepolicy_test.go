@@ -134,6 +134,11 @@ func TestKubePolicyObjects(t *testing.T) {
 		t.Errorf("kubectl get agentroles:\n%s", out)
 	}
 
+	// kubectl explain documents the fields, from the loader's types.
+	if out := k.mustKubectl(t, "explain", "agentrole.spec.process.allowUsers"); !strings.Contains(out, "uids a pod may ask for") {
+		t.Errorf("kubectl explain:\n%s", out)
+	}
+
 	// An edit that tightens the role applies to the next pod.
 	k.apply(t, agentRole("e2e-crd", nproc(50)))
 	k.waitPolicy(t, "agentrole", "e2e-crd", "generation 2 enforced", func(o policyObject) bool { return o.Metadata.Generation == 2 && enforced(o) })

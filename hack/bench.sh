@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The end-to-end benchmarks against a fresh private containerd, each
 # interleaved: start-to-exit latency (agentbox vs the stock gVisor shim vs
-# runc), audit overhead (on vs off), egress (allowlist vs open). Prints
-# medians and ratios; also writes them to _output/bench-start.txt.
-#   AGENTBOX_BENCH_ROUNDS=30 hack/bench.sh
+# runc) with the shim's own phases (Create, Start, Delete), audit overhead
+# (on vs off, the shim's peak RSS), CRI pods (agentbox baseline and
+# allowlist vs runc: p50/p90/p99, 20 pods 4 at a time, memory per idle pod),
+# egress (allowlist vs open). Prints medians and ratios; also writes them
+# to _output/bench-start.txt.
+#   AGENTBOX_BENCH_ROUNDS=30 AGENTBOX_BENCH_CRI_ROUNDS=15 hack/bench.sh
 source "$(dirname "$0")/lib.sh"
 need_root
 "$REPO_ROOT/hack/build.sh"

@@ -65,6 +65,8 @@ type createPlan struct {
 	mounts      policy.MountEnv
 	stager      *mountguard.Stager
 	undo        []func(status string)
+	// phases times Create (a bench trace; nil-safe).
+	phases *phases
 }
 
 // push adds an undo step; status says how the container ended
@@ -82,8 +84,8 @@ func (p *createPlan) unwind(status string) {
 // prepare does the agentbox part of Create: resolve, compile, apply. On
 // any error what was done is undone, and a sandbox root's trail records
 // the refusal.
-func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *createPlan, retErr error) {
-	plan := &createPlan{bundle: r.Bundle, stager: mountguard.New(r.Bundle)}
+func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *phases) (_ *createPlan, retErr error) {
+	plan := &createPlan{bundle: r.Bundle, stager: mountguard.New(r.Bundle), phases: ph}
 	plan.push(func(string) { releaseMounts(ctx, plan.stager) })
 	defer func() {
 		if retErr != nil {
@@ -94,6 +96,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 	if err := s.resolve(ctx, r, plan); err != nil {
 		return plan, err
 	}
+	ph.mark("resolve")
 	res, err := compile.Compile(compile.Input{
 		Config: plan.cfg, Policies: plan.policies, Request: plan.request, Profile: plan.profile,
 		Secrets: readSecrets, Mounts: plan.mounts, OOMFloor: oomFloor(),
@@ -107,6 +110,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest) (_ *cr
 		}
 		return plan, err
 	}
+	ph.mark("compile")
 	return plan, s.apply(ctx, r, plan, res)
 }
 
@@ -232,6 +236,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		if err := s.applyEgress(ctx, cfg, sb, res.Egress, spec); err != nil {
 			return err
 		}
+		plan.phases.mark("egress")
 	} else {
 		sb, _ = s.sandboxes.sandbox(plan.joins)
 	}
@@ -246,6 +251,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	if err := utils.WriteSpec(r.Bundle, spec); err != nil {
 		return fmt.Errorf("write OCI spec: %w", err)
 	}
+	plan.phases.mark("write_spec")
 	for _, c := range changes {
 		log.G(ctx).Debugf("agentbox: spec: %s", c)
 	}
@@ -261,6 +267,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		}
 		plan.sandbox.audit.receiver = rcv
 		flags["pod-init-config"] = podInit
+		plan.phases.mark("audit_receiver")
 		p := plan.profile
 		plan.sandbox.audit.trail.Emit(audit.TypeProfileApplied.New("Success",
 			fmt.Sprintf("rootfs %s, writable %v, egress %s, default uid %d, %d processes, %d bytes, wall clock %v", p.Filesystem.Rootfs, p.Filesystem.Writable, p.Network.Egress, p.Process.RunAsUser, p.Process.MaxProcesses, p.Limits.MemoryBytes, p.Limits.WallClock),
@@ -275,6 +282,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		return fmt.Errorf("marshal runsc options: %w", err)
 	}
 	r.Options = any
+	plan.phases.mark("runsc_options")
 	return nil
 }
 

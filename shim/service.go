@@ -135,7 +135,9 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 // container (fail closed) with the reason.
 func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container_id", r.ID))
-	plan, err := s.prepare(ctx, r)
+	ph := newPhases("create", r.ID)
+	defer ph.done()
+	plan, err := s.prepare(ctx, r, ph)
 	if err != nil {
 		// A policy or input refusal is the request's fault, not the
 		// runtime's: the caller gets the reason, the log a warning.
@@ -147,6 +149,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: container %s refused: %w", r.ID, err))
 	}
 	resp, err := s.next.Create(ctx, r)
+	ph.mark("runsc_create")
 	if err != nil {
 		if plan.sandbox != nil {
 			// runsc leaves a failed sandbox's cgroup behind.
@@ -180,13 +183,17 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
 	s.stagers.Store(r.ID, plan.stager)
+	ph.mark("register")
 	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
 	return resp, nil
 }
 
 // Start starts a container; starting a sandbox root arms its wall clock.
 func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartResponse, error) {
+	ph := newPhases("start", r.ID)
+	defer ph.done()
 	resp, err := s.next.Start(ctx, r)
+	ph.mark("runsc_start")
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -204,6 +211,7 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 			msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
 		}
 		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
+		ph.mark("release_and_record")
 	} else {
 		s.record(r.ID, audit.TypeExecStart.New("Success", "exec started", map[string]string{"exec_id": r.ExecID, "pid": fmt.Sprint(resp.Pid)}), true)
 	}
@@ -277,16 +285,22 @@ func namespaceOf(ctx context.Context) string {
 
 // Delete forwards and forgets the container's exit bookkeeping.
 func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {
+	ph := newPhases("delete", r.ID)
+	defer ph.done()
 	resp, err := s.next.Delete(ctx, r)
+	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {
 		s.exits.forget(r.ID)
 		if st, ok := s.stagers.LoadAndDelete(r.ID); ok {
 			releaseMounts(ctx, st.(*mountguard.Stager))
 		}
+		ph.mark("release_mounts")
 		if sb, ok := s.sandboxes.sandbox(r.ID); ok {
 			// The sandbox root is gone: its rules go, its trail ends.
 			removeEgress(ctx, sb)
+			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
+			ph.mark("close_audit")
 		} else {
 			s.record(r.ID, audit.TypeContainerDeleted.New("Success",
 				fmt.Sprintf("container deleted (exit status %d)", resp.ExitStatus), map[string]string{"container_id": r.ID}), true)

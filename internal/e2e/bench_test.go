@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/shim"
 )
 
 // runtimeUnderTest is one way of running a container with ctr.
@@ -71,6 +74,7 @@ func TestBenchmarkStartToExit(t *testing.T) {
 	fmt.Fprintf(&b, "ratio agentbox/gvisor-stock (median): %.3fx  (goal <= 1.05x)\n", med("agentbox")/med("gvisor-stock"))
 	fmt.Fprintf(&b, "ratio agentbox/runc         (median): %.3fx\n", med("agentbox")/med("runc"))
 	fmt.Fprintf(&b, "ratio gvisor-stock/runc     (median): %.3fx\n", med("gvisor-stock")/med("runc"))
+	b.WriteString(phaseTable(t, "bench-agentbox-"))
 	t.Log("\n" + b.String())
 	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
@@ -131,6 +135,7 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_AUDIT_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
+	shimPeak := map[string]uint64{}
 	var b strings.Builder
 	fmt.Fprintf(&b, "audit overhead, %d interleaved rounds per workload (on: baseline audits process, file, network; off: no event points)\n", rounds)
 	for _, w := range auditWorkloads {
@@ -139,9 +144,16 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 		for i := 0; i < rounds; i++ {
 			for _, role := range []string{"baseline", "e2e-audit-off"} {
 				id := uniqueID("auditbench-" + w.name)
+				stop := make(chan struct{})
+				peak := make(chan uint64)
+				go func() { peak <- shimPeakRSS(id, stop) }()
 				start := time.Now()
 				r := dev.runAgent(t, id, []string{"--annotation", "agentbox.dev/role=" + role}, "sh", "-c", w.script)
 				samples[role] = append(samples[role], time.Since(start))
+				close(stop)
+				if kb := <-peak; role == "baseline" && kb > shimPeak[w.name] {
+					shimPeak[w.name] = kb
+				}
 				if r.code != 0 {
 					t.Fatalf("%s/%s: %v", w.name, role, r)
 				}
@@ -156,8 +168,8 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 			}
 		}
 		on, off := stats(samples["baseline"]).median, stats(samples["e2e-audit-off"]).median
-		fmt.Fprintf(&b, "%-10s on %9s  off %9s  ratio %.3fx  (%d events/run, %d dropped, %d lost)\n",
-			w.name, ms(on), ms(off), float64(on)/float64(off), events/rounds, dropped, lost)
+		fmt.Fprintf(&b, "%-10s on %9s  off %9s  ratio %.3fx  (%d events/run, %d dropped, %d lost; shim peak RSS %.1f MiB)\n",
+			w.name, ms(on), ms(off), float64(on)/float64(off), events/rounds, dropped, lost, float64(shimPeak[w.name])/1024)
 		if dropped != 0 || lost != 0 {
 			t.Errorf("%s: events were dropped (%d) or lost (%d) at default settings", w.name, dropped, lost)
 		}
@@ -246,5 +258,72 @@ func TestBenchmarkEgress(t *testing.T) {
 		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
 		f.WriteString("\n" + b.String())
 		f.Close()
+	}
+}
+
+// phaseTable reads the shims' phase trace (shim.PhaseTraceEnv) for the
+// containers whose id starts with prefix and prints each phase's median, in
+// the order the shim runs them: where agentbox's Create and Start spend
+// their time.
+func phaseTable(t *testing.T, prefix string) string {
+	t.Helper()
+	data, err := os.ReadFile(os.Getenv(shim.PhaseTraceEnv))
+	if err != nil {
+		return fmt.Sprintf("no phase trace: %v\n", err)
+	}
+	type line struct {
+		Op      string  `json:"op"`
+		ID      string  `json:"id"`
+		TotalMS float64 `json:"total_ms"`
+		Phases  []struct {
+			Name string  `json:"name"`
+			MS   float64 `json:"ms"`
+		} `json:"phases"`
+	}
+	samples := map[string][]time.Duration{}
+	var order []string
+	add := func(key string, ms float64) {
+		if _, ok := samples[key]; !ok {
+			order = append(order, key)
+		}
+		samples[key] = append(samples[key], time.Duration(ms*float64(time.Millisecond)))
+	}
+	for _, raw := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var l line
+		if json.Unmarshal([]byte(raw), &l) != nil || !strings.HasPrefix(l.ID, prefix) || strings.Contains(l.ID, "warm") {
+			continue
+		}
+		for _, p := range l.Phases {
+			add(l.Op+" "+p.Name, p.MS)
+		}
+		add(l.Op+" total", l.TotalMS)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "agentbox shim phases (median over %d runs; runsc_* are gVisor's own work, the rest agentbox's):\n", len(samples["create total"]))
+	for _, k := range order {
+		fmt.Fprintf(&b, "  %-28s %9s\n", k, ms(stats(samples[k]).median))
+	}
+	return b.String()
+}
+
+// shimPeakRSS samples the resident set of the shim serving container id
+// until stop, and returns the highest seen, in KiB.
+func shimPeakRSS(id string, stop <-chan struct{}) uint64 {
+	var peak uint64
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, pid := range pidsNaming(id) {
+			if strings.Contains(cmdline(pid), "containerd-shim-agentbox-v1") {
+				if kb := smapsRollup(pid, "Rss:"); kb > peak {
+					peak = kb
+				}
+			}
+		}
+		select {
+		case <-stop:
+			return peak
+		case <-tick.C:
+		}
 	}
 }

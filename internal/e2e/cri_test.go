@@ -21,6 +21,8 @@ type pod struct {
 	podJSON  string
 	logDir   string
 	released bool
+	// containers started in it by the CRI benchmark.
+	containers []string
 }
 
 func writeJSON(t *testing.T, path string, v any) string {

@@ -22,6 +22,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/mountguard"
+	"agentbox.dev/agentbox/shim"
 )
 
 const (
@@ -88,6 +89,11 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if os.Getenv("AGENTBOX_BENCH") == "1" {
+		// The shims trace the phases of each Create and Start
+		// (TestBenchmarkStartToExit prints them).
+		os.Setenv(shim.PhaseTraceEnv, filepath.Join(dir, "phases.jsonl"))
 	}
 	dev, err = startDaemon(dir)
 	if err == nil {

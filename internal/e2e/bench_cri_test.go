@@ -1,0 +1,291 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// criVariant is one way the kubelet could start a pod.
+type criVariant struct {
+	name, handler, namespace string
+	annotations              map[string]string
+}
+
+var criVariants = []criVariant{
+	{"agentbox-baseline", "agentbox", "bench", nil},
+	// An allowlist role: the pod's resolver and its nftables rules too.
+	{"agentbox-allowlist", "agentbox", "e2e-allow", map[string]string{"agentbox.dev/role": "e2e-allow"}},
+	{"runc", "runc", "bench", nil},
+}
+
+// criPod runs one pod through the CRI as the kubelet does: RunPodSandbox,
+// CreateContainer, StartContainer. It returns the pod and how long it took
+// until the container was running.
+func criPod(v criVariant, name string) (*pod, time.Duration, error) {
+	dir, err := os.MkdirTemp("", "abx-cribench-")
+	if err != nil {
+		return nil, 0, err
+	}
+	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs"), uid: uniqueID("uid")}
+	p.podJSON = filepath.Join(dir, "pod.json")
+	if err := writeJSONFile(p.podJSON, map[string]any{
+		"metadata":    map[string]any{"name": name, "namespace": v.namespace, "uid": p.uid, "attempt": 0},
+		"annotations": v.annotations, "log_directory": p.logDir, "linux": map[string]any{},
+	}); err != nil {
+		return p, 0, err
+	}
+	cfg := filepath.Join(dir, "c.json")
+	if err := writeJSONFile(cfg, map[string]any{
+		"metadata": map[string]any{"name": "sleeper"}, "image": map[string]any{"image": agentImage},
+		"command": []string{"sleep", "3600"}, "log_path": "sleeper.log", "linux": map[string]any{},
+	}); err != nil {
+		return p, 0, err
+	}
+	start := time.Now()
+	r := dev.crictl(90*time.Second, "runp", "--runtime", v.handler, p.podJSON)
+	if r.code != 0 {
+		return p, 0, fmt.Errorf("runp: %v", r)
+	}
+	p.id = strings.TrimSpace(r.stdout)
+	r = dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
+	if r.code != 0 {
+		return p, 0, fmt.Errorf("create: %v", r)
+	}
+	cid := strings.TrimSpace(r.stdout)
+	p.containers = append(p.containers, cid)
+	if r = dev.crictl(90*time.Second, "start", cid); r.code != 0 {
+		return p, 0, fmt.Errorf("start: %v", r)
+	}
+	return p, time.Since(start), nil
+}
+
+// removePod stops and removes a pod, returning how long that took.
+func removePod(p *pod) (time.Duration, error) {
+	defer os.RemoveAll(p.dir)
+	if p.id == "" {
+		return 0, nil
+	}
+	start := time.Now()
+	if r := dev.crictl(90*time.Second, "stopp", p.id); r.code != 0 {
+		return 0, fmt.Errorf("stopp: %v", r)
+	}
+	if r := dev.crictl(90*time.Second, "rmp", "-f", p.id); r.code != 0 {
+		return 0, fmt.Errorf("rmp: %v", r)
+	}
+	p.released = true
+	return time.Since(start), nil
+}
+
+func writeJSONFile(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+func percentile(s []time.Duration, q float64) time.Duration {
+	c := append([]time.Duration(nil), s...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	i := int(math.Ceil(q*float64(len(c)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return c[i]
+}
+
+// TestBenchmarkCRI measures pods the way Kubernetes starts them: through
+// the CRI, RunPodSandbox to the container running, then StopPodSandbox and
+// RemovePodSandbox, for agentbox under baseline, agentbox under an
+// allowlist role (resolver and nftables), and runc, in interleaved rounds;
+// then 20 pods started 4 at a time per runtime; then the memory an idle
+// pod costs. AGENTBOX_BENCH=1 only (hack/bench.sh). It asserts no timing,
+// only that every pod ran.
+func TestBenchmarkCRI(t *testing.T) {
+	requireEnv(t)
+	if os.Getenv("AGENTBOX_BENCH") != "1" {
+		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
+	}
+	rounds := 15
+	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_CRI_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	up, down := map[string][]time.Duration{}, map[string][]time.Duration{}
+	for i := -1; i < rounds; i++ { // round -1 warms up
+		order := criVariants
+		if i%2 == 1 {
+			order = []criVariant{criVariants[2], criVariants[1], criVariants[0]}
+		}
+		for _, v := range order {
+			p, d, err := criPod(v, fmt.Sprintf("bench-%d", i))
+			rm, rerr := removePod(p)
+			if err != nil || rerr != nil {
+				t.Fatalf("%s: %v %v", v.name, err, rerr)
+			}
+			if i >= 0 {
+				up[v.name], down[v.name] = append(up[v.name], d), append(down[v.name], rm)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "CRI pod start (RunPodSandbox .. container running) and teardown (StopPodSandbox, RemovePodSandbox), %d interleaved rounds\n", rounds)
+	fmt.Fprintf(&b, "%-20s %9s %9s %9s   %9s %9s\n", "runtime", "p50", "p90", "p99", "down p50", "down p90")
+	for _, v := range criVariants {
+		fmt.Fprintf(&b, "%-20s %9s %9s %9s   %9s %9s\n", v.name, ms(percentile(up[v.name], .5)), ms(percentile(up[v.name], .9)),
+			ms(percentile(up[v.name], .99)), ms(percentile(down[v.name], .5)), ms(percentile(down[v.name], .9)))
+	}
+	p50 := func(n string) float64 { return float64(percentile(up[n], .5)) }
+	fmt.Fprintf(&b, "ratio agentbox-baseline/runc (p50 start): %.2fx; agentbox-allowlist/agentbox-baseline: %.2fx\n",
+		p50("agentbox-baseline")/p50("runc"), p50("agentbox-allowlist")/p50("agentbox-baseline"))
+
+	// Concurrency: 20 pods, 4 at a time.
+	for _, v := range []criVariant{criVariants[0], criVariants[2]} {
+		const n, workers = 20, 4
+		var mu sync.Mutex
+		var pods []*pod
+		var failed []string
+		jobs := make(chan int)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range jobs {
+					p, _, err := criPod(v, fmt.Sprintf("conc-%d", i))
+					mu.Lock()
+					pods = append(pods, p)
+					if err != nil {
+						failed = append(failed, err.Error())
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		for i := 0; i < n; i++ {
+			jobs <- i
+		}
+		close(jobs)
+		wg.Wait()
+		elapsed := time.Since(start)
+		for _, p := range pods {
+			if _, err := removePod(p); err != nil {
+				failed = append(failed, err.Error())
+			}
+		}
+		fmt.Fprintf(&b, "%-20s %d pods, %d at a time: %s, %.2f pods/s, %d failed\n", v.name, n, workers, ms(elapsed), float64(n)/elapsed.Seconds(), len(failed))
+		if len(failed) > 0 {
+			t.Errorf("%s: %d of %d pods failed: %s", v.name, len(failed), n, failed[0])
+		}
+	}
+
+	b.WriteString(podMemory(t, 20))
+	t.Log("\n" + b.String())
+	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
+		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		f.WriteString("\n" + b.String())
+		f.Close()
+	}
+}
+
+// podMemory starts n idle agentbox pods (baseline, one sleeping container
+// each) one after another and reports the proportional set size (PSS) of
+// each pod's shim, runsc sandbox and gofer, averaged per pod.
+func podMemory(t *testing.T, n int) string {
+	t.Helper()
+	var pods []*pod
+	defer func() {
+		for _, p := range pods {
+			removePod(p)
+		}
+	}()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		p, _, err := criPod(criVariants[0], fmt.Sprintf("mem-%d", i))
+		pods = append(pods, p)
+		if err != nil {
+			t.Fatalf("pod %d: %v", i, err)
+		}
+	}
+	elapsed := time.Since(start)
+	time.Sleep(2 * time.Second) // let the pods settle into idle
+	var shim, sandbox, gofer, shimRSS uint64
+	counted := map[string]int{}
+	for _, p := range pods {
+		// The shim and the sandbox name the pod's id; each container has a
+		// gofer naming its own.
+		for _, pid := range pidsNaming(append([]string{p.id}, p.containers...)...) {
+			cmd := cmdline(pid)
+			kb := smapsRollup(pid, "Pss:")
+			switch {
+			case strings.Contains(cmd, "containerd-shim-agentbox-v1"):
+				shim += kb
+				shimRSS += smapsRollup(pid, "Rss:")
+				counted["shim"]++
+			case strings.Contains(cmd, " boot "):
+				sandbox += kb
+				counted["sandbox"]++
+			case strings.Contains(cmd, " gofer "):
+				gofer += kb
+				counted["gofer"]++
+			}
+		}
+	}
+	per := func(kb uint64) float64 { return float64(kb) / 1024 / float64(n) }
+	return fmt.Sprintf("%d idle agentbox pods (baseline), started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); processes found %v\n",
+		n, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), counted)
+}
+
+// pidsNaming lists the processes whose command line names one of ids.
+func pidsNaming(ids ...string) []int {
+	var out []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, id := range ids {
+			if strings.Contains(string(b), id) {
+				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.ReplaceAll(string(b), "\x00", " ")
+}
+
+// smapsRollup returns a field of /proc/PID/smaps_rollup in KiB.
+func smapsRollup(pid int, field string) uint64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fs := strings.Fields(sc.Text()); len(fs) >= 2 && fs[0] == field {
+			v, _ := strconv.ParseUint(fs[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}

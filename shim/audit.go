@@ -90,19 +90,37 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 	if cfg.Audit.Webhook.URL != "" {
 		spool = webhookConfig(cfg).SpoolDir
 	}
-	if removed, err := audit.Prune(cfg.Audit.Dir, spool, cfg.Audit.MaxTotalBytes); err != nil {
-		log.L.WithError(err).Warn("agentbox: audit retention")
-	} else if len(removed) > 0 {
-		log.L.Infof("agentbox: audit retention removed %d ended trail(s) past audit.max_total_bytes: %v", len(removed), removed)
+	prune := func() {
+		if removed, err := audit.Prune(cfg.Audit.Dir, spool, cfg.Audit.MaxTotalBytes); err != nil {
+			log.L.WithError(err).Warn("agentbox: audit retention")
+		} else if len(removed) > 0 {
+			log.L.Infof("agentbox: audit retention removed %d ended trail(s) past audit.max_total_bytes: %v", len(removed), removed)
+		}
 	}
-	file, err := audit.NewFileSink(cfg.Audit.Dir, id, cfg.Audit.MaxFileBytes)
+	budget := audit.Budget{MaxBytes: cfg.Audit.MaxSandboxBytes, MinFree: cfg.Audit.MinFreeBytes, Reserve: cfg.Audit.ReserveBytes}
+	open := func() (*audit.FileSink, error) {
+		file, err := audit.NewFileSink(cfg.Audit.Dir, id, cfg.Audit.MaxFileBytes)
+		if err != nil {
+			return nil, fmt.Errorf("audit trail: %w", err)
+		}
+		if err := file.SetBudget(budget); err != nil {
+			file.Close()
+			os.Remove(file.Path())
+			return nil, errkind.ResourceExhausted(fmt.Errorf("audit trail: %w", err))
+		}
+		return file, nil
+	}
+	// Retention reads every trail in the directory: it runs beside the
+	// sandbox's start, not in front of it, unless the trail does not fit
+	// without it.
+	file, err := open()
 	if err != nil {
-		return nil, fmt.Errorf("audit trail: %w", err)
-	}
-	if err := file.SetBudget(audit.Budget{MaxBytes: cfg.Audit.MaxSandboxBytes, MinFree: cfg.Audit.MinFreeBytes, Reserve: cfg.Audit.ReserveBytes}); err != nil {
-		file.Close()
-		os.Remove(file.Path())
-		return nil, errkind.ResourceExhausted(fmt.Errorf("audit trail: %w", err))
+		prune()
+		if file, err = open(); err != nil {
+			return nil, err
+		}
+	} else {
+		go prune()
 	}
 	var fwd []audit.Forwarder
 	if cfg.Audit.Webhook.URL != "" {

@@ -96,7 +96,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 	if err := s.resolve(ctx, r, plan); err != nil {
 		return plan, err
 	}
-	ph.mark("resolve")
+	ph.mark("resolve_mounts")
 	res, err := compile.Compile(compile.Input{
 		Config: plan.cfg, Policies: plan.policies, Request: plan.request, Profile: plan.profile,
 		Secrets: readSecrets, Mounts: plan.mounts, OOMFloor: oomFloor(),
@@ -137,6 +137,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 	if plan.spec, err = utils.ReadSpec(r.Bundle); err != nil {
 		return fmt.Errorf("read OCI spec: %w", err)
 	}
+	plan.phases.mark("resolve_config_spec")
 	spec := plan.spec
 	if spec.Linux != nil {
 		plan.cgroupsPath = spec.Linux.CgroupsPath
@@ -167,11 +168,13 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 		if err != nil {
 			return err
 		}
+		plan.phases.mark("resolve_trail")
 		plan.sandbox = &sandboxState{id: r.ID, claims: plan.claims, audit: &sandboxAudit{trail: trail}}
 		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status) })
 		if plan.policies, err = s.policies.Load(cfg.Policy.Dir); err != nil {
 			return errkind.InvalidArgument(err)
 		}
+		plan.phases.mark("resolve_policies")
 		plan.request = policy.Request{
 			Annotations:         plan.claims,
 			ContainerdNamespace: namespaceOf(ctx),

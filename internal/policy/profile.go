@@ -121,6 +121,7 @@ var (
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	envPatRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\*?$|^\*$`)
 	syscallRE = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+	subjectRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
 	hostRE    = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.?$`)
 )
 
@@ -161,7 +162,7 @@ func validateBinding(b *RoleBinding) []fieldError {
 			errs = append(errs, fieldError{p, "sets none of namespace, containerdNamespace, runtimeHandler"})
 		}
 		for k, v := range map[string]string{"namespace": s.Namespace, "containerdNamespace": s.ContainerdNamespace, "runtimeHandler": s.RuntimeHandler} {
-			if v != "" && v != "*" && !regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`).MatchString(v) {
+			if v != "" && v != "*" && !subjectRE.MatchString(v) {
 				errs = append(errs, fieldError{p + "." + k, fmt.Sprintf("%q is not a valid name or \"*\"", v)})
 			}
 		}

@@ -193,11 +193,7 @@ func TestBenchmarkCRI(t *testing.T) {
 
 	b.WriteString(podMemory(t, 20))
 	t.Log("\n" + b.String())
-	if out := os.Getenv("AGENTBOX_BENCH_OUT"); out != "" {
-		f, _ := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
-		f.WriteString("\n" + b.String())
-		f.Close()
-	}
+	benchOut(t, b.String())
 }
 
 // podMemory starts n idle agentbox pods (baseline, one sleeping container

@@ -436,28 +436,29 @@ func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageU
 	}
 
 	// Resources: limits become the container's cgroup limits.
-	if v, ok := c.Resources.Limits["memory"]; ok {
-		m, err := policy.ParseMemory(v)
+	for _, res := range []string{"memory", "cpu"} {
+		v, ok := c.Resources.Limits[res]
+		if !ok {
+			continue
+		}
+		parse := policy.ParseMemory
+		if res == "cpu" {
+			parse = policy.ParseCPU
+		}
+		n, err := parse(v)
 		if err != nil {
-			return nil, "", fmt.Errorf("%s.resources.limits.memory: %v", field, err)
+			return nil, "", fmt.Errorf("%s.resources.limits.%s: %v", field, res, err)
 		}
 		if s.Linux.Resources == nil {
 			s.Linux.Resources = &specs.LinuxResources{}
 		}
-		s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &m}
-		asks = append(asks, "memory "+v)
-	}
-	if v, ok := c.Resources.Limits["cpu"]; ok {
-		m, err := policy.ParseCPU(v)
-		if err != nil {
-			return nil, "", fmt.Errorf("%s.resources.limits.cpu: %v", field, err)
+		if res == "memory" {
+			s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &n}
+		} else {
+			quota, period := n*100, uint64(100000)
+			s.Linux.Resources.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 		}
-		if s.Linux.Resources == nil {
-			s.Linux.Resources = &specs.LinuxResources{}
-		}
-		quota, period := m*100, uint64(100000)
-		s.Linux.Resources.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
-		asks = append(asks, "cpu "+v)
+		asks = append(asks, res+" "+v)
 	}
 
 	// Mounts: the pod's volumes, the kubelet's /etc/hosts and termination

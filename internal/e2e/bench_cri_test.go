@@ -113,10 +113,7 @@ func percentile(s []time.Duration, q float64) time.Duration {
 // then 20 pods started 4 at a time per runtime. AGENTBOX_BENCH=1 only
 // (hack/bench.sh). It asserts no timing, only that every pod ran.
 func TestBenchmarkCRI(t *testing.T) {
-	requireEnv(t)
-	if os.Getenv("AGENTBOX_BENCH") != "1" {
-		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
-	}
+	requireBench(t)
 	rounds := 15
 	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_CRI_ROUNDS")); err == nil && v > 0 {
 		rounds = v
@@ -197,10 +194,7 @@ func TestBenchmarkCRI(t *testing.T) {
 // TestBenchmarkPodMemory reports what an idle pod costs: 20 agentbox pods
 // under baseline, one sleeping container each. AGENTBOX_BENCH=1 only.
 func TestBenchmarkPodMemory(t *testing.T) {
-	requireEnv(t)
-	if os.Getenv("AGENTBOX_BENCH") != "1" {
-		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
-	}
+	requireBench(t)
 	report := podMemory(t, 20)
 	t.Log("\n" + report)
 	benchOut(t, report)

@@ -41,10 +41,7 @@ var benchRuntimes = []runtimeUnderTest{
 // medians and ratios. It runs only with AGENTBOX_BENCH=1 (hack/bench.sh);
 // it asserts no timing, only that every run succeeded.
 func TestBenchmarkStartToExit(t *testing.T) {
-	requireEnv(t)
-	if os.Getenv("AGENTBOX_BENCH") != "1" {
-		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
-	}
+	requireBench(t)
 	rounds := 30
 	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_ROUNDS")); err == nil && v > 0 {
 		rounds = v
@@ -123,10 +120,7 @@ var auditWorkloads = []struct{ name, script string }{
 // them, interleaved, and reports the ratio of medians. It checks that the
 // audited runs dropped no event. AGENTBOX_BENCH=1 only (hack/bench.sh).
 func TestBenchmarkAuditOverhead(t *testing.T) {
-	requireEnv(t)
-	if os.Getenv("AGENTBOX_BENCH") != "1" {
-		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
-	}
+	requireBench(t)
 	rounds := 5
 	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_AUDIT_ROUNDS")); err == nil && v > 0 {
 		rounds = v
@@ -181,10 +175,7 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 // throughput (bytes from first to last at the sink), interleaved.
 // AGENTBOX_BENCH=1 only (hack/bench.sh).
 func TestBenchmarkEgress(t *testing.T) {
-	requireEnv(t)
-	if os.Getenv("AGENTBOX_BENCH") != "1" {
-		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
-	}
+	requireBench(t)
 	const conns, mib, lookups = 40, 256, 40
 	// A CIDR rule, a host rule (the address the pod's resolver answered,
 	// matched in an nftables set), and open egress; the same servers.
@@ -332,5 +323,15 @@ func benchOut(t *testing.T, report string) {
 	defer f.Close()
 	if _, err := f.WriteString(report + "\n"); err != nil {
 		t.Error(err)
+	}
+}
+
+// requireBench skips a benchmark unless AGENTBOX_BENCH=1 (hack/bench.sh):
+// they take minutes and assert no timing.
+func requireBench(t *testing.T) {
+	t.Helper()
+	requireEnv(t)
+	if os.Getenv("AGENTBOX_BENCH") != "1" {
+		t.Skip("benchmark: set AGENTBOX_BENCH=1 (hack/bench.sh)")
 	}
 }

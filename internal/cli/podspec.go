@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -118,7 +119,7 @@ func decodeKnown(node *yaml.Node, field string, v any, known []string) error {
 	}
 	for i := 0; i+1 < len(node.Content); i += 2 {
 		k := node.Content[i].Value
-		if !contains(known, k) {
+		if !slices.Contains(known, k) {
 			return fmt.Errorf("%s.%s: unknown field (known: %s)", field, k, strings.Join(known, ", "))
 		}
 	}
@@ -126,15 +127,6 @@ func decodeKnown(node *yaml.Node, field string, v any, known []string) error {
 		return fmt.Errorf("%s: %v", field, err)
 	}
 	return nil
-}
-
-func contains(l []string, s string) bool {
-	for _, v := range l {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 var (
@@ -312,7 +304,7 @@ func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageU
 		if g < 0 || g >= 1<<32-1 {
 			return nil, "", fmt.Errorf("spec.securityContext: group %d is not a valid id", g)
 		}
-		if !containsID(groups, uint32(g)) {
+		if !slices.Contains(groups, uint32(g)) {
 			groups = append(groups, uint32(g))
 		}
 	}
@@ -333,15 +325,12 @@ func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageU
 			var out []string
 			all := false
 			for _, n := range l {
-				u := strings.ToUpper(n)
-				if u == "ALL" {
+				if strings.ToUpper(n) == "ALL" {
 					all = true
 					continue
 				}
-				if !strings.HasPrefix(u, "CAP_") {
-					u = "CAP_" + u
-				}
-				if !contains(policy.AllCapabilities(), u) {
+				u, ok := policy.CapabilityName(n)
+				if !ok {
 					return nil, false, fmt.Errorf("%s.securityContext.capabilities: %q is not a Linux capability", field, n)
 				}
 				out = append(out, u)
@@ -363,13 +352,13 @@ func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageU
 			caps = nil
 		}
 		for _, a := range add {
-			if !contains(caps, a) {
+			if !slices.Contains(caps, a) {
 				caps = append(caps, a)
 			}
 		}
 		var kept []string
 		for _, c := range caps {
-			if !contains(drop, c) {
+			if !slices.Contains(drop, c) {
 				kept = append(kept, c)
 			}
 		}
@@ -486,13 +475,4 @@ func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageU
 			Source: path.Join(env.PodDir, "volumes/kubernetes.io~projected/kube-api-access-x"), Options: []string{"rbind", "ro"}})
 	}
 	return s, strings.Join(asks, "; "), nil
-}
-
-func containsID(l []uint32, id uint32) bool {
-	for _, v := range l {
-		if v == id {
-			return true
-		}
-	}
-	return false
 }

@@ -208,7 +208,10 @@ func explainPod(cfg *config.Config, set *policy.Set, req policy.Request, file st
 	if err != nil {
 		return explanation{}, err
 	}
-	ex := explanation{Request: req, Profile: profile, Pod: &podExplanation{Name: pod.Metadata.Name, Namespace: pod.Metadata.Namespace, Notes: notes}}
+	// The flags are the sandbox's: the same for every container (as
+	// compile.Compile makes them).
+	ex := explanation{Request: req, Profile: profile, RunscFlags: cfg.RunscFlags(profile.RunscFlags()),
+		Pod: &podExplanation{Name: pod.Metadata.Name, Namespace: pod.Metadata.Namespace, Notes: notes}}
 	for _, pc := range containers {
 		ce := containerExplanation{Name: pc.Name, Asks: pc.Asks}
 		if pc.Err != nil {
@@ -221,12 +224,8 @@ func explainPod(cfg *config.Config, set *policy.Set, req policy.Request, file st
 			ce.Refused = err.Error()
 		} else {
 			ce.Gets, ce.SpecChange, ce.Spec = granted(pc.Spec, profile), withResolver(res), pc.Spec
-			ex.RunscFlags = res.RunscFlags
 		}
 		ex.Pod.Containers = append(ex.Pod.Containers, ce)
-	}
-	if ex.RunscFlags == nil {
-		ex.RunscFlags = profile.RunscFlags()
 	}
 	return ex, nil
 }

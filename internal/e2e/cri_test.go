@@ -5,7 +5,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,11 +26,7 @@ type pod struct {
 
 func writeJSON(t *testing.T, path string, v any) string {
 	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	if err := writeJSONFile(path, v); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -408,11 +408,8 @@ func (p *Profile) compileProcess(pr Process) []error {
 	p.Process.AllowPrivilegeEscalation = deref(pr.AllowPrivilegeEscalation, false)
 	p.Process.Capabilities = []string{}
 	for i, c := range pr.Capabilities {
-		name := strings.ToUpper(c)
-		if !strings.HasPrefix(name, "CAP_") {
-			name = "CAP_" + name
-		}
-		if !knownCapabilities[name] {
+		name, ok := CapabilityName(c)
+		if !ok {
 			errs = append(errs, ferr(fmt.Sprintf("process.capabilities[%d]", i), "%q is not a Linux capability", c))
 			continue
 		}
@@ -668,6 +665,17 @@ func ParseCPU(s string) (int64, error) { return parseCPU(&s, 0) }
 // ParseMemory parses an amount of memory as roles and Kubernetes write it
 // ("512Mi", "2Gi", "1G") into bytes.
 func ParseMemory(s string) (int64, error) { return parseBytes(&s, 0) }
+
+// CapabilityName spells a capability as the OCI spec does ("net_admin",
+// "NET_ADMIN" and "CAP_NET_ADMIN" are CAP_NET_ADMIN), and reports whether
+// it is a Linux capability.
+func CapabilityName(c string) (string, bool) {
+	name := strings.ToUpper(c)
+	if !strings.HasPrefix(name, "CAP_") {
+		name = "CAP_" + name
+	}
+	return name, knownCapabilities[name]
+}
 
 // AllCapabilities lists every Linux capability agentbox knows, sorted.
 func AllCapabilities() []string {

@@ -67,57 +67,38 @@ func Apply(dir string, s *Snapshot) (Outcome, error) {
 	for key, msg := range s.Invalid {
 		out.ObjectProblems[key] = append(out.ObjectProblems[key], msg)
 	}
-	tmp, err := os.CreateTemp(dir, tempPrefix)
+	tmp, err := writeTemp(dir, s.Data)
 	if err != nil {
 		return out, fmt.Errorf("write the new snapshot: %w", err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			os.Remove(tmp.Name())
+			os.Remove(tmp)
 		}
 	}()
-	if _, err := tmp.Write(s.Data); err != nil {
-		tmp.Close()
-		return out, fmt.Errorf("write the new snapshot: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return out, fmt.Errorf("sync the new snapshot: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return out, fmt.Errorf("write the new snapshot: %w", err)
-	}
 
 	files, err := adminFiles(dir)
 	if err != nil {
 		return out, err
 	}
-	if _, err := policy.LoadPaths(append(files, tmp.Name())...); err != nil {
+	if _, err := policy.LoadPaths(append(files, tmp)...); err != nil {
+		// A problem is an object's when the first place it names in the
+		// new snapshot is that object's document: a problem in it, or one
+		// in the node's own file because of it (a role defined in both).
+		at := regexp.MustCompile(regexp.QuoteMeta(tmp) + `:([0-9]+)`)
 		for _, e := range policy.Errors(err) {
-			var p policy.Problem
-			if errors.As(e, &p) && p.File == tmp.Name() {
-				p.File = FileName
-				key := s.objectAt(p.Line)
-				if key == "" {
-					out.NodeProblems = append(out.NodeProblems, p.Error())
-					continue
-				}
-				out.ObjectProblems[key] = append(out.ObjectProblems[key], p.Error())
+			msg, key := e.Error(), ""
+			if m := at.FindStringSubmatch(msg); m != nil {
+				line, _ := strconv.Atoi(m[1])
+				key = s.objectAt(line)
+			}
+			msg = strings.ReplaceAll(msg, tmp, FileName)
+			if key == "" {
+				out.NodeProblems = append(out.NodeProblems, msg)
 				continue
 			}
-			// A problem found in the node's own file because of an object
-			// of the snapshot (a role defined in both) is the object's.
-			msg := e.Error()
-			if m := regexp.MustCompile(regexp.QuoteMeta(tmp.Name()) + `:([0-9]+)`).FindStringSubmatch(msg); m != nil {
-				line, _ := strconv.Atoi(m[1])
-				if key := s.objectAt(line); key != "" {
-					msg = strings.ReplaceAll(msg, tmp.Name(), FileName)
-					out.ObjectProblems[key] = append(out.ObjectProblems[key], msg)
-					continue
-				}
-			}
-			out.NodeProblems = append(out.NodeProblems, strings.ReplaceAll(msg, tmp.Name(), FileName))
+			out.ObjectProblems[key] = append(out.ObjectProblems[key], msg)
 		}
 	}
 	if len(out.ObjectProblems) > 0 || len(out.NodeProblems) > 0 {
@@ -138,7 +119,7 @@ func Apply(dir string, s *Snapshot) (Outcome, error) {
 	if err := beforeRename(); err != nil {
 		return out, err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return out, fmt.Errorf("swap in the new snapshot: %w", err)
 	}
 	committed = true
@@ -232,17 +213,35 @@ func writeRefusals(dir string, s *Snapshot, out Outcome) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, tempPrefix)
+	tmp, err := writeTemp(dir, data)
 	if err != nil {
 		return fmt.Errorf("write the refusal note: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+	if err := os.Rename(tmp, filepath.Join(dir, policy.ClusterRefusedFile)); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("write the refusal note: %w", err)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
+	return nil
+}
+
+// writeTemp writes data to a new hidden file in dir (tempPrefix: neither
+// the loader nor the shim reads it) and syncs it, ready to be renamed into
+// place. It returns the file's path; on error nothing is left.
+func writeTemp(dir string, data []byte) (string, error) {
+	f, err := os.CreateTemp(dir, tempPrefix)
+	if err != nil {
+		return "", err
 	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, policy.ClusterRefusedFile))
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"agentbox.dev/agentbox/internal/kubeapi"
@@ -34,14 +35,9 @@ func ObjectStatus(prev kubeapi.ObjectStatus, obj Object, problems []string, snap
 		cond.Message = "loads with the shim's loader, with every other policy object and the node's own files"
 	}
 	cond.LastTransitionTime = now
-	for _, c := range prev.Conditions {
-		if c.Type == cond.Type && c.Status == cond.Status {
-			cond.LastTransitionTime = c.LastTransitionTime
-		}
-	}
 	return kubeapi.ObjectStatus{
 		ObservedGeneration: obj.Generation,
-		Conditions:         []metav1.Condition{cond},
+		Conditions:         keepTransition(prev.Conditions, cond),
 		ActiveNodes:        ActiveNodes(nodes, obj),
 	}
 }
@@ -106,13 +102,17 @@ func NodeStatus(prev kubeapi.NodeStatus, out Outcome, s *Snapshot, now metav1.Ti
 		lines = append(lines, out.NodeProblems...)
 		cond.Message = truncate(fmt.Sprintf("the newest set (%s) does not load; still enforcing %s:\n%s", short(s.Digest), orNone(short(st.Digest)), strings.Join(lines, "\n")))
 	}
-	for _, c := range prev.Conditions {
-		if c.Type == cond.Type && c.Status == cond.Status {
-			cond.LastTransitionTime = c.LastTransitionTime
-		}
-	}
-	st.Conditions = []metav1.Condition{cond}
+	st.Conditions = keepTransition(prev.Conditions, cond)
 	return st
+}
+
+// keepTransition returns c as the only condition, with the transition time
+// of prev's condition of its type when its status did not change.
+func keepTransition(prev []metav1.Condition, c metav1.Condition) []metav1.Condition {
+	if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
+		c.LastTransitionTime = old.LastTransitionTime
+	}
+	return []metav1.Condition{c}
 }
 
 func short(d string) string {

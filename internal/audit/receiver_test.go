@@ -150,3 +150,140 @@ func toStrings(v any) []string {
 	}
 	return out
 }
+
+// dialSession connects to a receiver and completes gVisor's handshake.
+func dialSession(t *testing.T, sock string) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, _ := proto.Marshal(&pb.Handshake{Version: 1})
+	c.Write(hs)
+	buf := make([]byte, 100)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(buf); err != nil {
+		t.Fatalf("handshake reply: %v", err)
+	}
+	return c
+}
+
+// closeWithin fails the test if r.Close(drain) has not returned after limit
+// (a hang, not a timing measurement: limit is far above drain).
+func closeWithin(t *testing.T, r *Receiver, drain, limit time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { r.Close(drain); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("Close(%v) still running after %v", drain, limit)
+	}
+}
+
+// The reader takes events in batches; none is lost between batches, and
+// a sandbox that writes as fast as it can (gVisor's sink: non-blocking
+// writes, retried) gets every event in.
+func TestReceiverBatchesKeepEveryEvent(t *testing.T) {
+	tt := newTestTrail(t, "sb")
+	sock := filepath.Join(t.TempDir(), "r.sock")
+	r, err := Listen(sock, tt.trail, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialSession(t, sock)
+	const events = 5000
+	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 5, ThreadGroupId: 5, ContainerId: "c1", Cwd: "/", ProcessName: "ls"}
+	msg := frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: cd, Exit: &pb.Exit{Errorno: 2}, Sysno: 257, Pathname: "/etc/localtime"})
+	for i := 0; i < events; i++ {
+		if _, err := c.Write(msg); err != nil { // blocking: waits while the queue is full
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	closeWithin(t, r, 5*time.Second, time.Minute)
+	recs := tt.close(t)
+	counts := recs[len(recs)-1]["counts"].(map[string]any)
+	if counts["received"].(float64) != events || counts["anomalies"].(float64) != 0 {
+		t.Fatalf("end counts: %v, want %d received", counts, events)
+	}
+	var opens int
+	for _, rec := range recs {
+		if rec["event"] == "syscall/openat" {
+			opens++
+		}
+	}
+	if opens != events {
+		t.Fatalf("%d open records, want %d", opens, events)
+	}
+}
+
+// Close ends a session whatever the sandbox does: idle, still in its
+// handshake, or flooding past the drain time.
+func TestReceiverCloseEndsSession(t *testing.T) {
+	for _, tc := range []string{"idle", "handshake", "flood"} {
+		t.Run(tc, func(t *testing.T) {
+			tt := newTestTrail(t, "sb")
+			sock := filepath.Join(t.TempDir(), "r.sock")
+			r, err := Listen(sock, tt.trail, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c *net.UnixConn
+			stop := make(chan struct{})
+			flooding := make(chan struct{})
+			switch tc {
+			case "handshake":
+				c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for !accepted(r) {
+					time.Sleep(time.Millisecond)
+				}
+			case "idle":
+				c = dialSession(t, sock)
+			case "flood":
+				c = dialSession(t, sock)
+				msg := frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: &pb.ContextData{ProcessName: "f"}, Exit: &pb.Exit{}, Pathname: "/x"})
+				go func() {
+					defer close(flooding)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+						c.Write(msg)
+					}
+				}()
+				time.Sleep(50 * time.Millisecond)
+			}
+			closeWithin(t, r, 200*time.Millisecond, 30*time.Second)
+			if tc == "flood" {
+				close(stop)
+				<-flooding
+			}
+			c.Close()
+			if r.Live() {
+				t.Fatal("session still live after Close")
+			}
+			if _, err := os.Stat(sock); !os.IsNotExist(err) {
+				t.Fatalf("socket left behind: %v", err)
+			}
+			recs := tt.close(t)
+			counts := recs[len(recs)-1]["counts"].(map[string]any)
+			if tc == "flood" && counts["received"].(float64) == 0 {
+				t.Fatalf("flood: nothing received: %v", counts)
+			}
+		})
+	}
+}
+
+// accepted reports whether r took a connection (its handshake may be pending).
+func accepted(r *Receiver) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conn != nil
+}

@@ -186,6 +186,14 @@ func optStrings(b []byte, start int, k string, v []string) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// plainASCII marks the ASCII bytes a JSON string carries as they are.
+var plainASCII = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
 // appendString appends s as a JSON string, as encoding/json does: control
 // characters, quotes and backslashes escaped, <, > and & as \u00XX,
 // invalid UTF-8 as U+FFFD, U+2028 and U+2029 escaped.
@@ -195,7 +203,7 @@ func appendString(b []byte, s string) []byte {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if plainASCII[c] {
 				i++
 				continue
 			}

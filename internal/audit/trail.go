@@ -297,7 +297,8 @@ func (t *Trail) writePendingLocked() bool {
 			t.lost["forwarder: "+err.Error()] += uint64(n)
 		}
 	}
-	t.pending = make([]byte, 0, len(batch))
+	// The file and the forwarders copied the batch: its buffer is reused.
+	t.pending = batch[:0]
 	return true
 }
 

@@ -217,7 +217,7 @@ func detach(c *net.UnixConn) (int, error) {
 // queues, and blocks in poll(2) only once a read found nothing.
 func (r *Receiver) readLoop(fd int, buf []byte) {
 	var deadline time.Time // set once Close asked for the rest
-	var yielded time.Time   // when the reader last yielded its P
+	var yielded time.Time  // when the reader last yielded its P
 	for {
 		n, end := r.readQueued(fd, buf)
 		if end {

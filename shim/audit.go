@@ -184,6 +184,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
 	rcv.SetRate(cfg.Audit.MaxEventsPerSecond)
+	rcv.SetSentryRetries(cfg.Audit.SentryRetries)
 	if egress != nil && egress.Enforced {
 		var resolved netpolicy.Resolved
 		if sb.resolved != nil {

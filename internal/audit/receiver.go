@@ -21,14 +21,51 @@ import (
 // the rest are counted (the end record has the total).
 const MaxAnomalyRecords = 100
 
-// BatchPause is how long the session reader waits after reading events
-// before it reads again. Events queue on the socket meanwhile (gVisor's
-// end holds about 160 of them, measured, and gVisor retries a full socket
-// before it drops an event), and each gVisor write finds no reader waiting
-// to be woken. Waking the shim once per event was most of what auditing cost
-// a busy sandbox: per event, about 60µs of the shim's CPU and 70µs of the
-// Sentry's (hack/bench.sh, an `ls -la` loop, 29k events).
-var BatchPause = time.Millisecond
+// The session reader takes events in batches: after reading, it pauses
+// while more queue on the socket (gVisor's end holds about 160 events,
+// measured, and retries a full socket before it drops one), so that each
+// gVisor write finds no reader waiting to be woken. Waking the shim once
+// per event was most of what auditing cost a busy sandbox: per event, about
+// 60µs of the shim's CPU and 70µs of the Sentry's (hack/bench.sh, an
+// `ls -la` loop, 29k events). The pause adapts to the rate, aiming at
+// batchLow..batchHigh events per read, within pauseBounds.
+const (
+	batchLow, batchHigh = 16, 64
+	firstPause          = time.Millisecond
+	longestPause        = 4 * time.Millisecond
+)
+
+// pauseBounds is the range of the reader's pause when gVisor retries a
+// full socket retries times (backing off from 25µs, doubling, at most
+// 10ms apart): at most a quarter of the time gVisor keeps retrying, so
+// that a sandbox that fills its socket during a pause is slowed down,
+// not cut short. With no retries there is no pause.
+func pauseBounds(retries int) (lo, hi time.Duration) {
+	var budget time.Duration
+	for i, step := 0, 25*time.Microsecond; i < retries; i++ {
+		budget += step
+		if step *= 2; step > 10*time.Millisecond {
+			step = 10 * time.Millisecond
+		}
+	}
+	hi = min(budget/4, longestPause)
+	if hi < 100*time.Microsecond {
+		return 0, 0
+	}
+	return min(hi, 500*time.Microsecond), hi
+}
+
+// nextPause adapts the pause to the last read's n events: longer while
+// reads find few, shorter when they find many.
+func nextPause(cur time.Duration, n int, lo, hi time.Duration) time.Duration {
+	switch {
+	case n < batchLow:
+		cur *= 2
+	case n > batchHigh:
+		cur /= 2
+	}
+	return max(lo, min(cur, hi))
+}
 
 // outOfOrderSlack is how far an event's time may go back before it counts
 // as out of order (threads report concurrently).
@@ -64,6 +101,8 @@ type Receiver struct {
 	// drained until drainUntil (Unix nanoseconds).
 	wake       int
 	drainUntil atomic.Int64
+	// pauseLo and pauseHi bound the reader's pause (SetSentryRetries).
+	pauseLo, pauseHi time.Duration
 
 	// Owned by the serving goroutine.
 	// rate is the most events per second taken from the sandbox (0: no
@@ -101,9 +140,15 @@ func Listen(path string, trail *Trail, scrub Scrubber) (*Receiver, error) {
 		return nil, fmt.Errorf("audit socket %s: eventfd: %w", path, err)
 	}
 	r := &Receiver{path: path, ln: ln, trail: trail, scrub: scrub, wake: wake, done: make(chan struct{}), handled: make(chan struct{})}
+	r.SetSentryRetries(0)
 	go r.serve()
 	return r, nil
 }
+
+// SetSentryRetries tells the receiver how often gVisor retries a full
+// socket (the pod init config's sink "retries"), which bounds how long the
+// reader may pause between reads. Call it before the sandbox connects.
+func (r *Receiver) SetSentryRetries(n int) { r.pauseLo, r.pauseHi = pauseBounds(n) }
 
 // SetRate bounds the events per second taken from the sandbox (0: none).
 func (r *Receiver) SetRate(perSecond int) { r.rate.Store(int64(perSecond)) }
@@ -213,39 +258,44 @@ func detach(c *net.UnixConn) (int, error) {
 }
 
 // readLoop reads the session until the sandbox closes its end, or Close
-// has drained it. It reads what is queued, pauses BatchPause while more
-// queues, and blocks in poll(2) only once a read found nothing.
+// has drained it. It reads what is queued, pauses while more queues, and
+// blocks in poll(2) only once a read found nothing.
 func (r *Receiver) readLoop(fd int, buf []byte) {
 	var deadline time.Time // set once Close asked for the rest
 	var yielded time.Time  // when the reader last yielded its P
+	pause, paused := max(r.pauseLo, min(firstPause, r.pauseHi)), false
 	for {
 		n, end := r.readQueued(fd, buf)
 		if end {
 			return
+		}
+		if paused {
+			pause, paused = nextPause(pause, n, r.pauseLo, r.pauseHi), false
 		}
 		if deadline.IsZero() {
 			if at := r.drainUntil.Load(); at != 0 {
 				deadline = time.Unix(0, at)
 			}
 		}
-		if n > 0 && deadline.IsZero() {
-			// The pause is a blocking ppoll(2) on the wake descriptor, not
-			// time.Sleep, whose timer wakes more threads than this one.
-			// A goroutine that stays in syscalls on one scheduler tick
-			// for 10ms makes the runtime's monitor take its P and go back
-			// to polling every 20µs; yielding every few milliseconds
-			// keeps the monitor asleep. Measured on an event storm:
-			// 4500 context switches a second with time.Sleep, 1600 now.
-			if now := time.Now(); now.Sub(yielded) > 4*time.Millisecond {
-				runtime.Gosched()
-				yielded = now
-			}
-			ts := unix.NsecToTimespec(int64(BatchPause))
-			unix.Ppoll([]unix.PollFd{{Fd: int32(r.wake), Events: unix.POLLIN}}, &ts, nil)
-			continue
-		}
 		if n > 0 {
-			continue // draining: read on while events come
+			if deadline.IsZero() && pause > 0 {
+				// The pause is a blocking ppoll(2) on the wake descriptor,
+				// not time.Sleep, whose timer wakes more threads than this
+				// one. A goroutine that stays in syscalls on one scheduler
+				// tick for 10ms makes the runtime's monitor take its P and
+				// go back to polling every 20µs; yielding every few
+				// milliseconds keeps the monitor asleep. Measured on an
+				// event storm: 4500 context switches a second with
+				// time.Sleep, 1600 now.
+				if now := time.Now(); now.Sub(yielded) > 4*time.Millisecond {
+					runtime.Gosched()
+					yielded = now
+				}
+				ts := unix.NsecToTimespec(int64(pause))
+				unix.Ppoll([]unix.PollFd{{Fd: int32(r.wake), Events: unix.POLLIN}}, &ts, nil)
+				paused = true
+			}
+			continue // after the pause, or draining, or no pause
 		}
 		timeout := -1
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(r.wake), Events: unix.POLLIN}}

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -185,12 +186,19 @@ func closeWithin(t *testing.T, r *Receiver, drain, limit time.Duration) {
 // a sandbox that writes as fast as it can (gVisor's sink: non-blocking
 // writes, retried) gets every event in.
 func TestReceiverBatchesKeepEveryEvent(t *testing.T) {
+	for _, retries := range []int{0, 10} {
+		t.Run(fmt.Sprintf("retries=%d", retries), func(t *testing.T) { testBatches(t, retries) })
+	}
+}
+
+func testBatches(t *testing.T, retries int) {
 	tt := newTestTrail(t, "sb")
 	sock := filepath.Join(t.TempDir(), "r.sock")
 	r, err := Listen(sock, tt.trail, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.SetSentryRetries(retries)
 	c := dialSession(t, sock)
 	const events = 5000
 	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 5, ThreadGroupId: 5, ContainerId: "c1", Cwd: "/", ProcessName: "ls"}
@@ -286,4 +294,46 @@ func accepted(r *Receiver) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.conn != nil
+}
+
+func TestPauseBounds(t *testing.T) {
+	for _, tc := range []struct {
+		retries int
+		lo, hi  time.Duration
+	}{
+		{0, 0, 0}, // gVisor drops at once: no pause
+		{2, 0, 0}, // 75µs of retries: too short to pause
+		{4, 0, 0}, // 375µs: a quarter is under 100µs
+		{5, 193750 * time.Nanosecond, 193750 * time.Nanosecond}, // 775µs
+		{6, 393750 * time.Nanosecond, 393750 * time.Nanosecond}, // 1.575ms
+		{8, 500 * time.Microsecond, 1593750 * time.Nanosecond},  // 6.375ms
+		{10, 500 * time.Microsecond, 4 * time.Millisecond},      // 22.8ms, capped
+		{30, 500 * time.Microsecond, 4 * time.Millisecond},
+	} {
+		lo, hi := pauseBounds(tc.retries)
+		if lo != tc.lo || hi != tc.hi {
+			t.Errorf("pauseBounds(%d) = %v, %v; want %v, %v", tc.retries, lo, hi, tc.lo, tc.hi)
+		}
+	}
+}
+
+func TestNextPause(t *testing.T) {
+	lo, hi := 500*time.Microsecond, 4*time.Millisecond
+	for _, tc := range []struct {
+		cur  time.Duration
+		n    int
+		want time.Duration
+	}{
+		{time.Millisecond, 0, 2 * time.Millisecond},           // nothing came: wait longer
+		{time.Millisecond, 15, 2 * time.Millisecond},          // few
+		{time.Millisecond, 16, time.Millisecond},              // in range: keep
+		{time.Millisecond, 64, time.Millisecond},              // in range: keep
+		{time.Millisecond, 65, 500 * time.Microsecond},        // many: shorter
+		{3 * time.Millisecond, 1, 4 * time.Millisecond},       // capped
+		{600 * time.Microsecond, 200, 500 * time.Microsecond}, // floored
+	} {
+		if got := nextPause(tc.cur, tc.n, lo, hi); got != tc.want {
+			t.Errorf("nextPause(%v, %d) = %v, want %v", tc.cur, tc.n, got, tc.want)
+		}
+	}
 }

@@ -73,19 +73,7 @@ func TestReceiverSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs, _ := proto.Marshal(&pb.Handshake{Version: 1})
-	c.Write(hs)
-	buf := make([]byte, 100)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, err := c.Read(buf)
-	var reply pb.Handshake
-	if err != nil || proto.Unmarshal(buf[:n], &reply) != nil || reply.Version < 1 {
-		t.Fatalf("handshake reply: %v", err)
-	}
+	c := dialSession(t, sock)
 	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 5, ThreadGroupId: 5, ContainerId: "c1", Cwd: "/work", ProcessName: "cat", Credentials: &pb.Credentials{EffectiveUid: 65532, EffectiveGid: 65532}}
 	c.Write(frame(pb.MessageType_MESSAGE_SYSCALL_OPEN, 0, &pb.Open{ContextData: cd, Exit: &pb.Exit{Result: 3}, Sysno: 257, Pathname: "notes.txt", Flags: 0x241}))
 	c.Write(frame(pb.MessageType_MESSAGE_SENTRY_EXEC, 0, &pb.ExecveInfo{ContextData: cd, BinaryPath: "/bin/curl", Argv: []string{"curl", "-H", "Authorization: Bearer abc.def", "https://u:pw@host/?token=s3cr3t"}, Env: []string{"PATH=/bin", "AWS_SECRET_ACCESS_KEY=xyz"}}))
@@ -163,7 +151,9 @@ func dialSession(t *testing.T, sock string) *net.UnixConn {
 	c.Write(hs)
 	buf := make([]byte, 100)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(buf); err != nil {
+	n, err := c.Read(buf)
+	var reply pb.Handshake
+	if err != nil || proto.Unmarshal(buf[:n], &reply) != nil || reply.Version < 1 {
 		t.Fatalf("handshake reply: %v", err)
 	}
 	return c

@@ -29,12 +29,9 @@ type sandboxState struct {
 	containers []string
 	timer      *time.Timer
 	// expired is set when the wall-clock limit stopped the sandbox;
-	// oomKilled when its cgroup ran out of memory. Protected by the
-	// registry's mu.
-	expired   bool
-	oomKilled bool
-	// oomKills counts the OOM kills gVisor reported for the sandbox's
-	// cgroup. Protected by the registry's mu.
+	// oomKills counts the OOM kills gVisor reported for its cgroup.
+	// Protected by the registry's mu.
+	expired  bool
 	oomKills uint64
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
@@ -216,7 +213,6 @@ func (r *sandboxRegistry) markOOM(sandboxID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if sb, ok := r.sandboxes[sandboxID]; ok {
-		sb.oomKilled = true
 		sb.oomKills++
 	}
 }
@@ -235,10 +231,8 @@ func (r *sandboxRegistry) oomKills(id string) (uint64, bool) {
 // oomKilledContainer reports whether a container's sandbox ran out of
 // memory.
 func (r *sandboxRegistry) oomKilledContainer(id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[r.sandboxOf[id]]
-	return sb != nil && sb.oomKilled
+	n, _ := r.oomKills(id)
+	return n > 0
 }
 
 // expire marks a sandbox as stopped by its wall clock and returns the

@@ -12,22 +12,37 @@ import (
 // in containerd's environment, which shims inherit). Unset: no tracing.
 const PhaseTraceEnv = "AGENTBOX_PHASE_TRACE"
 
-// phases times the steps of one request.
-type phases struct {
-	op, id string
-	start  time.Time
-	last   time.Time
-	steps  []phase
+// PhaseTrace is one line of the trace: a request and its phases.
+type PhaseTrace struct {
+	Op      string  `json:"op"`
+	ID      string  `json:"id"`
+	TotalMS float64 `json:"total_ms"`
+	Phases  []Phase `json:"phases"`
 }
 
-type phase struct {
+// Phase is one step of a request and the milliseconds it took.
+type Phase struct {
 	Name string  `json:"name"`
 	MS   float64 `json:"ms"`
 }
 
+// phases times the steps of one request; nil when tracing is off.
+type phases struct {
+	op, id, path string
+	start        time.Time
+	last         time.Time
+	steps        []Phase
+}
+
+// newPhases starts timing a request, or returns nil (whose methods do
+// nothing) when PhaseTraceEnv is unset.
 func newPhases(op, id string) *phases {
+	path := os.Getenv(PhaseTraceEnv)
+	if path == "" {
+		return nil
+	}
 	now := time.Now()
-	return &phases{op: op, id: id, start: now, last: now}
+	return &phases{op: op, id: id, path: path, start: now, last: now}
 }
 
 // mark ends the current phase under name. Safe on nil.
@@ -36,30 +51,24 @@ func (p *phases) mark(name string) {
 		return
 	}
 	now := time.Now()
-	p.steps = append(p.steps, phase{Name: name, MS: float64(now.Sub(p.last).Microseconds()) / 1000})
+	p.steps = append(p.steps, Phase{Name: name, MS: float64(now.Sub(p.last).Microseconds()) / 1000})
 	p.last = now
 }
 
 var traceMu sync.Mutex
 
-// done appends the trace line, when tracing is on.
+// done appends the trace line. Safe on nil.
 func (p *phases) done() {
-	path := os.Getenv(PhaseTraceEnv)
-	if p == nil || path == "" {
+	if p == nil {
 		return
 	}
-	line, err := json.Marshal(struct {
-		Op      string  `json:"op"`
-		ID      string  `json:"id"`
-		TotalMS float64 `json:"total_ms"`
-		Phases  []phase `json:"phases"`
-	}{p.op, p.id, float64(time.Since(p.start).Microseconds()) / 1000, p.steps})
+	line, err := json.Marshal(PhaseTrace{p.op, p.id, float64(time.Since(p.start).Microseconds()) / 1000, p.steps})
 	if err != nil {
 		return
 	}
 	traceMu.Lock()
 	defer traceMu.Unlock()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(p.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return
 	}

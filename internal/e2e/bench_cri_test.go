@@ -114,10 +114,7 @@ func percentile(s []time.Duration, q float64) time.Duration {
 // (hack/bench.sh). It asserts no timing, only that every pod ran.
 func TestBenchmarkCRI(t *testing.T) {
 	requireBench(t)
-	rounds := 15
-	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_CRI_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := benchRounds("AGENTBOX_BENCH_CRI_ROUNDS", 15)
 	up, down := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for i := -1; i < rounds; i++ { // round -1 warms up
 		order := criVariants

@@ -5,7 +5,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -42,10 +41,7 @@ var benchRuntimes = []runtimeUnderTest{
 // it asserts no timing, only that every run succeeded.
 func TestBenchmarkStartToExit(t *testing.T) {
 	requireBench(t)
-	rounds := 30
-	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := benchRounds("AGENTBOX_BENCH_ROUNDS", 30)
 	samples := map[string][]time.Duration{}
 	// One warm-up run each: page cache, first shim exec.
 	for _, rt := range benchRuntimes {
@@ -101,8 +97,7 @@ func stats(s []time.Duration) summary {
 	for _, d := range c {
 		sum += d
 	}
-	p90 := c[int(math.Ceil(0.9*float64(len(c))))-1]
-	return summary{median: c[len(c)/2], mean: sum / time.Duration(len(c)), p90: p90, min: c[0]}
+	return summary{median: c[len(c)/2], mean: sum / time.Duration(len(c)), p90: percentile(c, .9), min: c[0]}
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
@@ -121,10 +116,7 @@ var auditWorkloads = []struct{ name, script string }{
 // audited runs dropped no event. AGENTBOX_BENCH=1 only (hack/bench.sh).
 func TestBenchmarkAuditOverhead(t *testing.T) {
 	requireBench(t)
-	rounds := 7
-	if v, err := strconv.Atoi(os.Getenv("AGENTBOX_BENCH_AUDIT_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := benchRounds("AGENTBOX_BENCH_AUDIT_ROUNDS", 7)
 	shimPeak := map[string]uint64{}
 	var b strings.Builder
 	fmt.Fprintf(&b, "audit overhead, %d interleaved rounds per workload (on: baseline audits process, file, network; off: no event points)\n", rounds)
@@ -261,15 +253,6 @@ func phaseTable(t *testing.T, prefix string) string {
 	if err != nil {
 		return fmt.Sprintf("no phase trace: %v\n", err)
 	}
-	type line struct {
-		Op      string  `json:"op"`
-		ID      string  `json:"id"`
-		TotalMS float64 `json:"total_ms"`
-		Phases  []struct {
-			Name string  `json:"name"`
-			MS   float64 `json:"ms"`
-		} `json:"phases"`
-	}
 	samples := map[string][]time.Duration{}
 	var order []string
 	add := func(key string, ms float64) {
@@ -279,7 +262,7 @@ func phaseTable(t *testing.T, prefix string) string {
 		samples[key] = append(samples[key], time.Duration(ms*float64(time.Millisecond)))
 	}
 	for _, raw := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var l line
+		var l shim.PhaseTrace
 		if json.Unmarshal([]byte(raw), &l) != nil || !strings.HasPrefix(l.ID, prefix) || strings.Contains(l.ID, "warm") {
 			continue
 		}
@@ -384,6 +367,15 @@ func benchOut(t *testing.T, report string) {
 
 // requireBench skips a benchmark unless AGENTBOX_BENCH=1 (hack/bench.sh):
 // they take minutes and assert no timing.
+// benchRounds is a benchmark's number of rounds: env's value when it is a
+// positive number, else def.
+func benchRounds(env string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(env)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
 func requireBench(t *testing.T) {
 	t.Helper()
 	requireEnv(t)

@@ -1,8 +1,6 @@
 package policysync
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,8 +54,7 @@ func Apply(dir string, s *Snapshot) (Outcome, error) {
 	old, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		sum := sha256.Sum256(old)
-		out.OldDigest = "sha256:" + hex.EncodeToString(sum[:])
+		out.OldDigest = digest(old)
 	case !errors.Is(err, os.ErrNotExist):
 		return out, fmt.Errorf("read the current snapshot: %w", err)
 	}

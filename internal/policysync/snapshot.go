@@ -80,9 +80,14 @@ func Render(objs []Object) *Snapshot {
 		s.Objects = append(s.Objects, kubeapi.ObjectRef{Kind: o.Kind, Name: o.Name, Generation: o.Generation})
 	}
 	s.Data = b.Bytes()
-	sum := sha256.Sum256(s.Data)
-	s.Digest = "sha256:" + hex.EncodeToString(sum[:])
+	s.Digest = digest(s.Data)
 	return s
+}
+
+// digest names a snapshot's content, as the node reports it.
+func digest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // renderObject writes one object as a policy document, and says which

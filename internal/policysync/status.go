@@ -88,22 +88,27 @@ func NodeStatus(prev kubeapi.NodeStatus, out Outcome, s *Snapshot, now metav1.Ti
 		cond.Message = fmt.Sprintf("enforcing %d object(s), snapshot %s", len(s.Objects), short(s.Digest))
 	} else {
 		cond.Status, cond.Reason = metav1.ConditionFalse, "Refused"
-		var lines []string
-		keys := make([]string, 0, len(out.ObjectProblems))
-		for k := range out.ObjectProblems {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			for _, p := range out.ObjectProblems[k] {
-				lines = append(lines, k+": "+p)
-			}
-		}
-		lines = append(lines, out.NodeProblems...)
-		cond.Message = truncate(fmt.Sprintf("the newest set (%s) does not load; still enforcing %s:\n%s", short(s.Digest), orNone(short(st.Digest)), strings.Join(lines, "\n")))
+		cond.Message = truncate(fmt.Sprintf("the newest set (%s) does not load; still enforcing %s:\n%s", short(s.Digest), orNone(short(st.Digest)), strings.Join(out.problemLines(), "\n")))
 	}
 	st.Conditions = keepTransition(prev.Conditions, cond)
 	return st
+}
+
+// problemLines lists the outcome's problems, one per line: the objects'
+// (by key, each in the loader's order), then the node's own files'.
+func (out Outcome) problemLines() []string {
+	keys := make([]string, 0, len(out.ObjectProblems))
+	for k := range out.ObjectProblems {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var lines []string
+	for _, k := range keys {
+		for _, p := range out.ObjectProblems[k] {
+			lines = append(lines, k+": "+p)
+		}
+	}
+	return append(lines, out.NodeProblems...)
 }
 
 // keepTransition returns c as the only condition, with the transition time

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -152,7 +151,7 @@ func (a *Agent) Sync(ctx context.Context) error {
 		}
 	case refused && a.lastRefused != snap.Digest:
 		a.lastRefused = snap.Digest
-		problems := problemLines(out)
+		problems := out.problemLines()
 		a.Log.WithField("problems", strings.Join(problems, "; ")).Warn("the newest policy set does not load; keeping the last good snapshot")
 		if a.Trail != nil {
 			a.Trail.Emit(audit.TypePolicyRefused.New("Failure", "the newest policy set does not load; the node keeps its snapshot",
@@ -163,17 +162,6 @@ func (a *Agent) Sync(ctx context.Context) error {
 		a.Log.WithError(err).Warn("report the node's snapshot")
 	}
 	return a.reportObjects(ctx, objs, byKey, out, refused)
-}
-
-func problemLines(out Outcome) []string {
-	var lines []string
-	for k, ps := range out.ObjectProblems {
-		for _, p := range ps {
-			lines = append(lines, k+": "+p)
-		}
-	}
-	sort.Strings(lines)
-	return append(lines, out.NodeProblems...)
 }
 
 // reportNode writes the node's AgentNodePolicy (creating it the first

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -108,15 +109,17 @@ type containerSecurityContext struct {
 	AppArmorProfile          *yaml.Node      `yaml:"appArmorProfile"`
 }
 
-// decodeKnown decodes node into v, first refusing any key v does not
-// declare: field names the node's path in the error.
-func decodeKnown(node *yaml.Node, field string, v any, known []string) error {
+// decodeKnown decodes node into v (a pointer to a struct), first refusing
+// any key v's struct does not declare: field names the node's path in the
+// error.
+func decodeKnown(node *yaml.Node, field string, v any) error {
 	if node == nil || node.Kind == 0 {
 		return nil
 	}
 	if node.Kind != yaml.MappingNode {
 		return fmt.Errorf("%s: not a mapping", field)
 	}
+	known := yamlKeys(reflect.TypeOf(v).Elem())
 	for i := 0; i+1 < len(node.Content); i += 2 {
 		k := node.Content[i].Value
 		if !slices.Contains(known, k) {
@@ -129,12 +132,17 @@ func decodeKnown(node *yaml.Node, field string, v any, known []string) error {
 	return nil
 }
 
-var (
-	podSecurityFields = []string{"appArmorProfile", "fsGroup", "fsGroupChangePolicy", "runAsGroup", "runAsNonRoot", "runAsUser",
-		"seLinuxChangePolicy", "seLinuxOptions", "seccompProfile", "supplementalGroups", "supplementalGroupsPolicy", "sysctls", "windowsOptions"}
-	containerSecurityFields = []string{"allowPrivilegeEscalation", "appArmorProfile", "capabilities", "privileged", "procMount",
-		"readOnlyRootFilesystem", "runAsGroup", "runAsNonRoot", "runAsUser", "seLinuxOptions", "seccompProfile", "windowsOptions"}
-)
+// yamlKeys lists, sorted, the keys a struct type's yaml tags name.
+func yamlKeys(t reflect.Type) []string {
+	var keys []string
+	for i := 0; i < t.NumField(); i++ {
+		if k, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); k != "" && k != "-" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
 
 // podContainer is one container of the pod: what it asks for, and the OCI
 // spec the CRI would hand the runtime.
@@ -200,7 +208,7 @@ func readPod(file string, stdin io.Reader) (*kubePod, error) {
 // asks for.
 func (pod *kubePod) containers(base func() *specs.Spec, env policy.MountEnv, img imageUser) ([]podContainer, []string, error) {
 	var psc podSecurityContext
-	if err := decodeKnown(&pod.Spec.SecurityContext, "spec.securityContext", &psc, podSecurityFields); err != nil {
+	if err := decodeKnown(&pod.Spec.SecurityContext, "spec.securityContext", &psc); err != nil {
 		return nil, nil, err
 	}
 	var notes []string
@@ -225,7 +233,7 @@ func (pod *kubePod) containers(base func() *specs.Spec, env policy.MountEnv, img
 			field = fmt.Sprintf("spec.initContainers[%d]", i)
 		}
 		var csc containerSecurityContext
-		if err := decodeKnown(&c.SecurityContext, field+".securityContext", &csc, containerSecurityFields); err != nil {
+		if err := decodeKnown(&c.SecurityContext, field+".securityContext", &csc); err != nil {
 			return nil, nil, err
 		}
 		if csc.SELinuxOptions != nil || csc.AppArmorProfile != nil {

@@ -97,11 +97,7 @@ func explain(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	dir := cfg.Policy.Dir
-	if c.IsSet("policy-dir") {
-		dir = c.String("policy-dir")
-	}
-	set, err := policy.LoadPaths(dir)
+	set, err := policy.LoadPaths(flagOr(c, "policy-dir", cfg.Policy.Dir))
 	if err != nil {
 		for _, e := range policy.Errors(err) {
 			fmt.Fprintln(c.App.ErrWriter, e)
@@ -177,6 +173,15 @@ func explain(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("%d of %d container(s) would not start", refused, len(ex.Pod.Containers)), 1)
 	}
 	return nil
+}
+
+// flagOr is the string flag name when it was given, else def (the
+// config's value).
+func flagOr(c *cli.Context, name, def string) string {
+	if c.IsSet(name) {
+		return c.String(name)
+	}
+	return def
 }
 
 func withResolver(res *compile.Result) []string {

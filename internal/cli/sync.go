@@ -50,13 +50,7 @@ func runSync(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	dir, auditDir := cfg.Policy.Dir, cfg.Audit.Dir
-	if c.IsSet("policy-dir") {
-		dir = c.String("policy-dir")
-	}
-	if c.IsSet("audit-dir") {
-		auditDir = c.String("audit-dir")
-	}
+	dir, auditDir := flagOr(c, "policy-dir", cfg.Policy.Dir), flagOr(c, "audit-dir", cfg.Audit.Dir)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return cli.Exit(fmt.Sprintf("policy directory %s: not a directory (%v)", dir, err), 1)
 	}

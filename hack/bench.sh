@@ -2,7 +2,7 @@
 # The end-to-end benchmarks against a fresh private containerd, each
 # interleaved: start-to-exit latency (agentbox vs the stock gVisor shim vs
 # runc) with the shim's own phases (Create, Start, Delete), audit overhead
-# (on vs off, the shim's peak RSS), CRI pods (agentbox baseline and
+# (on vs off, the shim's peak RSS and CPU per event), CRI pods (agentbox baseline and
 # allowlist vs runc: p50/p90/p99, 20 pods 4 at a time, memory per idle pod),
 # egress (allowlist vs open). Prints medians and ratios; also writes them
 # to _output/bench-start.txt.

@@ -1,0 +1,672 @@
+package egressgw
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// Kind classifies an Event.
+type Kind string
+
+const (
+	// Passthrough: a TLS connection allowed by its SNI and spliced to the
+	// name's server; the agent verifies that server itself.
+	Passthrough Kind = "passthrough"
+	// Request: one HTTP request allowed by its Host and forwarded.
+	Request Kind = "request"
+	// Refused: a connection or request the gateway did not forward.
+	Refused Kind = "refused"
+)
+
+// Event is what the gateway did with one connection or request, for the
+// trail. Names, paths and methods come from the sandbox: untrusted.
+type Event struct {
+	Kind Kind
+	// Client is the agent's end of the connection.
+	Client netip.AddrPort
+	// Port is the gateway port the agent connected to: the port the
+	// gateway dials.
+	Port int
+	// Proto is "tls" or "http".
+	Proto string
+	SNI   string
+	// Host is an HTTP request's Host, without its port.
+	Host string
+	// Rule is the host rule that allowed it (or matched, for a refusal
+	// after the rule: a failed lookup or dial).
+	Rule string
+	// Dialled is the address the gateway connected to.
+	Dialled string
+	// Method and Path of an HTTP request (the query's values scrubbed).
+	Method, Path string
+	// Status is the HTTP response status the agent got.
+	Status int
+	// Sent and Received count bytes from the agent and to it.
+	Sent, Received int64
+	Duration       time.Duration
+	// Reason says why a refusal was one.
+	Reason string
+}
+
+// Config is one pod's gateway.
+type Config struct {
+	Plan *netpolicy.Plan
+	// Lookup resolves name for rule r, without the addresses r may not
+	// reach (the resolver's upstreams and withholding).
+	Lookup func(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error)
+	// Dial connects to an address from the node (net.Dialer if nil).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Record receives every Event.
+	Record func(Event)
+	// MaxConns bounds the pod's open connections to the gateway; more are
+	// closed at accept and counted.
+	MaxConns int
+	// HelloTimeout bounds the time from accept to a decision (the
+	// ClientHello, or an HTTP request's head).
+	HelloTimeout time.Duration
+	// IdleTimeout closes a connection that carries nothing either way.
+	IdleTimeout time.Duration
+	// DialTimeout bounds the connection to the upstream.
+	DialTimeout time.Duration
+}
+
+// Defaults for what one pod can make the gateway hold (memory outside the
+// pod's cgroup): at most MaxConns connections, each with a 16 KiB hello
+// buffer and two 32 KiB copy buffers.
+const (
+	DefaultMaxConns     = 64
+	DefaultHelloTimeout = 5 * time.Second
+	DefaultIdleTimeout  = 2 * time.Minute
+	DefaultDialTimeout  = 5 * time.Second
+	// httpIdle closes a kept-alive HTTP connection between requests.
+	httpIdle = 30 * time.Second
+)
+
+// Gateway serves one pod.
+type Gateway struct {
+	cfg      Config
+	slots    chan struct{}
+	rejected atomic.Int64
+	wg       sync.WaitGroup
+	ctx      context.Context
+	stop     context.CancelFunc
+
+	mu     sync.Mutex
+	lns    []net.Listener
+	conns  map[net.Conn]struct{}
+	fronts []*httpFront
+	closed bool
+}
+
+// New makes a gateway; Serve gives it listeners.
+func New(cfg Config) *Gateway {
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.HelloTimeout <= 0 {
+		cfg.HelloTimeout = DefaultHelloTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Record == nil {
+		cfg.Record = func(Event) {}
+	}
+	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
+	g.ctx, g.stop = context.WithCancel(context.Background())
+	return g
+}
+
+// Rejected is how many connections were closed at accept because the pod
+// held MaxConns already.
+func (g *Gateway) Rejected() int64 { return g.rejected.Load() }
+
+// Ports are the ports the plan's host rules name: the gateway listens on
+// each.
+func Ports(pl *netpolicy.Plan) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, r := range pl.Hosts() {
+		for _, p := range r.Ports {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// Decide says which host rule allows name on port, or why none does.
+func Decide(pl *netpolicy.Plan, name string, port int) (netpolicy.Rule, string) {
+	r, ok := pl.MatchHost(name)
+	if !ok {
+		return netpolicy.Rule{}, "no host rule matches " + name
+	}
+	for _, p := range r.Ports {
+		if p == port {
+			return r, ""
+		}
+	}
+	return r, fmt.Sprintf("port %d is not allowed by %s", port, r.Name)
+}
+
+// Serve accepts connections on ln, a listener on port, until Close.
+func (g *Gateway) Serve(ln net.Listener, port int) error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		ln.Close()
+		return net.ErrClosed
+	}
+	g.lns = append(g.lns, ln)
+	front := g.newHTTPFront(port)
+	g.fronts = append(g.fronts, front)
+	g.mu.Unlock()
+	g.wg.Add(2)
+	go func() {
+		defer g.wg.Done()
+		front.srv.Serve(front.ln)
+	}()
+	go func() {
+		defer g.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue
+			}
+			select {
+			case g.slots <- struct{}{}:
+			default:
+				g.rejected.Add(1)
+				c.Close()
+				continue
+			}
+			if !g.track(c) {
+				<-g.slots
+				c.Close()
+				return
+			}
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				g.handle(c, port, front)
+			}()
+		}
+	}()
+	return nil
+}
+
+func (g *Gateway) track(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.conns[c] = struct{}{}
+	return true
+}
+
+// release forgets c and frees its slot; it runs once per accepted
+// connection.
+func (g *Gateway) release(c net.Conn) {
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
+	c.Close()
+	<-g.slots
+}
+
+// Close stops accepting, closes every connection and waits for them.
+func (g *Gateway) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	for _, ln := range g.lns {
+		ln.Close()
+	}
+	for c := range g.conns {
+		c.Close()
+	}
+	fronts := g.fronts
+	g.mu.Unlock()
+	g.stop()
+	for _, f := range fronts {
+		f.srv.Close()
+	}
+	g.wg.Wait()
+	return nil
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort()
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap
+}
+
+// handle reads what a connection starts with and decides: TLS by its SNI
+// (spliced), HTTP by each request's Host (forwarded), anything else
+// refused.
+func (g *Gateway) handle(c net.Conn, port int, front *httpFront) {
+	ev := Event{Client: addrPort(c.RemoteAddr()), Port: port}
+	start := time.Now()
+	br := bufio.NewReaderSize(c, MaxHello+64)
+	c.SetReadDeadline(start.Add(g.cfg.HelloTimeout))
+	first, err := br.Peek(1)
+	if err != nil {
+		g.refuse(c, &ev, start, "nothing sent within "+g.cfg.HelloTimeout.String()+": the gateway decides by a TLS ClientHello or an HTTP request")
+		return
+	}
+	if IsTLS(first) {
+		ev.Proto = "tls"
+		g.passthrough(c, br, &ev, start)
+		return
+	}
+	if first[0] < 'A' || first[0] > 'Z' {
+		g.refuse(c, &ev, start, fmt.Sprintf("neither TLS nor HTTP (first byte %#x): a host rule carries TLS or HTTP only", first[0]))
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	// HTTP: the front's server reads each request and this connection's
+	// slot is freed when it closes the connection.
+	if !front.ln.hand(&prefixConn{Conn: c, r: br, done: func() { g.release(c) }}) {
+		g.release(c)
+	}
+}
+
+func (g *Gateway) refuse(c net.Conn, ev *Event, start time.Time, reason string) {
+	ev.Kind, ev.Reason, ev.Duration = Refused, reason, time.Since(start)
+	g.cfg.Record(*ev)
+	g.release(c)
+}
+
+// passthrough decides a TLS connection by its ClientHello's SNI and
+// splices it to the name's server: the gateway dials what it resolved.
+func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start time.Time) {
+	h, err := peekHello(br)
+	if err != nil {
+		g.refuse(c, ev, start, "ClientHello: "+err.Error())
+		return
+	}
+	ev.SNI = h.SNI
+	switch {
+	case h.ECH:
+		g.refuse(c, ev, start, "an encrypted ClientHello (ECH) hides the name")
+		return
+	case h.SNI == "":
+		g.refuse(c, ev, start, "the ClientHello names no server (no SNI)")
+		return
+	}
+	rule, why := Decide(g.cfg.Plan, h.SNI, ev.Port)
+	ev.Rule = rule.Name
+	if why != "" {
+		g.refuse(c, ev, start, why)
+		return
+	}
+	up, dialled, err := g.dial(g.ctx, rule, h.SNI, ev.Port)
+	ev.Dialled = dialled
+	if err != nil {
+		g.refuse(c, ev, start, err.Error())
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	ev.Sent, ev.Received = splice(c, up, br, g.cfg.IdleTimeout)
+	up.Close()
+	ev.Kind, ev.Duration = Passthrough, time.Since(start)
+	g.cfg.Record(*ev)
+	g.release(c)
+}
+
+// peekHello reads until br holds a whole ClientHello (or too much).
+func peekHello(br *bufio.Reader) (Hello, error) {
+	for {
+		b, _ := br.Peek(br.Buffered())
+		h, err := ParseClientHello(b)
+		if !errors.Is(err, ErrNeedMore) {
+			return h, err
+		}
+		if br.Buffered() >= MaxHello {
+			return Hello{}, fmt.Errorf("over %d bytes", MaxHello)
+		}
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			return Hello{}, fmt.Errorf("incomplete: %w", err)
+		}
+	}
+}
+
+// dial resolves name for rule and connects to the first address that
+// answers, on port.
+func (g *Gateway) dial(ctx context.Context, rule netpolicy.Rule, name string, port int) (net.Conn, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := g.cfg.Lookup(ctx, rule, name)
+	if err != nil {
+		return nil, "", fmt.Errorf("resolve %s: %w", name, err)
+	}
+	if len(addrs) == 0 {
+		return nil, "", fmt.Errorf("resolve %s: no address the rule may reach", name)
+	}
+	var errs []error
+	for _, a := range addrs {
+		ap := netip.AddrPortFrom(a, uint16(port)).String()
+		c, err := g.cfg.Dial(ctx, "tcp", ap)
+		if err == nil {
+			return c, ap, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, netip.AddrPortFrom(addrs[0], uint16(port)).String(), fmt.Errorf("connect %s: %w", name, errors.Join(errs...))
+}
+
+// splice copies both ways until both ends are done or nothing moves for
+// idle. The agent's bytes are read through br, which holds its first ones;
+// sent counts them, received what went to the agent.
+func splice(agent, up net.Conn, br *bufio.Reader, idle time.Duration) (sent, received int64) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var wg sync.WaitGroup
+	copyDir := func(dst, src net.Conn, r io.Reader, n *int64) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			src.SetReadDeadline(time.Now().Add(idle))
+			k, err := r.Read(buf)
+			if k > 0 {
+				last.Store(time.Now().UnixNano())
+				if _, werr := dst.Write(buf[:k]); werr != nil {
+					agent.Close()
+					up.Close()
+					return
+				}
+				*n += int64(k)
+			}
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < idle {
+					continue // the other direction is moving
+				}
+				if errors.Is(err, io.EOF) {
+					if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+						cw.CloseWrite()
+						return
+					}
+				}
+				agent.Close()
+				up.Close()
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go copyDir(up, agent, br, &sent)
+	go copyDir(agent, up, up, &received)
+	wg.Wait()
+	return sent, received
+}
+
+// prefixConn is a connection whose first bytes were read into r; done
+// runs once, at its first Close.
+type prefixConn struct {
+	net.Conn
+	r    *bufio.Reader
+	once sync.Once
+	done func()
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *prefixConn) Close() error {
+	c.once.Do(c.done)
+	return nil
+}
+
+// handoff is a net.Listener whose connections are handed to it.
+type handoff struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func (h *handoff) hand(c net.Conn) bool {
+	select {
+	case h.ch <- c:
+		return true
+	case <-h.done:
+		return false
+	}
+}
+
+func (h *handoff) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.ch:
+		return c, nil
+	case <-h.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (h *handoff) Close() error {
+	h.once.Do(func() { close(h.done) })
+	return nil
+}
+
+func (h *handoff) Addr() net.Addr { return h.addr }
+
+// httpFront serves the HTTP connections of one gateway port.
+type httpFront struct {
+	ln  *handoff
+	srv *http.Server
+}
+
+type ctxKey int
+
+const (
+	ruleKey ctxKey = iota
+	eventKey
+	dialledKey
+	nameKey
+)
+
+func (g *Gateway) newHTTPFront(port int) *httpFront {
+	f := &httpFront{ln: &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: &net.TCPAddr{Port: port}}}
+	tr := &http.Transport{
+		Proxy: nil, // never the node's proxy variables
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			rule, _ := ctx.Value(ruleKey).(netpolicy.Rule)
+			host, _, _ := net.SplitHostPort(addr)
+			c, dialled, err := g.dial(ctx, rule, host, port)
+			if d, _ := ctx.Value(dialledKey).(*atomic.Value); d != nil {
+				d.Store(dialled)
+			}
+			return c, err
+		},
+		MaxIdleConns:          16,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       httpIdle,
+		ResponseHeaderTimeout: g.cfg.IdleTimeout,
+		DisableCompression:    true,
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// The upstream is told the name that was decided on.
+			name := pr.In.Context().Value(nameKey).(string)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = net.JoinHostPort(name, strconv.Itoa(port))
+			pr.Out.Host = name
+			if _, p := splitHost(pr.In.Host); p != "" {
+				pr.Out.Host = net.JoinHostPort(name, p)
+			}
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorLog:      log.New(io.Discard, "", 0),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if ev, _ := r.Context().Value(eventKey).(*Event); ev != nil {
+				ev.Kind, ev.Reason = Refused, err.Error()
+			}
+			http.Error(w, "agentbox egress gateway: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	f.srv = &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serveHTTP(w, r, port, proxy) }),
+		ReadHeaderTimeout: g.cfg.HelloTimeout,
+		IdleTimeout:       httpIdle,
+		MaxHeaderBytes:    MaxHello,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return g.ctx },
+	}
+	return f
+}
+
+// splitHost takes the port off an HTTP Host.
+func splitHost(hostport string) (string, string) {
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	return hostport, ""
+}
+
+// serveHTTP decides one request by its Host and forwards it, or refuses
+// it with 403. Each request is one Event.
+func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, proxy *httputil.ReverseProxy) {
+	start := time.Now()
+	ev := &Event{Client: addrPortString(r.RemoteAddr), Port: port, Proto: "http", Method: clipName(r.Method), Path: ScrubPath(r.RequestURI)}
+	cw := &countingWriter{ResponseWriter: w}
+	refuse := func(reason string) {
+		ev.Kind, ev.Reason = Refused, reason
+		cw.Header().Set("Connection", "close")
+		http.Error(cw, "agentbox egress gateway: refused: "+reason, http.StatusForbidden)
+	}
+	var dialled atomic.Value
+	defer func() {
+		ev.Status, ev.Received, ev.Duration = cw.status, cw.n, time.Since(start)
+		if d, ok := dialled.Load().(string); ok {
+			ev.Dialled = d
+		}
+		g.cfg.Record(*ev)
+	}()
+	host, _ := splitHost(r.Host)
+	ev.Host = clipName(host)
+	if r.Method == http.MethodConnect {
+		refuse("CONNECT is not served: connect to the name itself (the pod's resolver answers it with the gateway)")
+		return
+	}
+	name, err := HostName(host)
+	if err != nil {
+		refuse("Host: " + err.Error())
+		return
+	}
+	ev.Host = name
+	rule, why := Decide(g.cfg.Plan, name, port)
+	ev.Rule = rule.Name
+	if why != "" {
+		refuse(why)
+		return
+	}
+	body := &countingBody{ReadCloser: r.Body}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = body
+	}
+	ctx := r.Context()
+	for k, v := range map[ctxKey]any{ruleKey: rule, eventKey: ev, dialledKey: &dialled, nameKey: name} {
+		ctx = context.WithValue(ctx, k, v)
+	}
+	ev.Kind = Request
+	proxy.ServeHTTP(cw, r.WithContext(ctx))
+	ev.Sent = body.n
+}
+
+func addrPortString(s string) netip.AddrPort {
+	ap, _ := netip.ParseAddrPort(s)
+	return ap
+}
+
+// ScrubPath keeps a request target's path and its query's keys; values
+// (tokens, search terms) are replaced. At most 512 bytes are kept.
+func ScrubPath(uri string) string {
+	path, query, ok := strings.Cut(uri, "?")
+	if ok {
+		parts := strings.Split(query, "&")
+		for i, p := range parts {
+			if k, _, has := strings.Cut(p, "="); has {
+				parts[i] = k + "=..."
+			}
+		}
+		path += "?" + strings.Join(parts, "&")
+	}
+	if len(path) > 512 {
+		path = path[:512] + "...(truncated)"
+	}
+	return path
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,359 @@
+package egressgw
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// testCA makes a CA and a server certificate for names, the way a test web
+// host that serves several names on one address has one.
+func testCA(t testing.TB, names ...string) (*x509.CertPool, tls.Certificate) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return pool, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// site is a test web host: several names on one address (as a CDN), each
+// answered with its name, over HTTP on one listener and HTTPS on another.
+type site struct {
+	mu   sync.Mutex
+	hits map[string]int
+}
+
+func (s *site) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _ := splitHost(r.Host)
+		s.mu.Lock()
+		s.hits[host]++
+		s.mu.Unlock()
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "site=%s method=%s path=%s auth=%q\n", host, r.Method, r.URL.Path, r.Header.Get("Authorization"))
+	})
+}
+
+func (s *site) count(host string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hits[host]
+}
+
+// fixture: a gateway on 127.0.0.1:P and the site on 127.0.0.2:P (the same
+// port: the gateway dials the port the agent connected to), for a plan
+// allowing a.test and b.test on P.
+type fixture struct {
+	gw     *Gateway
+	port   int
+	site   *site
+	events chan Event
+	pool   *x509.CertPool
+}
+
+func listenPair(t *testing.T) (gw, up net.Listener) {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		g, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.2:%d", g.Addr().(*net.TCPAddr).Port))
+		if err == nil {
+			return g, u
+		}
+		g.Close()
+	}
+	t.Skip("no port free on both 127.0.0.1 and 127.0.0.2")
+	return nil, nil
+}
+
+func newFixture(t *testing.T, useTLS bool, cfg Config) *fixture {
+	t.Helper()
+	gln, uln := listenPair(t)
+	port := gln.Addr().(*net.TCPAddr).Port
+	f := &fixture{port: port, site: &site{hits: map[string]int{}}, events: make(chan Event, 100)}
+	srv := &http.Server{Handler: f.site.handler()}
+	if useTLS {
+		var cert tls.Certificate
+		f.pool, cert = testCA(t, "a.test", "b.test", "other.test")
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+		go srv.ServeTLS(uln, "", "")
+	} else {
+		go srv.Serve(uln)
+	}
+	t.Cleanup(func() { srv.Close() })
+	egress := policy.EgressAllowlist
+	pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: egress, Allow: []policy.EgressRule{
+		{Host: "a.test", Ports: []int{port}}, {Host: "b.test", Ports: []int{port}}, {Host: "elsewhere.test", Ports: []int{1}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Plan = pl
+	if cfg.Lookup == nil {
+		cfg.Lookup = func(_ context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error) {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.2")}, nil
+		}
+	}
+	cfg.Record = func(e Event) { f.events <- e }
+	f.gw = New(cfg)
+	if err := f.gw.Serve(gln, port); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.gw.Close() })
+	return f
+}
+
+func (f *fixture) event(t *testing.T) Event {
+	t.Helper()
+	select {
+	case e := <-f.events:
+		return e
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event")
+		return Event{}
+	}
+}
+
+// rawHTTP sends requests on one connection to the gateway and returns each
+// response's status and body.
+func (f *fixture) rawHTTP(t *testing.T, reqs ...string) []string {
+	t.Helper()
+	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	var out []string
+	for _, r := range reqs {
+		if _, err := io.WriteString(c, r); err != nil {
+			out = append(out, "write: "+err.Error())
+			break
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			out = append(out, "read: "+err.Error())
+			break
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out = append(out, fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b))))
+	}
+	return out
+}
+
+func TestHTTPByHost(t *testing.T) {
+	f := newFixture(t, false, Config{})
+	got := f.rawHTTP(t,
+		"GET /x?token=abc HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"GET /y HTTP/1.1\r\nHost: B.TEST:1234\r\n\r\n",
+		// The same connection, another site on the same address.
+		"GET /z HTTP/1.1\r\nHost: other.test\r\n\r\n",
+	)
+	if len(got) != 3 || !strings.HasPrefix(got[0], "200 site=a.test method=GET path=/x") || !strings.HasPrefix(got[1], "200 site=b.test") ||
+		!strings.HasPrefix(got[2], "403 agentbox egress gateway: refused: no host rule matches other.test") {
+		t.Fatalf("responses: %q", got)
+	}
+	if f.site.count("other.test") != 0 {
+		t.Fatal("the other site was reached")
+	}
+	e := f.event(t)
+	if e.Kind != Request || e.Host != "a.test" || e.Method != "GET" || e.Path != "/x?token=..." || e.Status != 200 ||
+		e.Rule == "" || e.Dialled != fmt.Sprintf("127.0.0.2:%d", f.port) || e.Received == 0 {
+		t.Fatalf("first event: %+v", e)
+	}
+	if e := f.event(t); e.Kind != Request || e.Host != "b.test" {
+		t.Fatalf("second event: %+v", e)
+	}
+	if e := f.event(t); e.Kind != Refused || e.Host != "other.test" || e.Status != 403 || !strings.Contains(e.Reason, "no host rule matches") {
+		t.Fatalf("third event: %+v", e)
+	}
+}
+
+func TestHTTPRefusals(t *testing.T) {
+	f := newFixture(t, false, Config{})
+	for _, tc := range []struct{ req, want string }{
+		{"GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n", "is an address, not a name"},
+		{"GET / HTTP/1.1\r\nHost: elsewhere.test\r\n\r\n", "port"},
+		{"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", "CONNECT is not served"},
+	} {
+		got := f.rawHTTP(t, tc.req)
+		if len(got) != 1 || !strings.HasPrefix(got[0], "403 ") || !strings.Contains(got[0], tc.want) {
+			t.Errorf("%q: %q", tc.req, got)
+		}
+		if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, tc.want) {
+			t.Errorf("%q: event %+v", tc.req, e)
+		}
+	}
+	if n := f.site.count("127.0.0.2") + f.site.count("elsewhere.test") + f.site.count("a.test"); n != 0 {
+		t.Fatalf("the site saw %d refused requests", n)
+	}
+}
+
+func TestHTTPLookupFailureIsRefused(t *testing.T) {
+	f := newFixture(t, false, Config{Lookup: func(context.Context, netpolicy.Rule, string) ([]netip.Addr, error) {
+		return nil, errors.New("upstream down")
+	}})
+	got := f.rawHTTP(t, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	if len(got) != 1 || !strings.HasPrefix(got[0], "502 ") {
+		t.Fatalf("got %q", got)
+	}
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "upstream down") || e.Rule == "" {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestTLSBySNI(t *testing.T) {
+	f := newFixture(t, true, Config{})
+	get := func(sni, host string) (string, error) {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+			},
+			TLSClientConfig:   &tls.Config{RootCAs: f.pool, ServerName: sni},
+			DisableKeepAlives: true,
+		}}
+		req, _ := http.NewRequest("GET", fmt.Sprintf("https://%s:%d/p", host, f.port), nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(b)), nil
+	}
+	// The allowed name: the client verifies the real server itself.
+	if body, err := get("a.test", "a.test"); err != nil || !strings.HasPrefix(body, "site=a.test") {
+		t.Fatalf("allowed: %q, %v", body, err)
+	}
+	e := f.event(t)
+	if e.Kind != Passthrough || e.SNI != "a.test" || e.Sent == 0 || e.Received == 0 || e.Dialled != fmt.Sprintf("127.0.0.2:%d", f.port) {
+		t.Fatalf("passthrough event: %+v", e)
+	}
+	// Another site on the same address, by its own SNI: refused.
+	if body, err := get("other.test", "other.test"); err == nil {
+		t.Fatalf("other SNI reached %q", body)
+	}
+	if e := f.event(t); e.Kind != Refused || e.SNI != "other.test" || !strings.Contains(e.Reason, "no host rule matches") {
+		t.Fatalf("refused event: %+v", e)
+	}
+	if f.site.count("other.test") != 0 {
+		t.Fatal("the other site was reached")
+	}
+	// No SNI (a client dialling an address): refused.
+	c, err := tls.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port), &tls.Config{InsecureSkipVerify: true})
+	if err == nil {
+		c.Close()
+		t.Fatal("a hello without SNI was spliced")
+	}
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "no SNI") {
+		t.Fatalf("no-SNI event: %+v", e)
+	}
+}
+
+func TestNeitherTLSNorHTTPAndSilence(t *testing.T) {
+	f := newFixture(t, false, Config{HelloTimeout: 300 * time.Millisecond})
+	c, _ := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+	c.Write([]byte("SSH-2.0-OpenSSH\r\n"[:0]))
+	c.Write([]byte{0, 1, 2})
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := c.Read(make([]byte, 10)); err == nil {
+		t.Fatalf("binary protocol got %d bytes", n)
+	}
+	c.Close()
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "neither TLS nor HTTP") {
+		t.Fatalf("event %+v", e)
+	}
+	silent, _ := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+	defer silent.Close()
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "nothing sent within 300ms") {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+// TestFloodIsBounded: a pod holding more connections than allowed gets the
+// extra ones closed at accept; once they go, requests work again.
+func TestFloodIsBounded(t *testing.T) {
+	f := newFixture(t, false, Config{MaxConns: 8, HelloTimeout: 500 * time.Millisecond})
+	var held []net.Conn
+	for i := 0; i < 40; i++ {
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for f.gw.Rejected() < 32 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := f.gw.Rejected(); n < 32 {
+		t.Fatalf("rejected %d of 40 with 8 slots", n)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	// Drain the silent connections' refusals; then a request works.
+	for i := 0; i < 8; i++ {
+		f.event(t)
+	}
+	if got := f.rawHTTP(t, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"); len(got) != 1 || !strings.HasPrefix(got[0], "200 site=a.test") {
+		t.Fatalf("after the flood: %q", got)
+	}
+}
+
+func TestPorts(t *testing.T) {
+	pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+		{Host: "a.test", Ports: []int{443, 80}}, {CIDR: "10.0.0.0/8", Ports: []int{22}}, {Host: "*.b.test", Ports: []int{443, 8443}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(Ports(pl)); got != "[80 443 8443]" {
+		t.Fatalf("ports %s", got)
+	}
+	if _, why := Decide(pl, "x.b.test", 80); !strings.Contains(why, "port 80 is not allowed") {
+		t.Fatalf("decide: %q", why)
+	}
+	if r, why := Decide(pl, "a.test", 80); why != "" || r.Host != "a.test" {
+		t.Fatalf("decide: %+v %q", r, why)
+	}
+}

@@ -186,11 +186,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	rcv.SetRate(cfg.Audit.MaxEventsPerSecond)
 	rcv.SetSentryRetries(cfg.Audit.SentryRetries)
 	if egress != nil && egress.Enforced {
-		var resolved netpolicy.Resolved
-		if sb.resolved != nil {
-			resolved = sb.resolved.Has
-		}
-		rcv.Annotate = egressDecision(egress, resolved, sb.dnsAddr)
+		rcv.Annotate = egressDecision(egress, sb.dnsAddr)
 	}
 	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {

@@ -20,6 +20,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
@@ -94,16 +95,16 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 		Plan:     pl,
 		Refuse:   dests.Refuse,
 		Exchange: dnsproxy.Exchange(ups),
-		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
-			if err := netpolicy.Update(ns, pl.Elements(r, addrs, ttl)); err != nil {
-				return err
-			}
-			sb.resolved.Add(r, addrs, ttl)
+		Allow: func(r netpolicy.Rule, name string, addrs []netip.Addr, ttl time.Duration) error {
+			sb.resolved.Add(r, name, addrs, ttl)
 			return nil
 		},
 		Remaining: sb.resolved.Remaining,
-		MinTTL:    time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
-		MaxTTL:    time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
+		// Every allowed name is answered with the gateway: no address of a
+		// host rule is open on the pod's interface.
+		Gateway: addr,
+		MinTTL:  time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
+		MaxTTL:  time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
 		Record: func(d dnsproxy.Decision) {
 			trail.Emit(dnsRecord(d, scrub), false)
 			for _, w := range d.Withheld {
@@ -120,7 +121,96 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	sb.resolver = res
 	sb.egressMu.Unlock()
 	sb.dnsAddr, sb.upstreams = addr, ups
+	return startGateway(sb, pl, h, res, scrub)
+}
+
+// startGateway serves the plan's host rules on the resolver's address: the
+// names it answered with that address are decided and dialled here. A
+// gateway that cannot listen fails the sandbox (fail closed).
+func startGateway(sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber) error {
+	ports := egressgw.Ports(pl)
+	if len(ports) == 0 {
+		return nil
+	}
+	trail := sb.audit.trail
+	gw := egressgw.New(egressgw.Config{
+		Plan: pl,
+		// What the resolver answered the pod, else a lookup of its own
+		// through the same upstreams and withholding.
+		Lookup: func(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error) {
+			if addrs := sb.resolved.Get(r, name); addrs != nil {
+				return addrs, nil
+			}
+			return h.Lookup(ctx, r, name)
+		},
+		Record: func(e egressgw.Event) { trail.Emit(gatewayRecord(e, scrub), false) },
+	})
+	for _, p := range ports {
+		ln, err := res.ListenTCP(p)
+		if err != nil {
+			gw.Close()
+			return fmt.Errorf("egress gateway: listen on %s:%d: %w", sb.dnsAddr, p, err)
+		}
+		gw.Serve(ln, p)
+	}
+	sb.egressMu.Lock()
+	sb.gateway = gw
+	sb.egressMu.Unlock()
 	return nil
+}
+
+// gatewayRecord turns a gateway event into a record. Names, methods and
+// paths come from the sandbox: scrubbed like argv.
+func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
+	clean := func(s string) string {
+		if s == "" || scrub == nil {
+			return s
+		}
+		return scrub.Args([]string{s})[0]
+	}
+	name := e.SNI
+	if e.Host != "" {
+		name = e.Host
+	}
+	name = clean(name)
+	detail := map[string]string{"protocol": e.Proto, "sni": clean(e.SNI), "host": clean(e.Host), "egress_rule": e.Rule,
+		"method": clean(e.Method), "path": clean(e.Path), "dialled": e.Dialled, "reason": clean(e.Reason),
+		"bytes_sent": fmt.Sprint(e.Sent), "bytes_received": fmt.Sprint(e.Received), "duration": e.Duration.Round(time.Microsecond).String()}
+	if e.Client.IsValid() {
+		detail["client"] = e.Client.String()
+	}
+	if e.Status != 0 {
+		detail["http_status"] = fmt.Sprint(e.Status)
+	}
+	var typ audit.RecordType
+	status, msg := "Success", ""
+	switch e.Kind {
+	case egressgw.Request:
+		typ, detail["egress"] = audit.TypeEgressRequest, "allow"
+		msg = fmt.Sprintf("%s http://%s%s -> %d (%s)", detail["method"], name, detail["path"], e.Status, e.Rule)
+	case egressgw.Passthrough:
+		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
+		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)
+	default:
+		typ, detail["egress"], status = audit.TypeEgressRefused, "deny", "Failure"
+		target := name
+		if target == "" {
+			target = "port " + fmt.Sprint(e.Port)
+		}
+		msg = fmt.Sprintf("%s refused: %s", target, detail["reason"])
+	}
+	for k, v := range detail {
+		if v == "" || ((k == "bytes_sent" || k == "bytes_received") && v == "0") {
+			delete(detail, k)
+		}
+	}
+	r := typ.New(status, msg, detail)
+	if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
+		r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
+	} else {
+		r.Dst = &audit.Endpoint{Port: e.Port}
+	}
+	return r
 }
 
 // nodeAddrs are the addresses of the node's own interfaces (the shim runs
@@ -138,6 +228,10 @@ func nodeAddrs() ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// RuleGateway names, in connect records, a connection to the pod's egress
+// gateway: the gateway's own record says what it decided by name.
+const RuleGateway = "egress gateway (decided by name)"
 
 // dropsWait bounds how long Delete waits for the drop counters.
 const dropsWait = 10 * time.Second
@@ -158,6 +252,11 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 		case <-time.After(dropsWait):
 			log.G(ctx).Warn("agentbox: egress drop counters not recorded in time")
 		}
+	}
+	if gw := e.gateway; gw != nil {
+		gw.Close()
+		sb.audit.trail.Emit(audit.TypeGatewayStopped.New("Success", "egress gateway stopped",
+			map[string]string{"connections_rejected": fmt.Sprint(gw.Rejected())}), true)
 	}
 	if res := e.resolver; res != nil {
 		if err := res.Close(); err != nil {
@@ -270,6 +369,9 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 			addrs = append(addrs, a.String())
 		}
 		detail["addresses"] = strings.Join(addrs, ", ")
+		if d.Gateway.IsValid() {
+			detail["answered_with"] = d.Gateway.String() + " (the egress gateway)"
+		}
 		var withheld []string
 		for _, w := range d.Withheld {
 			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
@@ -308,9 +410,14 @@ func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleS
 }
 
 // egressDecision adds to each connect record what the egress rules do with
-// its destination, and which rule decides. DNS to the pod's resolver
-// (dnsAddr) does not pass the rules: it has a link of its own.
-func egressDecision(pl *netpolicy.Plan, resolved netpolicy.Resolved, dnsAddr netip.Addr) func(*audit.Record) {
+// its destination, and which rule decides. The pod's resolver and gateway
+// (dnsAddr) do not pass the rules: they have a link of their own, and the
+// gateway decides each connection by name (its own records).
+func egressDecision(pl *netpolicy.Plan, dnsAddr netip.Addr) func(*audit.Record) {
+	gwPorts := map[int]bool{}
+	for _, p := range egressgw.Ports(pl) {
+		gwPorts[p] = true
+	}
 	return func(r *audit.Record) {
 		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
 			return
@@ -319,9 +426,16 @@ func egressDecision(pl *netpolicy.Plan, resolved netpolicy.Resolved, dnsAddr net
 		if err != nil {
 			return
 		}
-		allow, rule := pl.Decide(addr, r.Dst.Port, resolved)
-		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr && r.Dst.Port == netpolicy.DNSPort {
-			allow, rule = true, "pod resolver"
+		allow, rule := pl.Decide(addr, r.Dst.Port)
+		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr {
+			switch {
+			case r.Dst.Port == netpolicy.DNSPort:
+				allow, rule = true, "pod resolver"
+			case gwPorts[r.Dst.Port]:
+				allow, rule = true, RuleGateway
+			default:
+				allow, rule = false, "pod resolver: no gateway port"
+			}
 		}
 		if r.Detail == nil {
 			r.Detail = map[string]string{}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -48,6 +49,9 @@ type sandboxState struct {
 	// resolver is the pod's DNS resolver (allowlist egress). Guarded by
 	// egressMu.
 	resolver *dnsproxy.Resolver
+	// gateway is the pod's egress gateway (host rules). Guarded by
+	// egressMu.
+	gateway *egressgw.Gateway
 	// denials reads the drop rules' log. Guarded by egressMu.
 	denials *netpolicy.DenialLog
 	// dropsDone is closed once the drop counters are recorded (nil until
@@ -55,7 +59,8 @@ type sandboxState struct {
 	dropsDone chan struct{}
 
 	// Set at Create, read-only after: the resolver's address and
-	// upstreams, what it let through, and the denial log's de-duplication.
+	// upstreams, the answers it kept for the gateway, and the denial log's
+	// de-duplication.
 	dnsAddr     netip.Addr
 	upstreams   []netip.AddrPort
 	resolved    *netpolicy.Resolutions
@@ -91,6 +96,7 @@ type egressRemoval struct {
 	netns, held string
 	file        *os.File
 	resolver    *dnsproxy.Resolver
+	gateway     *egressgw.Gateway
 	denials     *netpolicy.DenialLog
 	dropsDone   chan struct{}
 }
@@ -103,8 +109,9 @@ func (sb *sandboxState) takeEgress() (egressRemoval, bool) {
 	if sb.netns == "" {
 		return egressRemoval{}, false
 	}
-	e := egressRemoval{netns: sb.netns, held: sb.heldNetnsLocked(), file: sb.netnsFile, resolver: sb.resolver, denials: sb.denials, dropsDone: sb.dropsDone}
-	sb.netns, sb.netnsFile, sb.resolver, sb.denials = "", nil, nil, nil
+	e := egressRemoval{netns: sb.netns, held: sb.heldNetnsLocked(), file: sb.netnsFile, resolver: sb.resolver, gateway: sb.gateway,
+		denials: sb.denials, dropsDone: sb.dropsDone}
+	sb.netns, sb.netnsFile, sb.resolver, sb.gateway, sb.denials = "", nil, nil, nil, nil
 	return e, true
 }
 

@@ -189,7 +189,14 @@ func ToRecord(m Message, s Scrubber) *Record {
 		r.Dst = &Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
 		return r
 	case *pb.Connect:
-		return addressed(p, 1, "Open", "syscall/connect")
+		r := addressed(p, 1, "Open", "syscall/connect")
+		if r.Errno == einprogress {
+			// A non-blocking connect under way: what every TCP client
+			// does, not a failure. Its outcome is the socket's, later.
+			r.Status = "Success"
+			r.Detail = map[string]string{"connect": "in progress (non-blocking)"}
+		}
+		return r
 	case *pb.Bind:
 		return addressed(p, 99, "Bind", "syscall/bind")
 	case *pb.Listen:
@@ -199,6 +206,9 @@ func ToRecord(m Message, s Scrubber) *Record {
 	}
 	return nil
 }
+
+// einprogress is EINPROGRESS: a non-blocking connect that has started.
+const einprogress = 115
 
 // eventRecord is a record of a sandbox event with its parts, allocated in
 // one piece (the receiver's hot path).

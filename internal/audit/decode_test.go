@@ -158,3 +158,22 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestConnectInProgress: a non-blocking connect's EINPROGRESS is what every
+// TCP client gets, not a failure; a refused connect still is one.
+func TestConnectInProgress(t *testing.T) {
+	addr := []byte{2, 0, 1, 187, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}
+	for _, tc := range []struct {
+		errno  int64
+		status string
+	}{{115, "Success"}, {111, "Failure"}, {0, "Success"}} {
+		m, err := DecodeMessage(frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 0, &pb.Connect{Exit: &pb.Exit{Errorno: tc.errno}, Address: addr}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := ToRecord(m, nil)
+		if r.Status != tc.status || r.Errno != tc.errno || (tc.errno == 115) != (r.Detail["connect"] != "") {
+			t.Errorf("errno %d: status %s errno %d detail %v", tc.errno, r.Status, r.Errno, r.Detail)
+		}
+	}
+}

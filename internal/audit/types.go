@@ -38,6 +38,10 @@ var (
 	TypeDNSFailed        = RecordType{"agentbox/dns_failed", ClassBase, "DNS Failed", "an allowed name the resolver could not answer (SERVFAIL)"}
 	TypeDNSMalformed     = RecordType{"agentbox/dns_malformed", ClassBase, "DNS Malformed", "a packet to the resolver that is not a query"}
 	TypeDNSWithheld      = RecordType{"agentbox/dns_address_withheld", ClassBase, "DNS Address Withheld", "an answered address a rule may not open (private, node, cluster)"}
+	TypeEgressRequest    = RecordType{"agentbox/egress_request", ClassNetwork, "Egress Request", "an HTTP request the egress gateway allowed by its Host and forwarded: host, method, path (query values scrubbed), status, bytes, duration, rule"}
+	TypeEgressConnection = RecordType{"agentbox/egress_connection", ClassNetwork, "Egress Connection", "a TLS connection the egress gateway allowed by its SNI and spliced: SNI, address dialled, bytes, duration, rule"}
+	TypeEgressRefused    = RecordType{"agentbox/egress_refused", ClassNetwork, "Egress Refused", "a connection or request the egress gateway refused, with the reason (the name, no SNI, neither TLS nor HTTP, a failed lookup)"}
+	TypeGatewayStopped   = RecordType{"agentbox/gateway_stopped", ClassBase, "Egress Gateway Stopped", "the pod's egress gateway stopped, with the connections it rejected for its bound"}
 	TypeEgressDenied     = RecordType{"agentbox/egress_denied", ClassBase, "Egress Denied", "a packet the egress rules dropped, as the kernel logged it"}
 	TypeEgressDrops      = RecordType{"agentbox/egress_drops", ClassBase, "Egress Drops", "the drop rules' counters at the root's exit"}
 	TypeLimit            = RecordType{"agentbox/limit", ClassBase, "Limit Hit", "a limit stopped the sandbox: wall clock, memory, audit"}
@@ -58,6 +62,6 @@ var Catalog = []RecordType{
 	TypeRoleResolved, TypeRefused, TypeEgressApplied, TypeProfileApplied, TypeSandboxFailed,
 	TypeContainerCreated, TypeContainerFailed, TypeContainerStart, TypeExec, TypeExecRefused, TypeExecStart,
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
-	TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
+	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused, TypeGap, TypeSandboxEnd,
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -224,7 +223,7 @@ func sampleRuleset() string {
 	if err != nil {
 		panic(err) // a fixed, valid profile
 	}
-	return pl.Ruleset("lo") + pl.Elements(pl.Hosts()[0], []netip.Addr{netip.MustParseAddr("192.0.2.1")}, time.Minute)
+	return pl.Ruleset("lo")
 }
 
 // cgroupMode names the cgroup layout mounted at root.

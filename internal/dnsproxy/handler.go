@@ -1,8 +1,9 @@
 // Package dnsproxy is the per-pod DNS resolver: it answers only the names
-// a role's host rules allow, puts the addresses it returns into the rules'
-// nftables sets for the answer's lifetime, and refuses every other name, so
-// an agent cannot reach an unlisted host by name nor smuggle data out in
-// random subdomains. Every question becomes a Decision for the audit trail.
+// a role's host rules allow, with the egress gateway's address (keeping
+// what upstream answered for the gateway to dial), and refuses every other
+// name, so an agent cannot reach an unlisted host by name nor smuggle data
+// out in random subdomains. Every question becomes a Decision for the
+// audit trail.
 //
 // Handler is the pure part (bytes in, bytes out, side effects injected);
 // Resolver runs it on sockets in a network namespace of its own, wired to
@@ -47,8 +48,12 @@ type Decision struct {
 	Type    string
 	// Rule is the allow rule that matched, or why none did.
 	Rule string
-	// Addrs are the addresses answered and allowed, for TTL.
+	// Addrs are the addresses upstream answered that the rule may reach,
+	// kept for TTL (the gateway dials them).
 	Addrs []netip.Addr
+	// Gateway is the address the pod was answered instead (invalid when
+	// the answer passed through as it was).
+	Gateway netip.Addr
 	// Withheld are answered addresses the rule may not open, each with
 	// the reason: they are neither allowed nor passed to the pod.
 	Withheld []Withheld
@@ -74,13 +79,19 @@ type Handler struct {
 	Refuse func(r netpolicy.Rule, a netip.Addr) string
 	// Exchange sends a query upstream and returns the response.
 	Exchange func(ctx context.Context, query []byte) ([]byte, error)
-	// Allow puts addrs into rule r's sets for ttl; an error fails the query.
-	Allow func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error
-	// Remaining, if set, says how long all of addrs stay in r's sets (0 if
-	// one is not there). When that is at least half the allowance, the sets
-	// are left as they are and the pod caches for what remains: a repeated
-	// question costs no rule update.
-	Remaining func(r netpolicy.Rule, addrs []netip.Addr) time.Duration
+	// Allow keeps name's addrs under rule r for ttl (for the gateway to
+	// dial); an error fails the query.
+	Allow func(r netpolicy.Rule, name string, addrs []netip.Addr, ttl time.Duration) error
+	// Remaining, if set, says how long name's kept answer under r lasts if
+	// it holds all of addrs (0 otherwise). When that is at least half the
+	// allowance, the answer is left as it is and the pod caches for what
+	// remains.
+	Remaining func(r netpolicy.Rule, name string, addrs []netip.Addr) time.Duration
+	// Gateway, if valid, is the egress gateway's address: the pod is
+	// answered with it (A) or with no address (AAAA), never with what
+	// upstream said, so every connection to an allowed name goes through
+	// the gateway.
+	Gateway netip.Addr
 	// MinTTL and MaxTTL bound how long answered addresses stay allowed
 	// (and how long the pod may cache them).
 	MinTTL, MaxTTL time.Duration
@@ -159,10 +170,13 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 	answers, addrs, d.Withheld = h.withhold(rule, answers, addrs)
 	allowance := h.allowance(ttl)
 	if len(addrs) > 0 {
-		if left := h.remaining(rule, addrs); left >= allowance/2 {
+		if left := h.remaining(rule, name, addrs); left >= allowance/2 {
 			allowance = left
-		} else if err := h.Allow(rule, addrs, allowance); err != nil {
+		} else if err := h.Allow(rule, name, addrs, allowance); err != nil {
 			return h.fail(hdr, q, d, fmt.Errorf("allow %v: %w", addrs, err))
+		}
+		if h.Gateway.IsValid() {
+			answers, d.Gateway = gatewayAnswer(q, h.Gateway), h.Gateway
 		}
 	}
 	// The pod caches no longer than the rules allow; owners are spelled the
@@ -229,11 +243,52 @@ func (h *Handler) fail(hdr dnsmessage.Header, q dnsmessage.Question, d *Decision
 	return reply(hdr, &q, dnsmessage.RCodeServerFailure, nil)
 }
 
-func (h *Handler) remaining(r netpolicy.Rule, addrs []netip.Addr) time.Duration {
+func (h *Handler) remaining(r netpolicy.Rule, name string, addrs []netip.Addr) time.Duration {
 	if h.Remaining == nil {
 		return 0
 	}
-	return h.Remaining(r, addrs).Truncate(time.Second)
+	return h.Remaining(r, name, addrs).Truncate(time.Second)
+}
+
+// gatewayAnswer answers q with the gateway's address: one record of q's
+// type if the gateway has an address of that family, none otherwise.
+func gatewayAnswer(q dnsmessage.Question, gw netip.Addr) []dnsmessage.Resource {
+	hdr := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET}
+	switch {
+	case q.Type == dnsmessage.TypeA && gw.Is4():
+		return []dnsmessage.Resource{{Header: hdr, Body: &dnsmessage.AResource{A: gw.As4()}}}
+	case q.Type == dnsmessage.TypeAAAA && gw.Is6() && !gw.Is4In6():
+		return []dnsmessage.Resource{{Header: hdr, Body: &dnsmessage.AAAAResource{AAAA: gw.As16()}}}
+	}
+	return nil
+}
+
+// Lookup resolves name for rule r the way the pod's questions are (the
+// same upstreams, the same withholding), for the gateway's dial: IPv4
+// first, then IPv6.
+func (h *Handler) Lookup(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error) {
+	var withheld []string
+	for _, t := range []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} {
+		up, err := h.upstream(ctx, name, t)
+		if err != nil {
+			return nil, err
+		}
+		if up.RCode != dnsmessage.RCodeSuccess {
+			return nil, fmt.Errorf("upstream answered %s", strings.TrimPrefix(up.RCode.String(), "RCode"))
+		}
+		_, addrs, _ := chain(name, t, up.Answers)
+		_, addrs, w := h.withhold(r, nil, addrs)
+		for _, x := range w {
+			withheld = append(withheld, x.Addr.String()+": "+x.Reason)
+		}
+		if len(addrs) > 0 {
+			return addrs, nil
+		}
+	}
+	if len(withheld) > 0 {
+		return nil, fmt.Errorf("every address withheld (%s)", strings.Join(withheld, "; "))
+	}
+	return nil, errors.New("no address")
 }
 
 func (h *Handler) allowance(ttl time.Duration) time.Duration {

@@ -19,7 +19,7 @@ func plan(t testing.TB) *netpolicy.Plan {
 	p.Network.Egress = policy.EgressAllowlist
 	p.Network.Allow = []policy.EgressRule{
 		{Host: "api.example.com", Ports: []int{443}},
-		{Host: "*.cdn.test"},
+		{Host: "*.cdn.test", Ports: []int{443}},
 		{CIDR: "10.0.0.0/8"},
 	}
 	pl, err := netpolicy.Compile(p)
@@ -90,7 +90,7 @@ func handler(t testing.TB, up *upstream, allowErr error) (*Handler, *[]allowCall
 	h := &Handler{
 		Plan:     plan(t),
 		Exchange: up.exchange,
-		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
+		Allow: func(r netpolicy.Rule, _ string, addrs []netip.Addr, ttl time.Duration) error {
 			calls = append(calls, allowCall{r.Name, addrs, ttl})
 			return allowErr
 		},
@@ -166,7 +166,7 @@ func TestDecisions(t *testing.T) {
 		{name: "random subdomain of an exact rule", q: query(t, 1, "c2VjcmV0.api.example.com.", dnsmessage.TypeA, 0), rcode: dnsmessage.RCodeNameError, outcome: Refused, rule: "no host rule matches"},
 		{name: "wildcard", q: query(t, 1, "a.cdn.test.", dnsmessage.TypeAAAA, 0),
 			up:    &upstream{answers: map[string][]dnsmessage.Resource{"a.cdn.test.": {rr("a.cdn.test.", 7200, &dnsmessage.AAAAResource{AAAA: netip.MustParseAddr("2001:db8::1").As16()})}}},
-			rcode: dnsmessage.RCodeSuccess, answers: 1, outcome: Answered, rule: "allow[1] host *.cdn.test", asked: 1},
+			rcode: dnsmessage.RCodeSuccess, answers: 1, outcome: Answered, rule: "allow[1] host *.cdn.test ports [443]", asked: 1},
 		{name: "wildcard apex", q: query(t, 1, "cdn.test.", dnsmessage.TypeA, 0), rcode: dnsmessage.RCodeNameError, outcome: Refused, rule: "no host rule matches"},
 		{name: "TXT of an allowed name", q: query(t, 1, "api.example.com.", dnsmessage.TypeTXT, 0), rcode: dnsmessage.RCodeSuccess, outcome: Refused, rule: "query type TXT not served (allow[0] host api.example.com ports [443])"},
 		{name: "upstream NXDOMAIN", q: query(t, 1, "api.example.com.", dnsmessage.TypeA, 0), up: &upstream{rcode: dnsmessage.RCodeNameError}, rcode: dnsmessage.RCodeNameError, outcome: Answered, rule: "allow[0] host api.example.com ports [443]", asked: 1},
@@ -321,7 +321,7 @@ func TestRepeatedAnswerSkipsTheUpdate(t *testing.T) {
 		ttl     uint32
 	}{{0, 1, 600}, {100 * time.Second, 1, 600}, {400 * time.Second, 0, 400}} {
 		h, calls, decisions := handler(t, up, nil)
-		h.Remaining = func(netpolicy.Rule, []netip.Addr) time.Duration { return tc.left }
+		h.Remaining = func(netpolicy.Rule, string, []netip.Addr) time.Duration { return tc.left }
 		resp := parse(t, h.Handle(context.Background(), query(t, 1, "api.example.com.", dnsmessage.TypeA, 0), false))
 		if len(*calls) != tc.updates || resp.Answers[0].Header.TTL != tc.ttl || (*decisions)[0].TTL != time.Duration(tc.ttl)*time.Second {
 			t.Errorf("%v left: %d updates, TTL %d, decision %v", tc.left, len(*calls), resp.Answers[0].Header.TTL, (*decisions)[0].TTL)
@@ -335,7 +335,7 @@ func TestRepeatedAnswerSkipsTheUpdate(t *testing.T) {
 func TestPrivateAnswersWithheld(t *testing.T) {
 	prof := &policy.Profile{}
 	prof.Network.Egress = policy.EgressAllowlist
-	prof.Network.Allow = []policy.EgressRule{{Host: "api.example.com", Ports: []int{443}}, {Host: "*.corp.test", AllowPrivate: true}}
+	prof.Network.Allow = []policy.EgressRule{{Host: "api.example.com", Ports: []int{443}}, {Host: "*.corp.test", Ports: []int{443}, AllowPrivate: true}}
 	pl, err := netpolicy.Compile(prof)
 	if err != nil {
 		t.Fatal(err)
@@ -395,5 +395,59 @@ func TestPrivateAnswersWithheld(t *testing.T) {
 	last := (*decisions)[len(*decisions)-1]
 	if len(last.Withheld) != 1 || last.Withheld[0].Reason != "the pod's resolver link" {
 		t.Fatalf("the resolver link must stay closed: %+v", last.Withheld)
+	}
+}
+
+// TestGatewayAnswer: with a gateway, the pod is answered the gateway's
+// address (A) or no address (AAAA), never what upstream said; upstream's
+// addresses are kept for the gateway to dial.
+func TestGatewayAnswer(t *testing.T) {
+	up := &upstream{answers: map[string][]dnsmessage.Resource{
+		"api.example.com.": {rr("api.example.com.", 600, a("192.0.2.10"))},
+	}}
+	h, calls, decisions := handler(t, up, nil)
+	gw := netip.MustParseAddr("169.254.53.53")
+	h.Gateway = gw
+	resp := parse(t, h.Handle(context.Background(), query(t, 7, "api.example.com.", dnsmessage.TypeA, 0), false))
+	if len(resp.Answers) != 1 || resp.Answers[0].Body.(*dnsmessage.AResource).A != gw.As4() {
+		t.Fatalf("answers %+v", resp.Answers)
+	}
+	if len(*calls) != 1 || (*calls)[0].addrs[0] != netip.MustParseAddr("192.0.2.10") {
+		t.Fatalf("kept %+v", *calls)
+	}
+	if d := (*decisions)[0]; d.Gateway != gw || len(d.Addrs) != 1 {
+		t.Fatalf("decision %+v", d)
+	}
+	up.answers["api.example.com."] = []dnsmessage.Resource{rr("api.example.com.", 600, &dnsmessage.AAAAResource{AAAA: netip.MustParseAddr("2001:db8::1").As16()})}
+	resp = parse(t, h.Handle(context.Background(), query(t, 8, "api.example.com.", dnsmessage.TypeAAAA, 0), false))
+	if resp.RCode != dnsmessage.RCodeSuccess || len(resp.Answers) != 0 {
+		t.Fatalf("AAAA: %+v", resp)
+	}
+}
+
+// TestLookup: the gateway's own resolution goes through the same upstreams
+// and withholding as the pod's questions.
+func TestLookup(t *testing.T) {
+	up := &upstream{answers: map[string][]dnsmessage.Resource{
+		"api.example.com.": {rr("api.example.com.", 600, a("192.0.2.10"))},
+		"x.cdn.test.":      {rr("x.cdn.test.", 600, a("127.0.0.1"))},
+	}}
+	h, _, _ := handler(t, up, nil)
+	h.Refuse = func(_ netpolicy.Rule, a netip.Addr) string {
+		if a.IsLoopback() {
+			return "loopback"
+		}
+		return ""
+	}
+	rules := h.Plan.Hosts()
+	if addrs, err := h.Lookup(context.Background(), rules[0], "api.example.com"); err != nil || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("192.0.2.10") {
+		t.Fatalf("lookup: %v %v", addrs, err)
+	}
+	if _, err := h.Lookup(context.Background(), rules[1], "x.cdn.test"); err == nil || !strings.Contains(err.Error(), "127.0.0.1: loopback") {
+		t.Fatalf("withheld: %v", err)
+	}
+	up.rcode = dnsmessage.RCodeNameError
+	if _, err := h.Lookup(context.Background(), rules[0], "api.example.com"); err == nil || !strings.Contains(err.Error(), "NameError") {
+		t.Fatalf("nxdomain: %v", err)
 	}
 }

@@ -186,6 +186,18 @@ func (r *Resolver) link() (err error) {
 	return nil
 }
 
+// ListenTCP opens a TCP listener on the resolver's address at port, in the
+// resolver's namespace: the egress gateway's listeners, reached by the pod
+// over the same link.
+func (r *Resolver) ListenTCP(port int) (*net.TCPListener, error) {
+	var ln *net.TCPListener
+	err := nsthread.Run(nsthread.Fd(int(r.nsfd.Fd())), func() (err error) {
+		ln, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: r.cfg.Address.AsSlice(), Port: port})
+		return err
+	})
+	return ln, err
+}
+
 func hostNet(a netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
 }

@@ -150,7 +150,7 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 	h := &Handler{
 		Plan:     plan(t),
 		Exchange: Exchange([]netip.AddrPort{up.addr()}),
-		Allow: func(r netpolicy.Rule, addrs []netip.Addr, ttl time.Duration) error {
+		Allow: func(r netpolicy.Rule, _ string, addrs []netip.Addr, ttl time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
 			allowed = append(allowed, addrs...)
@@ -292,7 +292,7 @@ func TestResolverTCPFlood(t *testing.T) {
 	path := testNetns(t, "dnsflood")
 	up := newTestUpstream(t)
 	h := &Handler{Plan: plan(t), Exchange: Exchange([]netip.AddrPort{up.addr()}),
-		Allow:  func(netpolicy.Rule, []netip.Addr, time.Duration) error { return nil },
+		Allow:  func(netpolicy.Rule, string, []netip.Addr, time.Duration) error { return nil },
 		MinTTL: time.Minute, MaxTTL: time.Hour, ID: func() uint16 { return 7 }}
 	r, err := Start(Config{PodNetns: path, Address: netip.MustParseAddr("169.254.53.53"), Peer: netip.MustParseAddr("169.254.53.54"), Handler: h})
 	if err != nil {

@@ -3,6 +3,11 @@
 // pod interface's egress hook: it filters what gVisor's netstack sends, in
 // the host kernel, outside the sandbox), and decides connections the same
 // way for the audit trail. Compiling and deciding are pure.
+//
+// Host rules open no address here: the pod's resolver answers their names
+// with the egress gateway's address (on the resolver's link, not the pod's
+// interface), and the gateway decides by name (internal/egressgw). An
+// address is not an identity: many sites share one.
 package netpolicy
 
 import (
@@ -12,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -31,17 +35,15 @@ var MetadataAddresses = []netip.Addr{
 	netip.MustParseAddr("fd20:ce::254"),    // Google Cloud IPv6
 }
 
-// Rule is one compiled allow rule: a CIDR, or a host-name pattern whose
-// addresses the pod's DNS resolver adds to the rule's sets as it answers.
+// Rule is one compiled allow rule: a CIDR, or a host-name pattern that the
+// egress gateway allows by name.
 type Rule struct {
 	// Prefix is the CIDR of a CIDR rule.
 	Prefix netip.Prefix
 	// Host is the name pattern of a host rule ("api.github.com",
 	// "*.example.com"), lower case without a trailing dot.
-	Host string
-	// Set4 and Set6 name a host rule's nftables sets of resolved addresses.
-	Set4, Set6 string
-	Ports      []int
+	Host  string
+	Ports []int
 	// Name describes the rule in records ("allow[2] 10.0.0.0/8 ports [443]",
 	// "allow[0] host api.github.com ports [443]").
 	Name string
@@ -91,8 +93,10 @@ func Compile(p *policy.Profile) (*Plan, error) {
 		}
 		if r.Host != "" {
 			host := strings.TrimSuffix(strings.ToLower(r.Host), ".")
-			pl.Allow = append(pl.Allow, Rule{Host: host, Ports: ports,
-				Set4: fmt.Sprintf("host4_%d", i), Set6: fmt.Sprintf("host6_%d", i), AllowPrivate: r.AllowPrivate,
+			if len(ports) == 0 {
+				return nil, fmt.Errorf("network.allow[%d]: host %s names no ports: the egress gateway serves a host rule's listed ports", i, host)
+			}
+			pl.Allow = append(pl.Allow, Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate,
 				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)})
 			continue
 		}
@@ -187,10 +191,6 @@ func (pl *Plan) Ruleset(iface string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table netdev %s\ndelete table netdev %s\n", Table, Table)
 	fmt.Fprintf(&b, "table netdev %s {\n", Table)
-	for _, r := range pl.Hosts() {
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype ipv4_addr; flags timeout;\n\t}\n", r.Set4)
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype ipv6_addr; flags timeout;\n\t}\n", r.Set6)
-	}
 	b.WriteString("\tchain egress {\n")
 	policy := "drop"
 	if pl.DefaultAccept {
@@ -214,7 +214,9 @@ func (pl *Plan) Ruleset(iface string) string {
 		}
 	}
 	for _, r := range pl.Allow {
-		writeAccept(&b, r, r.Ports)
+		if r.Host == "" {
+			writeAccept(&b, r, r.Ports)
+		}
 	}
 	if !pl.DefaultAccept {
 		writeDrop(&b, "", RuleDefaultDeny, RuleDefaultDeny)
@@ -244,61 +246,17 @@ func writeDrop(b *strings.Builder, match, rule, comment string) {
 	fmt.Fprintf(b, "\t\t%scounter drop comment %q\n", match, comment)
 }
 
-// writeAccept renders the accept lines of one rule on ports (any port when
-// empty).
+// writeAccept renders the accept lines of a CIDR rule on ports (any port
+// when empty).
 func writeAccept(b *strings.Builder, r Rule, ports []int) {
-	type match struct{ fam, daddr string }
-	var ms []match
-	if r.Host != "" {
-		ms = []match{{"ip", "@" + r.Set4}, {"ip6", "@" + r.Set6}}
-	} else {
-		ms = []match{{family(r.Prefix.Addr()), r.Prefix.String()}}
+	fam, daddr := family(r.Prefix.Addr()), r.Prefix.String()
+	if len(ports) == 0 {
+		fmt.Fprintf(b, "\t\t%s daddr %s accept comment %q\n", fam, daddr, r.Name)
+		return
 	}
-	for _, m := range ms {
-		if len(ports) == 0 {
-			fmt.Fprintf(b, "\t\t%s daddr %s accept comment %q\n", m.fam, m.daddr, r.Name)
-			continue
-		}
-		set := joinInts(ports)
-		fmt.Fprintf(b, "\t\t%s daddr %s tcp dport { %s } accept comment %q\n", m.fam, m.daddr, set, r.Name)
-		fmt.Fprintf(b, "\t\t%s daddr %s udp dport { %s } accept comment %q\n", m.fam, m.daddr, set, r.Name)
-	}
-}
-
-// Elements renders the `nft -f` input that puts addrs into host rule r's
-// sets for ttl, refreshing the timeout of addresses already there (an add
-// alone leaves an existing element's timeout as it was; add, delete, add in
-// one transaction never fails and always sets it).
-func (pl *Plan) Elements(r Rule, addrs []netip.Addr, ttl time.Duration) string {
-	var v4, v6 []string
-	for _, a := range addrs {
-		if a = a.Unmap(); a.Is4() {
-			v4 = append(v4, a.String())
-		} else {
-			v6 = append(v6, a.String())
-		}
-	}
-	secs := int64(ttl / time.Second)
-	if secs < 1 {
-		secs = 1
-	}
-	var b strings.Builder
-	for _, s := range []struct {
-		name  string
-		elems []string
-	}{{r.Set4, v4}, {r.Set6, v6}} {
-		if len(s.elems) == 0 {
-			continue
-		}
-		timed := make([]string, len(s.elems))
-		for i, e := range s.elems {
-			timed[i] = fmt.Sprintf("%s timeout %ds", e, secs)
-		}
-		fmt.Fprintf(&b, "add element netdev %s %s { %s }\n", Table, s.name, strings.Join(timed, ", "))
-		fmt.Fprintf(&b, "delete element netdev %s %s { %s }\n", Table, s.name, strings.Join(s.elems, ", "))
-		fmt.Fprintf(&b, "add element netdev %s %s { %s }\n", Table, s.name, strings.Join(timed, ", "))
-	}
-	return b.String()
+	set := joinInts(ports)
+	fmt.Fprintf(b, "\t\t%s daddr %s tcp dport { %s } accept comment %q\n", fam, daddr, set, r.Name)
+	fmt.Fprintf(b, "\t\t%s daddr %s udp dport { %s } accept comment %q\n", fam, daddr, set, r.Name)
 }
 
 func family(a netip.Addr) string {
@@ -316,13 +274,11 @@ func joinInts(v []int) string {
 	return strings.Join(s, ", ")
 }
 
-// Resolved reports whether host rule r's sets hold addr now.
-type Resolved func(r Rule, addr netip.Addr) bool
-
-// Decide says what the ruleset does with a TCP or UDP packet to addr:port,
-// and which rule decides, the way nftables walks the chain. resolved
-// answers for host rules' sets (nil: they are empty).
-func (pl *Plan) Decide(addr netip.Addr, port int, resolved Resolved) (allow bool, rule string) {
+// Decide says what the ruleset does with a TCP or UDP packet to addr:port
+// on the pod's interface, and which rule decides, the way nftables walks
+// the chain. Host rules match no address: their names reach the gateway,
+// over the resolver's link.
+func (pl *Plan) Decide(addr netip.Addr, port int) (allow bool, rule string) {
 	if !pl.Enforced {
 		return false, RuleNone
 	}
@@ -332,12 +288,7 @@ func (pl *Plan) Decide(addr netip.Addr, port int, resolved Resolved) (allow bool
 			return false, RuleMetadata
 		}
 	}
-	matches := func(r Rule) bool {
-		if r.Host != "" {
-			return resolved != nil && resolved(r, addr)
-		}
-		return r.Prefix.Contains(addr)
-	}
+	matches := func(r Rule) bool { return r.Host == "" && r.Prefix.Contains(addr) }
 	if pl.Resolver && port == DNSPort {
 		for _, r := range pl.Allow {
 			if r.dnsExempt() && matches(r) {

@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func TestCompileAndDecide(t *testing.T) {
 		policy.EgressRule{Host: "api.github.com", Ports: []int{443}},
 		policy.EgressRule{CIDR: "169.254.170.2/32", Ports: []int{80}},
 		policy.EgressRule{CIDR: "10.9.0.0/16", Ports: []int{53, 443}},
-		policy.EgressRule{Host: "*.Example.COM."},
+		policy.EgressRule{Host: "*.Example.COM.", Ports: []int{443, 80}},
 	))
 	if err != nil {
 		t.Fatal(err)
@@ -44,25 +45,14 @@ func TestCompileAndDecide(t *testing.T) {
 		// DNS goes to the pod's resolver only, unless a CIDR rule lists 53.
 		{"192.168.4.5", 53, false, "dns to another resolver"},
 		{"10.9.1.1", 53, true, "allow[4] 10.9.0.0/16 ports [53 443]"},
-		// Host rules allow what the resolver put in their sets.
-		{"203.0.113.7", 443, true, "allow[2] host api.github.com ports [443]"},
-		{"203.0.113.7", 80, false, "default deny"},
-		{"2001:db8::7", 80, true, "allow[5] host *.example.com"},
-		{"203.0.113.8", 443, false, "default deny"},
-		// A resolved metadata address stays denied.
+		// Host rules open no address on the pod's interface: their names
+		// go to the gateway.
+		{"203.0.113.7", 443, false, "default deny"},
+		{"2001:db8::7", 80, false, "default deny"},
 		{"169.254.169.254", 443, false, "metadata address"},
 	}
-	resolved := func(r Rule, a netip.Addr) bool {
-		switch r.Host {
-		case "api.github.com":
-			return a == netip.MustParseAddr("203.0.113.7") || a == netip.MustParseAddr("169.254.169.254")
-		case "*.example.com":
-			return a == netip.MustParseAddr("2001:db8::7")
-		}
-		return false
-	}
 	for _, tc := range cases {
-		allow, rule := pl.Decide(netip.MustParseAddr(tc.addr), tc.port, resolved)
+		allow, rule := pl.Decide(netip.MustParseAddr(tc.addr), tc.port)
 		if allow != tc.allow || rule != tc.rule {
 			t.Errorf("%s:%d: got %v %q, want %v %q", tc.addr, tc.port, allow, rule, tc.allow, tc.rule)
 		}
@@ -86,16 +76,15 @@ func TestCompileAndDecide(t *testing.T) {
 		`ip daddr 192.168.0.0/16 accept`,
 		`counter drop comment "default deny"`,
 		"ether type arp accept",
-		"set host4_2 {\n\t\ttype ipv4_addr; flags timeout;",
-		"set host6_5 {\n\t\ttype ipv6_addr; flags timeout;",
-		`ip daddr @host4_2 tcp dport { 443 } accept comment "allow[2] host api.github.com ports [443]"`,
-		`ip6 daddr @host6_5 accept comment "allow[5] host *.example.com"`,
 		`udp dport 53 counter drop comment "dns to another resolver"`,
 		`tcp dport 53 counter drop comment "dns to another resolver"`,
 	} {
 		if !strings.Contains(rs, want) {
 			t.Errorf("ruleset lacks %q:\n%s", want, rs)
 		}
+	}
+	if strings.Contains(rs, "host") || strings.Contains(rs, "set ") {
+		t.Errorf("a host rule must open nothing in the ruleset:\n%s", rs)
 	}
 	if strings.Contains(rs, "169.254.170.2 counter drop") {
 		t.Error("a metadata address the role names must not be dropped")
@@ -112,10 +101,10 @@ func TestCompileAndDecide(t *testing.T) {
 
 func TestOpenAndNone(t *testing.T) {
 	open, _ := Compile(profile(policy.EgressOpen))
-	if ok, rule := open.Decide(netip.MustParseAddr("8.8.8.8"), 53, nil); !ok || rule != "egress open" {
+	if ok, rule := open.Decide(netip.MustParseAddr("8.8.8.8"), 53); !ok || rule != "egress open" {
 		t.Errorf("open: %v %s", ok, rule)
 	}
-	if ok, _ := open.Decide(netip.MustParseAddr("169.254.169.254"), 80, nil); ok {
+	if ok, _ := open.Decide(netip.MustParseAddr("169.254.169.254"), 80); ok {
 		t.Error("open egress must still deny metadata")
 	}
 	if rs := open.Ruleset("eth0"); !strings.Contains(rs, "policy accept;") || strings.Contains(rs, "default deny") {
@@ -127,7 +116,7 @@ func TestOpenAndNone(t *testing.T) {
 	}
 	// A broad rule does not name the metadata address.
 	broad, _ := Compile(profile(policy.EgressAllowlist, policy.EgressRule{CIDR: "0.0.0.0/0"}))
-	if ok, _ := broad.Decide(netip.MustParseAddr("169.254.169.254"), 80, nil); ok {
+	if ok, _ := broad.Decide(netip.MustParseAddr("169.254.169.254"), 80); ok {
 		t.Error("0.0.0.0/0 must not open the metadata address")
 	}
 }
@@ -135,7 +124,7 @@ func TestOpenAndNone(t *testing.T) {
 func TestMatchHost(t *testing.T) {
 	pl, err := Compile(profile(policy.EgressAllowlist,
 		policy.EgressRule{Host: "api.github.com", Ports: []int{443}},
-		policy.EgressRule{Host: "*.pkg.dev"},
+		policy.EgressRule{Host: "*.pkg.dev", Ports: []int{443}},
 		policy.EgressRule{Host: "pkg.dev", Ports: []int{80}},
 	))
 	if err != nil {
@@ -149,8 +138,8 @@ func TestMatchHost(t *testing.T) {
 		{"API.GitHub.com.", "allow[0] host api.github.com ports [443]"},
 		{"x.api.github.com", ""},
 		{"github.com", ""},
-		{"a.pkg.dev", "allow[1] host *.pkg.dev"},
-		{"a.b.pkg.dev", "allow[1] host *.pkg.dev"},
+		{"a.pkg.dev", "allow[1] host *.pkg.dev ports [443]"},
+		{"a.b.pkg.dev", "allow[1] host *.pkg.dev ports [443]"},
 		{"pkg.dev", "allow[2] host pkg.dev ports [80]"},
 		{"evilpkg.dev", ""},
 		{".pkg.dev", ""},
@@ -165,50 +154,42 @@ func TestMatchHost(t *testing.T) {
 	}
 }
 
-func TestElements(t *testing.T) {
-	pl, _ := Compile(profile(policy.EgressAllowlist, policy.EgressRule{Host: "a.test"}))
-	got := pl.Elements(pl.Hosts()[0], []netip.Addr{netip.MustParseAddr("::ffff:192.0.2.1"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("192.0.2.2")}, 90*time.Second)
-	want := `add element netdev agentbox host4_0 { 192.0.2.1 timeout 90s, 192.0.2.2 timeout 90s }
-delete element netdev agentbox host4_0 { 192.0.2.1, 192.0.2.2 }
-add element netdev agentbox host4_0 { 192.0.2.1 timeout 90s, 192.0.2.2 timeout 90s }
-add element netdev agentbox host6_0 { 2001:db8::1 timeout 90s }
-delete element netdev agentbox host6_0 { 2001:db8::1 }
-add element netdev agentbox host6_0 { 2001:db8::1 timeout 90s }
-`
-	if got != want {
-		t.Errorf("got:\n%s\nwant:\n%s", got, want)
-	}
-	if pl.Elements(pl.Hosts()[0], nil, time.Minute) != "" {
-		t.Error("no addresses, no commands")
+func TestHostRuleNeedsPorts(t *testing.T) {
+	_, err := Compile(profile(policy.EgressAllowlist, policy.EgressRule{Host: "a.test"}))
+	if err == nil || !strings.Contains(err.Error(), "network.allow[0]: host a.test names no ports") {
+		t.Fatalf("got %v", err)
 	}
 }
 
 func TestResolutions(t *testing.T) {
-	pl, _ := Compile(profile(policy.EgressAllowlist, policy.EgressRule{Host: "a.test", Ports: []int{443}}, policy.EgressRule{Host: "b.test"}))
+	pl, _ := Compile(profile(policy.EgressAllowlist, policy.EgressRule{Host: "a.test", Ports: []int{443}}, policy.EgressRule{Host: "*.b.test", Ports: []int{443}}))
 	now := time.Unix(1000, 0)
 	tab := NewResolutions(func() time.Time { return now })
 	a, b := pl.Hosts()[0], pl.Hosts()[1]
-	x := netip.MustParseAddr("192.0.2.1")
-	tab.Add(a, []netip.Addr{netip.MustParseAddr("::ffff:192.0.2.1")}, time.Minute)
-	if ok, rule := pl.Decide(x, 443, tab.Has); !ok || rule != a.Name {
-		t.Fatalf("resolved address: %v %s", ok, rule)
+	x, y := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	tab.Add(a, "a.test", []netip.Addr{netip.MustParseAddr("::ffff:192.0.2.1")}, time.Minute)
+	if got := tab.Get(a, "a.test"); len(got) != 1 || got[0] != x {
+		t.Fatalf("get: %v", got)
 	}
-	if tab.Has(b, x) {
-		t.Error("an address belongs to the rule whose name resolved to it")
+	if tab.Get(b, "a.test") != nil || tab.Get(a, "c.test") != nil {
+		t.Error("an answer belongs to its rule and name")
 	}
-	y := netip.MustParseAddr("192.0.2.2")
-	if left := tab.Remaining(a, []netip.Addr{x}); left != 59*time.Second {
+	if left := tab.Remaining(a, "a.test", []netip.Addr{x}); left != time.Minute {
 		t.Errorf("remaining %v", left)
 	}
-	if left := tab.Remaining(a, []netip.Addr{x, y}); left != 0 {
-		t.Errorf("an address not in the set: remaining %v", left)
+	if left := tab.Remaining(a, "a.test", []netip.Addr{x, y}); left != 0 {
+		t.Errorf("an address not in the answer: remaining %v", left)
 	}
 	now = now.Add(time.Minute)
-	if left := tab.Remaining(a, []netip.Addr{x}); left != 0 {
+	if left := tab.Remaining(a, "a.test", []netip.Addr{x}); left != 0 || tab.Get(a, "a.test") != nil {
 		t.Errorf("expired: remaining %v", left)
 	}
-	if ok, rule := pl.Decide(x, 443, tab.Has); ok || rule != RuleDefaultDeny {
-		t.Errorf("expired address: %v %s", ok, rule)
+	// The agent picks names under a wildcard: the table stays bounded.
+	for i := 0; i < 3*maxResolutions; i++ {
+		tab.Add(b, fmt.Sprintf("n%d.b.test", i), []netip.Addr{y}, time.Hour)
+	}
+	if n := len(tab.m); n > maxResolutions {
+		t.Errorf("%d entries", n)
 	}
 }
 

@@ -6,71 +6,91 @@ import (
 	"time"
 )
 
-// Resolutions mirrors what the pod's resolver put into host rules' sets and
-// until when, so that connection records can name the rule that allowed
-// them. Safe for concurrent use.
+// Resolutions are the answers the pod's resolver got for host rules' names
+// and until when: the egress gateway dials these, so a connection goes to
+// what the runtime resolved for the name, never to an address the agent
+// chose. Safe for concurrent use; bounded (the names are the agent's).
 type Resolutions struct {
-	mu sync.Mutex
-	// until[rule set][addr] is when the address leaves the set.
-	until map[string]map[netip.Addr]time.Time
-	now   func() time.Time
+	mu  sync.Mutex
+	m   map[resolutionKey]resolution
+	now func() time.Time
 }
+
+type resolutionKey struct{ rule, name string }
+
+type resolution struct {
+	addrs []netip.Addr
+	until time.Time
+}
+
+// maxResolutions bounds the table: a wildcard rule lets an agent ask for
+// any number of names.
+const maxResolutions = 1024
 
 // NewResolutions returns an empty table; now is the clock (time.Now if nil).
 func NewResolutions(now func() time.Time) *Resolutions {
 	if now == nil {
 		now = time.Now
 	}
-	return &Resolutions{until: map[string]map[netip.Addr]time.Time{}, now: now}
+	return &Resolutions{m: map[resolutionKey]resolution{}, now: now}
 }
 
-// Add records that addrs are in r's sets for ttl from now.
-func (t *Resolutions) Add(r Rule, addrs []netip.Addr, ttl time.Duration) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m := t.until[r.Set4]
-	if m == nil {
-		m = map[netip.Addr]time.Time{}
-		t.until[r.Set4] = m
-	}
-	now := t.now()
-	for a, u := range m {
-		if !u.After(now) {
-			delete(m, a)
-		}
-	}
-	for _, a := range addrs {
-		m[a.Unmap()] = now.Add(ttl)
-	}
-}
-
-// Has implements Resolved.
-func (t *Resolutions) Has(r Rule, addr netip.Addr) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	u, ok := t.until[r.Set4][addr.Unmap()]
-	return ok && u.After(t.now())
-}
-
-// Remaining returns how long all of addrs stay in r's sets, less a second
-// for the gap between the kernel's clock starting and this table's: 0 if
-// one of them is not there.
-func (t *Resolutions) Remaining(r Rule, addrs []netip.Addr) time.Duration {
+// Add records that name resolved to addrs under rule r, for ttl from now.
+func (t *Resolutions) Add(r Rule, name string, addrs []netip.Addr, ttl time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
-	least := time.Duration(-1)
-	for _, a := range addrs {
-		u, ok := t.until[r.Set4][a.Unmap()]
-		if !ok {
-			return 0
+	if len(t.m) >= maxResolutions {
+		for k, v := range t.m {
+			if !v.until.After(now) {
+				delete(t.m, k)
+			}
 		}
-		if left := u.Sub(now) - time.Second; least < 0 || left < least {
-			least = left
+		for k := range t.m {
+			if len(t.m) < maxResolutions {
+				break
+			}
+			delete(t.m, k)
 		}
 	}
-	if least < 0 {
+	kept := make([]netip.Addr, len(addrs))
+	for i, a := range addrs {
+		kept[i] = a.Unmap()
+	}
+	t.m[resolutionKey{r.Name, name}] = resolution{kept, now.Add(ttl)}
+}
+
+// Get returns name's addresses under rule r while its answer lasts.
+func (t *Resolutions) Get(r Rule, name string) []netip.Addr {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[resolutionKey{r.Name, name}]
+	if !ok || !e.until.After(t.now()) {
+		return nil
+	}
+	return e.addrs
+}
+
+// Remaining returns how long name's answer under r lasts, if it holds all
+// of addrs (0 otherwise).
+func (t *Resolutions) Remaining(r Rule, name string, addrs []netip.Addr) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[resolutionKey{r.Name, name}]
+	if !ok {
 		return 0
 	}
-	return least
+	have := map[netip.Addr]bool{}
+	for _, a := range e.addrs {
+		have[a] = true
+	}
+	for _, a := range addrs {
+		if !have[a.Unmap()] {
+			return 0
+		}
+	}
+	if left := e.until.Sub(t.now()); left > 0 {
+		return left
+	}
+	return 0
 }

@@ -555,6 +555,14 @@ func checkEgressRule(field string, r EgressRule) []error {
 		} else if !hostRE.MatchString(r.Host) || len(r.Host) > 253 {
 			errs = append(errs, ferr(field+".host", "%q is not a DNS name", r.Host))
 		}
+		if len(r.Ports) == 0 {
+			errs = append(errs, ferr(field+".ports", "a host rule names its ports (like [443]): the egress gateway serves TLS and HTTP to the name on those ports only"))
+		}
+		for i, port := range r.Ports {
+			if port == 53 {
+				errs = append(errs, ferr(fmt.Sprintf("%s.ports[%d]", field, i), "port 53 is the pod's resolver; a host rule cannot name it"))
+			}
+		}
 	default:
 		if r.AllowPrivate {
 			errs = append(errs, ferr(field+".allowPrivate", "only a host rule takes it; a CIDR rule names its addresses already"))

@@ -81,6 +81,9 @@ EOT
 binary_name = "$TOOLS_BIN/runsc"
 root = "$DIR/runsc-stock/root"
 EOT
+  # Pods get routes to the metadata addresses (the bridge holds them during
+  # the tests) and to 203.0.113.0/24 (TEST-NET-3: the e2e suite's web host,
+  # in a namespace of its own on this machine), and no default route.
   cat >"$DIR/cni/net.d/10-agentbox.conflist" <<EOT
 {
   "cniVersion": "1.0.0",
@@ -95,7 +98,7 @@ EOT
         "type": "host-local",
         "dataDir": "$DIR/cni/ipam",
         "ranges": [[{"subnet": "$SUBNET"}], [{"subnet": "$SUBNET6"}]],
-        "routes": [{"dst": "169.254.169.254/32"}, {"dst": "fd00:ec2::254/128"}]
+        "routes": [{"dst": "169.254.169.254/32"}, {"dst": "fd00:ec2::254/128"}, {"dst": "203.0.113.0/24"}]
       }
     },
     {"type": "loopback"}

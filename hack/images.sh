@@ -13,7 +13,8 @@ mode=${1:-cached}
 if [ "$mode" = installer ]; then img_dir=$REPO_ROOT/_output/images; fi
 mkdir -p "$img_dir"
 probe_src=$REPO_ROOT/internal/e2e/testdata/probe.c
-stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) v5"
+fetch_src=$REPO_ROOT/internal/e2e/abx-fetch/main.go
+stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) fetch=$(sha256sum "$fetch_src" | cut -c1-12) v6"
 if [ "$mode" = cached ] && [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -63,11 +64,15 @@ fi
 build_image agent latest /usr/local/bin/agent
 # The e2e suite's probe image: the agent image plus abx-probe, a small
 # static program that tries from inside the sandbox what the syscall
-# policy denies (internal/e2e/testdata/probe.c).
+# policy denies (internal/e2e/testdata/probe.c), and abx-fetch.
 step "compiling abx-probe (static)"
 gcc -static -O2 -pthread -o "$work/abx-probe" "$probe_src"
+# abx-fetch: an HTTPS client that verifies servers, with an attacker's
+# knobs (Host, SNI, the address dialled), for the egress gateway tests.
+step "compiling abx-fetch (static Go)"
+(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -o "$work/abx-fetch" ./internal/e2e/abx-fetch)
 # Its VOLUME makes containerd's CRI add an image-volume mount.
-EXTRA_BINS=$work/abx-probe VOLUME=/var/lib/probe build_image probe latest /usr/local/bin/agent
+EXTRA_BINS="$work/abx-probe $work/abx-fetch" VOLUME=/var/lib/probe build_image probe latest /usr/local/bin/agent
 # The pause image: a command that never exits and dies on SIGTERM/SIGKILL.
 build_image pause latest /bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
 echo "$stamp" >"$img_dir/.stamp"

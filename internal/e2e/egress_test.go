@@ -160,6 +160,9 @@ func startEgressServers(d *daemon) error {
 	if egress.sink, err = newSink(); err != nil {
 		return err
 	}
+	if err := startWebHost(); err != nil {
+		return err
+	}
 	return startDNSServers(d)
 }
 

@@ -104,12 +104,14 @@ func TestMain(m *testing.M) {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		stopWebHost()
 		if dev != nil {
 			dev.stop()
 		}
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopWebHost()
 	if err := kubeDown(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		code = 1
@@ -279,6 +281,27 @@ metadata: {name: e2e-dns}
 spec:
   role: e2e-dns
   subjects: [{namespace: e2e-dns}, {containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-gw}
+spec:
+  inherits: baseline
+  credentials:
+    env: {allow: [PATH, "AGENT_*"]}
+  network:
+    egress: allowlist
+    allow:
+      # The web host serves these and other.gw.e2e.test on one address.
+      - {host: a.gw.e2e.test, ports: [80, 443]}
+      - {host: b.gw.e2e.test, ports: [80, 443]}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-gw}
+spec:
+  role: e2e-gw
+  subjects: [{namespace: e2e-gw}]
 ---
 apiVersion: agentbox.dev/v1
 kind: Role

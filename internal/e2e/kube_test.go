@@ -700,19 +700,19 @@ func TestKubeTwoContainers(t *testing.T) {
 
 // TestKubeEgressAllowlist: a pod under an allowlist role resolves through
 // its resolver (the shim rewrites the kubelet's resolv.conf to name it): an
-// allowed name connects on its port, another port and a name off the list
-// do not. Every destination is on this machine: the upstream DNS server on
+// allowed name is fetched on its port through the egress gateway, another
+// port and a name off the list are not. Every destination is on this machine: the upstream DNS server on
 // loopback, the allowed server on the node's bridge.
 func TestKubeEgressAllowlist(t *testing.T) {
 	k := kubeCluster(t)
 	ns := k.namespace(t, "abx-egress")
 	const nodeIP = "10.97.0.1"
-	allowed, err := serve(nodeIP+":0", "hello-from-allowed\n")
+	allowed, err := serveHTTPReply(nodeIP+":0", "hello-from-allowed\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer allowed.ln.Close()
-	other, err := serve(nodeIP+":0", "hello-from-other\n")
+	other, err := serveHTTPReply(nodeIP+":0", "hello-from-other\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -750,10 +750,10 @@ spec:
   role: e2e-kube-egress
   subjects: [{namespace: %s}]
 `, allowed.port, ns))
-	script := "grep nameserver /etc/resolv.conf; " + probeScript(
-		net.JoinHostPort("api.kube.test", fmt.Sprint(allowed.port)),
-		net.JoinHostPort("api.kube.test", fmt.Sprint(other.port)),
-		net.JoinHostPort("other.kube.test", fmt.Sprint(allowed.port)),
+	script := "grep nameserver /etc/resolv.conf; " + fetchScript(
+		fmt.Sprintf("http://api.kube.test:%d/", allowed.port),
+		fmt.Sprintf("http://api.kube.test:%d/", other.port),
+		fmt.Sprintf("http://other.kube.test:%d/", allowed.port),
 	)
 	links := hostLinks()
 	k.apply(t, podSpec(ns, "egress", "agentbox", "e2e-kube-egress", "sh", "-c", script))
@@ -766,7 +766,7 @@ spec:
 	if !strings.Contains(logs, "nameserver 169.254.53.53") {
 		t.Errorf("resolv.conf does not name the pod's resolver")
 	}
-	if !strings.Contains(logs, fmt.Sprintf("probe api.kube.test:%d: hello-from-allowed", allowed.port)) {
+	if !strings.Contains(logs, fmt.Sprintf("fetch http://api.kube.test:%d/: hello-from-allowed", allowed.port)) {
 		t.Errorf("the allowed name and port did not connect")
 	}
 	if strings.Contains(logs, "hello-from-other") || other.count(nodeIP) != 0 {

@@ -1,0 +1,337 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentbox.dev/agentbox/internal/nsthread"
+	"agentbox.dev/agentbox/shim"
+)
+
+// The test web host: one address, in a network namespace of its own on
+// this machine (not the node's, not the pods' bridge), serving several
+// names, as a CDN does. The node reaches it over a veth pair.
+const (
+	webNetns  = "abx-e2e-web"
+	webLink   = "abx-web0"
+	webNode   = "203.0.113.1" // the node's end
+	webAddr   = "203.0.113.10"
+	gwAllowA  = "a.gw.e2e.test"
+	gwAllowB  = "b.gw.e2e.test"
+	gwOther   = "other.gw.e2e.test" // same address, no rule
+	gwAddress = "169.254.53.53"     // the pod's resolver and gateway
+)
+
+// webHost answers every request with the site (Host) it reached, over HTTP
+// on :80 and HTTPS on :443 (one certificate for all its names, from a test
+// CA), and counts requests by site and by the address they came from.
+type webHost struct {
+	caPEM string
+	mu    sync.Mutex
+	sites map[string]int
+	from  map[string]int
+	srv   []*http.Server
+}
+
+var web *webHost
+
+func (w *webHost) count(site string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sites[site]
+}
+
+func (w *webHost) clients() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range w.from {
+		out[k] = v
+	}
+	return out
+}
+
+func ipCmd(args ...string) error {
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// startWebHost creates the web host's namespace and link and serves it.
+func startWebHost() error {
+	stopWebHostNetns()
+	for _, args := range [][]string{
+		{"netns", "add", webNetns},
+		{"link", "add", webLink, "type", "veth", "peer", "name", "eth0", "netns", webNetns},
+		{"addr", "add", webNode + "/24", "dev", webLink},
+		{"link", "set", webLink, "up"},
+		{"-n", webNetns, "addr", "add", webAddr + "/24", "dev", "eth0"},
+		{"-n", webNetns, "link", "set", "eth0", "up"},
+		{"-n", webNetns, "link", "set", "lo", "up"},
+		{"-n", webNetns, "route", "add", "default", "via", webNode},
+	} {
+		if err := ipCmd(args...); err != nil {
+			return err
+		}
+	}
+	w := &webHost{sites: map[string]int{}, from: map[string]int{}}
+	cert, caPEM, err := webCert(gwAllowA, gwAllowB, gwOther)
+	if err != nil {
+		return err
+	}
+	w.caPEM = caPEM
+	var plain, secure net.Listener
+	err = nsthread.Run(nsthread.Path("/var/run/netns/"+webNetns), func() (err error) {
+		if plain, err = net.Listen("tcp4", webAddr+":80"); err != nil {
+			return err
+		}
+		secure, err = net.Listen("tcp4", webAddr+":443")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		from, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.mu.Lock()
+		w.sites[host]++
+		w.from[from]++
+		w.mu.Unlock()
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(rw, "site=%s path=%s\n", host, r.URL.Path)
+	})
+	s1 := &http.Server{Handler: h}
+	s2 := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	go s1.Serve(plain)
+	go s2.ServeTLS(secure, "", "")
+	w.srv = []*http.Server{s1, s2}
+	web = w
+	return nil
+}
+
+// stopWebHost stops the servers and removes the namespace and link.
+func stopWebHost() {
+	if web != nil {
+		for _, s := range web.srv {
+			s.Close()
+		}
+	}
+	stopWebHostNetns()
+}
+
+func stopWebHostNetns() {
+	exec.Command("ip", "link", "del", webLink).Run()
+	exec.Command("ip", "netns", "del", webNetns).Run()
+}
+
+// webCert makes a test CA and a certificate for names signed by it.
+func webCert(names ...string) (tls.Certificate, string, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, "", err
+	}
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agentbox e2e web CA"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, "", err
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, "", err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})), nil
+}
+
+// gwStep runs one probe in the pod and labels its output on one line.
+func gwStep(label, cmd string) string {
+	return fmt.Sprintf("echo \"== %s: $( (%s) 2>&1 | tr '\\n' ' ')\"", label, cmd)
+}
+
+// TestEgressGateway: under an allowlist of two names served, with a third,
+// from one address, only the allowed names get through, decided by name at
+// the gateway: another site by Host (on an allowed name's connection), by
+// SNI, by a name off the list, and a direct connection to the address are
+// refused, while the allowed names work over HTTP and HTTPS with the
+// client's own verification of the real server. Every request and refusal
+// is in the trail.
+func TestEgressGateway(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	before := web.clients()
+	p := newPodIn(t, "gw", "e2e-gw", map[string]string{"agentbox.dev/role": "e2e-gw"})
+	script := strings.Join([]string{
+		gwStep("resolve", "nslookup "+gwAllowA),
+		gwStep("http-allowed", "abx-fetch http://"+gwAllowA+"/h1"),
+		gwStep("http-other-host", "abx-fetch -host "+gwOther+" http://"+gwAllowA+"/h2"),
+		gwStep("http-other-name", "abx-fetch http://"+gwOther+"/h3"),
+		gwStep("https-allowed", "abx-fetch https://"+gwAllowB+"/t1"),
+		gwStep("https-other-sni", "abx-fetch -connect "+gwAllowA+":443 https://"+gwOther+"/t2"),
+		gwStep("https-no-sni", "abx-fetch -connect "+gwAllowA+":443 https://"+webAddr+"/t3"),
+		gwStep("https-direct", "abx-fetch -connect "+webAddr+":443 https://"+gwAllowA+"/t4"),
+		gwStep("http-direct", "abx-fetch -host "+gwAllowA+" http://"+webAddr+"/h4"),
+		"echo probes-done", "sleep 600",
+	}, "; ")
+	id := p.containerWith(t, "c", map[string]any{
+		"image":   map[string]any{"image": probeImage},
+		"command": []string{"sh", "-c", script},
+		"envs":    []map[string]string{{"key": "AGENT_CA_PEM", "value": web.caPEM}},
+	})
+	logs := waitLogs(t, id, "probes-done")
+	out := logs.stdout
+	lines := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(l, "== "); ok {
+			k, v, _ := strings.Cut(rest, ": ")
+			lines[k] = v
+		}
+	}
+	expect := func(step, want string, refused bool) {
+		t.Helper()
+		got, ok := lines[step]
+		switch {
+		case !ok:
+			t.Errorf("%s: no output", step)
+		case !strings.Contains(got, want):
+			t.Errorf("%s: got %q, want %q", step, got, want)
+		case refused && strings.Contains(got, "site="):
+			t.Errorf("%s: reached a site: %q", step, got)
+		}
+	}
+	expect("resolve", "Address: "+gwAddress, false)
+	expect("http-allowed", "site="+gwAllowA+" path=/h1", false)
+	expect("http-other-host", "status=403", true)
+	expect("http-other-name", "no such host", true)
+	expect("https-allowed", "status=200 body=site="+gwAllowB+" path=/t1", false)
+	expect("https-other-sni", "error:", true)
+	expect("https-no-sni", "error:", true)
+	expect("https-direct", "error:", true)
+	expect("http-direct", "error:", true)
+	if t.Failed() {
+		t.Fatalf("pod output:\n%s\nstderr:\n%s", out, logs.stderr)
+	}
+	// What the web host saw: the allowed sites only, each from the node
+	// (the gateway dials), never from the pod itself.
+	if n := web.count(gwOther); n != 0 {
+		t.Errorf("the other site was reached %d times", n)
+	}
+	if web.count(webAddr) != 0 {
+		t.Errorf("the web host was reached by address")
+	}
+	for from, n := range web.clients() {
+		if from != webNode && n != before[from] {
+			t.Errorf("%d requests came from %s, not the gateway on the node", n-before[from], from)
+		}
+	}
+	dev.crictl(60*time.Second, "stopp", p.id)
+	dev.crictl(60*time.Second, "rmp", p.id)
+	p.released = true
+
+	type seen struct {
+		request, refusedHost, connection, refusedSNI, refusedNoSNI, dnsRefused, connectGateway, connectDirect, stopped bool
+	}
+	var s seen
+	recs := readTrail(t, p.id)
+	for _, r := range recs {
+		d := r.Detail
+		switch r.Event {
+		case "agentbox/egress_request":
+			if d["host"] == gwAllowA && d["method"] == "GET" && d["path"] == "/h1" && d["http_status"] == "200" &&
+				d["dialled"] == webAddr+":80" && strings.HasPrefix(d["egress_rule"], "allow[0] host "+gwAllowA) && d["bytes_received"] != "" {
+				s.request = true
+			}
+		case "agentbox/egress_refused":
+			switch {
+			case d["host"] == gwOther && d["path"] == "/h2" && d["http_status"] == "403" && strings.Contains(d["reason"], "no host rule matches "+gwOther):
+				s.refusedHost = true
+			case d["sni"] == gwOther && strings.Contains(d["reason"], "no host rule matches "+gwOther):
+				s.refusedSNI = true
+			case strings.Contains(d["reason"], "no SNI"):
+				s.refusedNoSNI = true
+			}
+		case "agentbox/egress_connection":
+			if d["sni"] == gwAllowB && d["dialled"] == webAddr+":443" && d["bytes_sent"] != "" && d["bytes_received"] != "" {
+				s.connection = true
+			}
+		case "agentbox/dns_refused":
+			s.dnsRefused = s.dnsRefused || d["name"] == gwOther
+		case "agentbox/gateway_stopped":
+			s.stopped = r.Status == "Success"
+		case "syscall/connect":
+			if r.Dst == nil {
+				continue
+			}
+			switch {
+			case r.Dst.IP == gwAddress && r.Dst.Port == 80 && d["egress_rule"] == shim.RuleGateway && d["egress"] == "allow":
+				s.connectGateway = r.Status == "Success"
+			case r.Dst.IP == webAddr && d["egress"] == "deny" && d["egress_rule"] == "default deny":
+				s.connectDirect = true
+			}
+		}
+	}
+	if s != (seen{true, true, true, true, true, true, true, true, true}) {
+		for _, r := range recs {
+			if strings.HasPrefix(r.Event, "agentbox/") || r.Event == "syscall/connect" {
+				t.Logf("%s %s %s %v %v", r.Event, r.Status, r.Message, r.Dst, r.Detail)
+			}
+		}
+		t.Fatalf("trail: %+v", s)
+	}
+}
+
+// serveHTTPReply is a countingServer that speaks HTTP: every request is
+// answered reply and counted by the local address it reached.
+func serveHTTPReply(addr, reply string) (*countingServer, error) {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &countingServer{ln: ln, port: ln.Addr().(*net.TCPAddr).Port, hits: map[string]int{}}
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+			local, _, _ := net.SplitHostPort(a.String())
+			s.mu.Lock()
+			s.hits[local]++
+			s.accepts = append(s.accepts, time.Now())
+			s.mu.Unlock()
+		}
+		io.WriteString(w, reply)
+	}))
+	return s, nil
+}
+
+// fetchScript fetches each URL with busybox wget, labelled, then waits.
+func fetchScript(urls ...string) string {
+	var b strings.Builder
+	for _, u := range urls {
+		fmt.Fprintf(&b, "r=$(wget -q -O- -T 5 %s 2>&1); echo \"fetch %s: $r\"; ", u, u)
+	}
+	b.WriteString("echo probes-done; sleep 600")
+	return b.String()
+}

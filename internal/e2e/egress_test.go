@@ -480,11 +480,11 @@ func TestEgressCtrNetns(t *testing.T) {
 	}
 	run("ip", "netns", "exec", ns, "ip", "addr", "replace", ip, "dev", "eth0")
 	// Host rules work without the CRI too: the image's /etc/resolv.conf
-	// gives way to the resolver's, and the answered address opens.
-	otherAllowed := net.JoinHostPort(egress.other, fmt.Sprint(egress.allowed.port))
-	r = dev.runAgent(t, uniqueID("ctrdns"), []string{"--with-ns", "network:/var/run/netns/" + ns, "--annotation", "agentbox.dev/role=e2e-dns"},
-		"sh", "-c", strings.TrimSuffix(dnsScript("grep nameserver /etc/resolv.conf", lookup(dnsAllowed, ""), connect(otherAllowed), lookup(dnsNotListed, "")), "; sleep 600"))
-	for _, w := range []string{"nameserver 169.254.53.53", "lookup " + dnsAllowed + "@: rc=0 ", "probe " + otherAllowed + ": allowed-server", "lookup " + dnsNotListed + "@: rc=1 "} {
+	// gives way to the resolver's, and the gateway decides by name.
+	r = dev.ctr(90*time.Second, "run", "--rm", "--runtime", runtimeType, "--with-ns", "network:/var/run/netns/"+ns,
+		"--annotation", "agentbox.dev/role=e2e-gw", probeImage, uniqueID("ctrgw"),
+		"sh", "-c", "grep nameserver /etc/resolv.conf; abx-fetch http://"+gwAllowA+"/ctr; abx-fetch http://"+gwOther+"/ctr; echo done")
+	for _, w := range []string{"nameserver 169.254.53.53", "status=200 body=site=" + gwAllowA + " path=/ctr", "lookup " + gwOther, "no such host", "done"} {
 		if r.code != 0 || !strings.Contains(r.stdout, w) {
 			t.Errorf("ctr container, host rule: output lacks %q: %v", w, r)
 		}

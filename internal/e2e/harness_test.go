@@ -301,7 +301,7 @@ kind: RoleBinding
 metadata: {name: e2e-gw}
 spec:
   role: e2e-gw
-  subjects: [{namespace: e2e-gw}]
+  subjects: [{namespace: e2e-gw}, {containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1
 kind: Role

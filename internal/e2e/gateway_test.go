@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -120,6 +121,13 @@ func startWebHost() error {
 		w.from[from]++
 		w.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
+		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+			// A download of n bytes (benchmarks).
+			k, _ := strconv.ParseInt(n, 10, 64)
+			rw.Header().Set("Content-Length", n)
+			io.CopyN(rw, zeros{}, k)
+			return
+		}
 		fmt.Fprintf(rw, "site=%s path=%s\n", host, r.URL.Path)
 	})
 	s1 := &http.Server{Handler: h}
@@ -129,6 +137,13 @@ func startWebHost() error {
 	w.srv = []*http.Server{s1, s2}
 	web = w
 	return nil
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // stopWebHost stops the servers and removes the namespace and link.
@@ -169,6 +184,18 @@ func webCert(names ...string) (tls.Certificate, string, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})), nil
 }
 
+// runProbes runs script in a probe-image container of p that trusts the
+// web host's CA, and returns its logs once it says probes-done.
+func (p *pod) runProbes(t *testing.T, script string) result {
+	t.Helper()
+	id := p.containerWith(t, "c", map[string]any{
+		"image":   map[string]any{"image": probeImage},
+		"command": []string{"sh", "-c", script},
+		"envs":    []map[string]string{{"key": "AGENT_CA_PEM", "value": web.caPEM}},
+	})
+	return waitLogs(t, id, "probes-done")
+}
+
 // gwStep runs one probe in the pod and labels its output on one line.
 func gwStep(label, cmd string) string {
 	return fmt.Sprintf("echo \"== %s: $( (%s) 2>&1 | tr '\\n' ' ')\"", label, cmd)
@@ -198,12 +225,7 @@ func TestEgressGateway(t *testing.T) {
 		gwStep("http-direct", "abx-fetch -host "+gwAllowA+" http://"+webAddr+"/h4"),
 		"echo probes-done", "sleep 600",
 	}, "; ")
-	id := p.containerWith(t, "c", map[string]any{
-		"image":   map[string]any{"image": probeImage},
-		"command": []string{"sh", "-c", script},
-		"envs":    []map[string]string{{"key": "AGENT_CA_PEM", "value": web.caPEM}},
-	})
-	logs := waitLogs(t, id, "probes-done")
+	logs := p.runProbes(t, script)
 	out := logs.stdout
 	lines := map[string]string{}
 	for _, l := range strings.Split(out, "\n") {

@@ -305,6 +305,23 @@ spec:
 ---
 apiVersion: agentbox.dev/v1
 kind: Role
+metadata: {name: e2e-gw-cidr}
+spec:
+  inherits: baseline
+  network:
+    egress: allowlist
+    # The web host by address: the benchmark's reference for the gateway.
+    allow: [{cidr: 203.0.113.10/32, ports: [80, 443]}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-gw-cidr}
+spec:
+  role: e2e-gw-cidr
+  subjects: [{namespace: e2e-gw-cidr}]
+---
+apiVersion: agentbox.dev/v1
+kind: Role
 metadata: {name: e2e-masked}
 spec:
   inherits: baseline

@@ -4,9 +4,11 @@
 // with the knobs an attacker would turn: another Host, another SNI, and the
 // address to connect to (like curl --resolve).
 //
-//	abx-fetch [-host H] [-sni S] [-connect HOST:PORT] URL
+//	abx-fetch [-host H] [-sni S] [-connect HOST:PORT] [-n N] URL
 //
-// It prints "status=N body=..." or "error: ...".
+// It prints "status=N body=..." or "error: ...". With -n it makes N
+// requests one after another, each on a new connection, and prints their
+// latency (p50, p90, p99) and the bytes and seconds in all (benchmarks).
 package main
 
 import (
@@ -19,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"time"
 )
@@ -27,6 +30,7 @@ func main() {
 	host := flag.String("host", "", "the Host header (default: the URL's)")
 	sni := flag.String("sni", "", "the TLS server name (default: the URL's host)")
 	connect := flag.String("connect", "", "connect here instead of the URL's host and port")
+	n := flag.Int("n", 0, "make n requests and print their latency")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: abx-fetch [-host H] [-sni S] [-connect HOST:PORT] URL")
@@ -59,6 +63,11 @@ func main() {
 		req.Host = *host
 	}
 	c := &http.Client{Transport: tr, Timeout: 8 * time.Second}
+	if *n > 0 {
+		c.Timeout = 5 * time.Minute
+		repeat(c, req, *n)
+		return
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		fmt.Println("error:", err)
@@ -67,4 +76,31 @@ func main() {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	fmt.Printf("status=%d body=%s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// repeat makes n requests and prints their latency and volume.
+func repeat(c *http.Client, req *http.Request, n int) {
+	var took []time.Duration
+	var total int64
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		resp, err := c.Do(req)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		k, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			fmt.Println("error: status", resp.StatusCode)
+			os.Exit(1)
+		}
+		total += k
+		took = append(took, time.Since(t0))
+	}
+	secs := time.Since(start).Seconds()
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	q := func(f float64) float64 { return float64(took[int(f*float64(len(took)-1))].Microseconds()) / 1000 }
+	fmt.Printf("n=%d p50=%.2fms p90=%.2fms p99=%.2fms bytes=%d secs=%.3f\n", n, q(0.5), q(0.9), q(0.99), total, secs)
 }

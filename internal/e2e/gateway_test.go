@@ -348,11 +348,13 @@ func serveHTTPReply(addr, reply string) (*countingServer, error) {
 	return s, nil
 }
 
-// fetchScript fetches each URL with busybox wget, labelled, then waits.
-func fetchScript(urls ...string) string {
+// fetchScript sends an HTTP/1.0 GET to each host:port with busybox nc
+// (busybox wget crashes inside gVisor here), labelled, then waits.
+func fetchScript(targets ...string) string {
 	var b strings.Builder
-	for _, u := range urls {
-		fmt.Fprintf(&b, "r=$(wget -q -O- -T 5 %s 2>&1); echo \"fetch %s: $r\"; ", u, u)
+	for _, hp := range targets {
+		host, port, _ := net.SplitHostPort(hp)
+		fmt.Fprintf(&b, "r=$(printf 'GET / HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n' | nc -w 3 %s %s 2>&1 | tr '\\r\\n' '  '); echo \"fetch %s: $r\"; ", host, host, port, hp)
 	}
 	b.WriteString("echo probes-done; sleep 600")
 	return b.String()

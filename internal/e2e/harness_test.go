@@ -308,6 +308,8 @@ kind: Role
 metadata: {name: e2e-gw-cidr}
 spec:
   inherits: baseline
+  credentials:
+    env: {allow: [PATH, "AGENT_*"]}
   network:
     egress: allowlist
     # The web host by address: the benchmark's reference for the gateway.

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -751,9 +752,9 @@ spec:
   subjects: [{namespace: %s}]
 `, allowed.port, ns))
 	script := "grep nameserver /etc/resolv.conf; " + fetchScript(
-		fmt.Sprintf("http://api.kube.test:%d/", allowed.port),
-		fmt.Sprintf("http://api.kube.test:%d/", other.port),
-		fmt.Sprintf("http://other.kube.test:%d/", allowed.port),
+		net.JoinHostPort("api.kube.test", fmt.Sprint(allowed.port)),
+		net.JoinHostPort("api.kube.test", fmt.Sprint(other.port)),
+		net.JoinHostPort("other.kube.test", fmt.Sprint(allowed.port)),
 	)
 	links := hostLinks()
 	k.apply(t, podSpec(ns, "egress", "agentbox", "e2e-kube-egress", "sh", "-c", script))
@@ -766,7 +767,7 @@ spec:
 	if !strings.Contains(logs, "nameserver 169.254.53.53") {
 		t.Errorf("resolv.conf does not name the pod's resolver")
 	}
-	if !strings.Contains(logs, fmt.Sprintf("fetch http://api.kube.test:%d/: hello-from-allowed", allowed.port)) {
+	if !regexp.MustCompile(fmt.Sprintf(`fetch api\.kube\.test:%d: HTTP/1\.[01] 200 .*hello-from-allowed`, allowed.port)).MatchString(logs) {
 		t.Errorf("the allowed name and port did not connect")
 	}
 	if strings.Contains(logs, "hello-from-other") || other.count(nodeIP) != 0 {

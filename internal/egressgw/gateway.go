@@ -597,7 +597,13 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	ctx := r.Context()
+	// A client that half-closes after its request (HTTP/1.0 tools, nc)
+	// must still get the response: net/http cancels the request's context
+	// at the client's EOF, so the forwarded request runs on its own,
+	// bounded by the transport's timeouts and ended with the gateway.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
 	for k, v := range map[ctxKey]any{ruleKey: rule, eventKey: ev, dialledKey: &dialled, nameKey: name} {
 		ctx = context.WithValue(ctx, k, v)
 	}

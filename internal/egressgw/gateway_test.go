@@ -357,3 +357,21 @@ func TestPorts(t *testing.T) {
 		t.Fatalf("decide: %+v %q", r, why)
 	}
 }
+
+// TestHTTPHalfClose: a client that shuts its side after the request (nc,
+// HTTP/1.0 tools) still gets the response.
+func TestHTTPHalfClose(t *testing.T) {
+	f := newFixture(t, false, Config{})
+	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET /hc HTTP/1.0\r\nHost: a.test\r\n\r\n")
+	c.(*net.TCPConn).CloseWrite()
+	b, _ := io.ReadAll(c)
+	if !strings.Contains(string(b), "200 OK") || !strings.Contains(string(b), "site=a.test") {
+		t.Fatalf("response: %q", b)
+	}
+}

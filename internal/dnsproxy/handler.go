@@ -476,15 +476,8 @@ func hostName(msg []byte) (string, error) {
 		if b.Len() > 0 {
 			b.WriteByte('.')
 		}
-		for _, c := range msg[off : off+n] {
-			switch {
-			case c >= 'A' && c <= 'Z':
-				b.WriteByte(c + 'a' - 'A')
-			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
-				b.WriteByte(c)
-			default:
-				return "", fmt.Errorf("question name has byte %#x: not a host name", c)
-			}
+		if c, ok := netpolicy.AppendHostLabel(&b, msg[off:off+n]); !ok {
+			return "", fmt.Errorf("question name has byte %#x: not a host name", c)
 		}
 		off += n
 		if b.Len() > 253 {

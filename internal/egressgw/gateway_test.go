@@ -64,7 +64,7 @@ func (s *site) handler() http.Handler {
 		s.hits[host]++
 		s.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
-		fmt.Fprintf(w, "site=%s method=%s path=%s auth=%q\n", host, r.Method, r.URL.Path, r.Header.Get("Authorization"))
+		fmt.Fprintf(w, "site=%s method=%s path=%s\n", host, r.Method, r.URL.Path)
 	})
 }
 

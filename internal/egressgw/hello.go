@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
 // MaxHello bounds the bytes read before a decision: a ClientHello (even
@@ -195,16 +197,8 @@ func HostName(s string) (string, error) {
 		if b.Len() > 0 {
 			b.WriteByte('.')
 		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			switch {
-			case c >= 'A' && c <= 'Z':
-				b.WriteByte(c + 'a' - 'A')
-			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
-				b.WriteByte(c)
-			default:
-				return "", fmt.Errorf("%q has byte %#x: not a host name", clipName(s), c)
-			}
+		if c, ok := netpolicy.AppendHostLabel(&b, []byte(label)); !ok {
+			return "", fmt.Errorf("%q has byte %#x: not a host name", clipName(s), c)
 		}
 	}
 	// A name that is all digits and dots would be read as an address by

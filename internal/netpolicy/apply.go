@@ -75,12 +75,6 @@ func Remove(netns string) error {
 	return err
 }
 
-// Update runs nft input (such as Plan.Elements) in netns.
-func Update(netns, input string) error {
-	_, err := hostexec.InNetns(netns, input, "nft", "-f", "-")
-	return err
-}
-
 // Counters reads what the drop rules in netns caught so far.
 func Counters(netns string) (map[string]Counter, error) {
 	out, err := hostexec.InNetns(netns, "", "nft", "list", "table", "netdev", Table)

@@ -171,6 +171,24 @@ func (pl *Plan) MatchHost(name string) (Rule, bool) {
 	return Rule{}, false
 }
 
+// AppendHostLabel appends label to b in lower case if every byte of it is
+// one a host name's label is made of (letters, digits, '-', '_'), for the
+// resolver and the gateway alike; otherwise it returns the first byte that
+// is not, and b holds a part of the label.
+func AppendHostLabel(b *strings.Builder, label []byte) (byte, bool) {
+	for _, c := range label {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			b.WriteByte(c + 'a' - 'A')
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+			b.WriteByte(c)
+		default:
+			return c, false
+		}
+	}
+	return 0, true
+}
+
 // dnsExempt reports whether a CIDR rule lists the DNS port explicitly: DNS
 // to that network is what the role asked for.
 func (r Rule) dnsExempt() bool {

@@ -176,7 +176,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 			return h.fail(hdr, q, d, fmt.Errorf("allow %v: %w", addrs, err))
 		}
 		if h.Gateway.IsValid() {
-			answers, d.Gateway = gatewayAnswer(q, h.Gateway), h.Gateway
+			answers, d.Gateway = gatewayAnswer(q, h.Gateway, allowance), h.Gateway
 		}
 	}
 	// The pod caches no longer than the rules allow; owners are spelled the
@@ -250,10 +250,11 @@ func (h *Handler) remaining(r netpolicy.Rule, name string, addrs []netip.Addr) t
 	return h.Remaining(r, name, addrs).Truncate(time.Second)
 }
 
-// gatewayAnswer answers q with the gateway's address: one record of q's
-// type if the gateway has an address of that family, none otherwise.
-func gatewayAnswer(q dnsmessage.Question, gw netip.Addr) []dnsmessage.Resource {
-	hdr := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET}
+// gatewayAnswer answers q with the gateway's address for ttl (as long as
+// the kept answer lasts): one record of q's type if the gateway has an
+// address of that family, none otherwise.
+func gatewayAnswer(q dnsmessage.Question, gw netip.Addr, ttl time.Duration) []dnsmessage.Resource {
+	hdr := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: uint32(ttl / time.Second)}
 	switch {
 	case q.Type == dnsmessage.TypeA && gw.Is4():
 		return []dnsmessage.Resource{{Header: hdr, Body: &dnsmessage.AResource{A: gw.As4()}}}

@@ -412,6 +412,11 @@ func TestGatewayAnswer(t *testing.T) {
 	if len(resp.Answers) != 1 || resp.Answers[0].Body.(*dnsmessage.AResource).A != gw.As4() {
 		t.Fatalf("answers %+v", resp.Answers)
 	}
+	// The pod may cache the gateway's address as long as the kept answer
+	// lasts (upstream's 600 s, bounded to the handler's 30 s floor..1 h).
+	if ttl := resp.Answers[0].Header.TTL; ttl != 600 {
+		t.Errorf("gateway answer TTL %d, want 600", ttl)
+	}
 	if len(*calls) != 1 || (*calls)[0].addrs[0] != netip.MustParseAddr("192.0.2.10") {
 		t.Fatalf("kept %+v", *calls)
 	}

@@ -67,6 +67,8 @@ type createPlan struct {
 	undo        []func(status string)
 	// phases times Create (a bench trace; nil-safe).
 	phases *phases
+	// layers are the container's image layers, read when first needed.
+	layers func() (mountguard.Layers, error)
 }
 
 // push adds an undo step; status says how the container ended
@@ -97,9 +99,13 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 		return plan, err
 	}
 	ph.mark("resolve_mounts")
+	sb := plan.sandbox
+	if sb == nil {
+		sb, _ = s.sandboxes.sandbox(plan.joins)
+	}
 	res, err := compile.Compile(compile.Input{
 		Config: plan.cfg, Policies: plan.policies, Request: plan.request, Profile: plan.profile,
-		Secrets: readSecrets, Mounts: plan.mounts, OOMFloor: oomFloor(),
+		Secrets: secretsFor(sb), Mounts: plan.mounts, OOMFloor: oomFloor(),
 	}, plan.spec)
 	if plan.profile == nil && res != nil && res.Profile != nil {
 		s.resolved(plan, res.Profile)
@@ -194,7 +200,14 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 	if plan.mounts.MaskFile, err = mountguard.MaskFile(r.Bundle); err != nil {
 		return err
 	}
-	plan.mounts.Kind = pathKinds(r)
+	plan.layers = sync.OnceValues(func() (mountguard.Layers, error) {
+		var ms []mountguard.RootfsMount
+		for _, m := range r.Rootfs {
+			ms = append(ms, mountguard.RootfsMount{Type: m.Type, Source: m.Source, Options: m.Options})
+		}
+		return mountguard.LayersOf(r.Bundle, ms)
+	})
+	plan.mounts.Kind = pathKinds(plan.layers)
 	if err := hostNamespaces(spec); err != nil {
 		return errkind.PermissionDenied(err)
 	}
@@ -246,6 +259,15 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	if sb != nil && sb.dnsAddr.IsValid() {
 		// Every container of the pod resolves through its resolver.
 		more, err := ocispec.Apply(spec, resolvConfFor(r.Bundle, sb.dnsAddr))
+		if err != nil {
+			return err
+		}
+		changes = append(changes, more...)
+	}
+	if ca := sb.gatewayCA(); ca != nil {
+		// Every container of the pod trusts the gateway's CA, after its
+		// image's own roots.
+		more, err := ocispec.Apply(spec, trustFor(r.Bundle, ca.PEM(), plan.layers))
 		if err != nil {
 			return err
 		}
@@ -314,14 +336,7 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 // pathKinds says what masked paths are at start: beneath a staged bind
 // source, or in the container's image layers (read when first needed:
 // the runtime's own masked paths are all gVisor's).
-func pathKinds(r *task.CreateTaskRequest) func(root, rel string) (policy.PathKind, string, error) {
-	layers := sync.OnceValues(func() (mountguard.Layers, error) {
-		var ms []mountguard.RootfsMount
-		for _, m := range r.Rootfs {
-			ms = append(ms, mountguard.RootfsMount{Type: m.Type, Source: m.Source, Options: m.Options})
-		}
-		return mountguard.LayersOf(r.Bundle, ms)
-	})
+func pathKinds(layers func() (mountguard.Layers, error)) func(root, rel string) (policy.PathKind, string, error) {
 	return func(root, rel string) (policy.PathKind, string, error) {
 		if root != "" {
 			k, err := mountguard.KindBeneath(root, rel)
@@ -461,20 +476,6 @@ func sameClaims(a, b map[string]string) bool {
 		}
 	}
 	return true
-}
-
-// readSecrets reads the role's secrets from the node. Values never reach a
-// log or an error message.
-func readSecrets(p *policy.Profile) (map[string]string, error) {
-	out := map[string]string{}
-	for _, sec := range p.Credentials.Secrets {
-		b, err := os.ReadFile(sec.File)
-		if err != nil {
-			return nil, fmt.Errorf("secret %s of role %q: %w", sec.Env, p.Role, err)
-		}
-		out[sec.Env] = strings.TrimRight(string(b), "\n")
-	}
-	return out, nil
 }
 
 // configPathOf returns the config file containerd named for this container,

@@ -59,6 +59,20 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 		detail["resolver"] = sb.dnsAddr.String()
 		detail["upstreams"] = fmt.Sprint(sb.upstreams)
 		detail["hosts"] = strings.Join(pl.HostNames(), ", ")
+		if ca := sb.gatewayCA(); ca != nil {
+			var names, injected []string
+			for _, r := range pl.Hosts() {
+				if r.Inspect {
+					names = append(names, r.Host)
+				}
+			}
+			for _, in := range pl.Injects {
+				injected = append(injected, in.Header+" -> "+in.Host)
+			}
+			detail["inspected"] = strings.Join(names, ", ")
+			detail["injected"] = strings.Join(injected, ", ")
+			detail["gateway_ca"] = ca.Fingerprint()
+		}
 	}
 	sb.audit.trail.Emit(audit.TypeEgressApplied.New("Success",
 		fmt.Sprintf("egress %s: %d allow rule(s), default %s", sb.profile.Network.Egress, len(pl.Allow), map[bool]string{true: "accept", false: "deny"}[pl.DefaultAccept]), detail), true)
@@ -121,19 +135,24 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	sb.resolver = res
 	sb.egressMu.Unlock()
 	sb.dnsAddr, sb.upstreams = addr, ups
-	return startGateway(sb, pl, h, res, scrub)
+	return startGateway(cfg, sb, pl, h, res, scrub)
 }
 
 // startGateway serves the plan's host rules on the resolver's address: the
 // names it answered with that address are decided and dialled here. A
 // gateway that cannot listen fails the sandbox (fail closed).
-func startGateway(sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber) error {
+func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber) error {
 	ports := egressgw.Ports(pl)
 	if len(ports) == 0 {
 		return nil
 	}
 	trail := sb.audit.trail
+	ca, roots, secrets, err := inspection(cfg, sb, pl)
+	if err != nil {
+		return err
+	}
 	gw := egressgw.New(egressgw.Config{
+		CA: ca, UpstreamRoots: roots, Secrets: secrets,
 		Plan: pl,
 		// What the resolver answered the pod, else a lookup of its own
 		// through the same upstreams and withholding.
@@ -154,7 +173,7 @@ func startGateway(sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res
 		gw.Serve(ln, p)
 	}
 	sb.egressMu.Lock()
-	sb.gateway = gw
+	sb.gateway, sb.ca = gw, ca
 	sb.egressMu.Unlock()
 	return nil
 }
@@ -187,7 +206,14 @@ func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 	switch e.Kind {
 	case egressgw.Request:
 		typ, detail["egress"] = audit.TypeEgressRequest, "allow"
-		msg = fmt.Sprintf("%s http://%s%s -> %d (%s)", detail["method"], name, detail["path"], e.Status, e.Rule)
+		scheme := "http"
+		if e.Proto == "https" {
+			scheme = "https"
+		}
+		if len(e.Injected) > 0 {
+			detail["injected"] = strings.Join(e.Injected, ", ")
+		}
+		msg = fmt.Sprintf("%s %s://%s%s -> %d (%s)", detail["method"], scheme, name, detail["path"], e.Status, e.Rule)
 	case egressgw.Passthrough:
 		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
 		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)

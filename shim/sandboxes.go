@@ -52,6 +52,11 @@ type sandboxState struct {
 	// gateway is the pod's egress gateway (host rules). Guarded by
 	// egressMu.
 	gateway *egressgw.Gateway
+	// ca is the gateway's CA when it inspects rules (the containers trust
+	// it); placeholders are what the sandbox holds instead of the secrets
+	// the gateway injects, by variable. Guarded by egressMu.
+	ca           *egressgw.CA
+	placeholders map[string]string
 	// denials reads the drop rules' log. Guarded by egressMu.
 	denials *netpolicy.DenialLog
 	// dropsDone is closed once the drop counters are recorded (nil until

@@ -248,12 +248,15 @@ func (s *service) prepareExec(r *task.ExecProcessRequest) ([]string, error) {
 	if err := json.Unmarshal(r.Spec.GetValue(), &proc); err != nil {
 		return nil, fmt.Errorf("decode exec process spec: %w", err)
 	}
-	secrets, err := readSecrets(sb.profile)
+	secrets, err := secretsFor(sb)(sb.profile)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := sb.profile.ApplyProcess(&proc, secrets); err != nil {
 		return nil, err
+	}
+	if sb.gatewayCA() != nil {
+		proc.Env = withTrustEnv(proc.Env)
 	}
 	b, err := json.Marshal(&proc)
 	if err != nil {

@@ -351,9 +351,27 @@ func writeExplanation(w io.Writer, ex explanation) {
 	fmt.Fprintf(w, "exec:        writable places are noexec%s; devices %v\n", orList(" except under ", p.Filesystem.AllowExec), p.Filesystem.Devices)
 	var secrets []string
 	for _, s := range p.Credentials.Secrets {
-		secrets = append(secrets, s.Env+" <- "+s.File)
+		if s.Inject != nil {
+			format := s.Inject.Format
+			if format == "" {
+				format = policy.SecretToken
+			}
+			held := "never in the sandbox"
+			if s.Env != "" {
+				held = "the sandbox's " + s.Env + " holds a placeholder, refused if sent elsewhere"
+			}
+			secrets = append(secrets, fmt.Sprintf("%s: the gateway sets %s: %q on requests to %s over TLS (%s)", s.File, s.Inject.Header, format, s.Inject.Host, held))
+			continue
+		}
+		secrets = append(secrets, fmt.Sprintf("%s <- %s (REACHES THE AGENT: it can read it and send it to any host it reaches; use inject to keep it outside)", s.Env, s.File))
 	}
-	fmt.Fprintf(w, "credentials: env allow %v; secrets %v; service-account token %v\n", p.Credentials.EnvAllow, secrets, p.Credentials.ServiceAccountToken)
+	if len(secrets) == 0 {
+		secrets = []string{"none"}
+	}
+	fmt.Fprintf(w, "credentials: env allow %v; service-account token %v\n", p.Credentials.EnvAllow, p.Credentials.ServiceAccountToken)
+	for _, s := range secrets {
+		fmt.Fprintf(w, "  secret:    %s\n", s)
+	}
 	fmt.Fprintf(w, "limits:      cpu %s; memory %s; cpu time %s; open files %d; wall clock %s\n",
 		orNone(p.Limits.CPUMillis > 0, fmt.Sprintf("%dm", p.Limits.CPUMillis)), orNone(p.Limits.MemoryBytes > 0, fmt.Sprintf("%d bytes", p.Limits.MemoryBytes)),
 		orNone(p.Limits.CPUTimeSeconds > 0, fmt.Sprintf("%ds", p.Limits.CPUTimeSeconds)), p.Limits.OpenFiles, orNone(p.Limits.WallClock > 0, p.Limits.WallClock.String()))
@@ -403,6 +421,13 @@ func hostMounts(hm []policy.HostMount) string {
 	return strings.Join(parts, ", ")
 }
 
+func orAny(l []string) []string {
+	if len(l) == 0 {
+		return []string{"any"}
+	}
+	return l
+}
+
 func egressRules(rules []policy.EgressRule) string {
 	if len(rules) == 0 {
 		return ""
@@ -415,6 +440,9 @@ func egressRules(rules []policy.EgressRule) string {
 		}
 		if len(r.Ports) > 0 {
 			dst += fmt.Sprintf(" ports %v", r.Ports)
+		}
+		if r.HTTP != nil {
+			dst += fmt.Sprintf(" (TLS terminated: methods %v, paths %v)", orAny(r.HTTP.Methods), orAny(r.HTTP.Paths))
 		}
 		parts = append(parts, dst)
 	}

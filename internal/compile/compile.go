@@ -73,7 +73,11 @@ func Compile(in Input, spec *specs.Spec) (*Result, error) {
 		}
 	} else {
 		for _, s := range p.Credentials.Secrets {
-			secrets[s.Env] = "<secret from " + s.File + ">"
+			if s.Inject != nil {
+				secrets[s.Env] = "<placeholder: the gateway injects the secret from " + s.File + " toward " + s.Inject.Host + ">"
+			} else {
+				secrets[s.Env] = "<secret from " + s.File + ">"
+			}
 		}
 	}
 	rewrites := []ocispec.Rewrite{ocispec.StripGVisorAnnotations, ocispec.MarkSandboxRoot}

@@ -9,6 +9,7 @@ package config
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -62,6 +63,8 @@ type Config struct {
 	Audit Audit `toml:"audit"`
 	// Network configures egress enforcement's per-pod DNS resolver.
 	Network Network `toml:"network"`
+	// Egress configures the per-pod egress gateway.
+	Egress Egress `toml:"egress"`
 	// CRI says which containers are Kubernetes pods and where the files
 	// the runtime makes for them live.
 	CRI CRI `toml:"cri"`
@@ -196,6 +199,34 @@ type Network struct {
 	// loopback and link-local ranges and the node's own addresses are
 	// refused without being listed).
 	ClusterCIDRs []string `toml:"cluster_cidrs"`
+}
+
+// Egress configures the egress gateway that serves host rules.
+type Egress struct {
+	// UpstreamCAFile is a PEM file of CA certificates the gateway trusts,
+	// besides the node's roots, for the servers behind the rules it
+	// inspects (a corporate CA). Passthrough rules are verified by the
+	// agent itself.
+	UpstreamCAFile string `toml:"upstream_ca_file"`
+}
+
+// UpstreamRoots are the node's roots plus UpstreamCAFile's certificates.
+func (e Egress) UpstreamRoots() (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if e.UpstreamCAFile == "" {
+		return pool, nil
+	}
+	b, err := os.ReadFile(e.UpstreamCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("egress.upstream_ca_file: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("egress.upstream_ca_file: %s holds no PEM certificate", e.UpstreamCAFile)
+	}
+	return pool, nil
 }
 
 // ClusterPrefixes parses ClusterCIDRs.
@@ -509,6 +540,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Network.MinTTLSeconds < 1 || c.Network.MaxTTLSeconds < c.Network.MinTTLSeconds || c.Network.MaxTTLSeconds > 86400 {
 		errs = append(errs, fmt.Errorf("network.min_ttl_seconds %d and max_ttl_seconds %d: need 1 <= min <= max <= 86400", c.Network.MinTTLSeconds, c.Network.MaxTTLSeconds))
+	}
+	if f := c.Egress.UpstreamCAFile; f != "" && (!filepath.IsAbs(f) || filepath.Clean(f) != f) {
+		errs = append(errs, fmt.Errorf("egress.upstream_ca_file: %q must be a clean absolute path", f))
 	}
 	if !regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,75}$`).MatchString(c.CRI.Namespace) {
 		errs = append(errs, fmt.Errorf("cri.namespace: %q is not a containerd namespace", c.CRI.Namespace))

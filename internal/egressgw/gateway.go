@@ -3,6 +3,8 @@ package egressgw
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // Kind classifies an Event.
@@ -27,7 +30,8 @@ const (
 	// Passthrough: a TLS connection allowed by its SNI and spliced to the
 	// name's server; the agent verifies that server itself.
 	Passthrough Kind = "passthrough"
-	// Request: one HTTP request allowed by its Host and forwarded.
+	// Request: one HTTP request allowed by its Host and forwarded (plain
+	// HTTP, or HTTPS the gateway terminated for an inspected rule).
 	Request Kind = "request"
 	// Refused: a connection or request the gateway did not forward.
 	Refused Kind = "refused"
@@ -42,7 +46,7 @@ type Event struct {
 	// Port is the gateway port the agent connected to: the port the
 	// gateway dials.
 	Port int
-	// Proto is "tls" or "http".
+	// Proto is "tls" (passthrough), "http" or "https" (terminated).
 	Proto string
 	SNI   string
 	// Host is an HTTP request's Host, without its port.
@@ -61,6 +65,8 @@ type Event struct {
 	Duration       time.Duration
 	// Reason says why a refusal was one.
 	Reason string
+	// Injected names the headers the gateway set to a secret.
+	Injected []string
 }
 
 // Config is one pod's gateway.
@@ -83,6 +89,25 @@ type Config struct {
 	IdleTimeout time.Duration
 	// DialTimeout bounds the connection to the upstream.
 	DialTimeout time.Duration
+	// CA signs the certificates the gateway presents for inspected rules
+	// (the plan's rules with Inspect); without it they are refused.
+	CA *CA
+	// UpstreamRoots verify the servers behind inspected rules (nil: the
+	// node's roots).
+	UpstreamRoots *x509.CertPool
+	// Secrets are what the gateway injects (Plan.Injects with their values).
+	Secrets []Secret
+}
+
+// Secret is a credential the gateway sets on one host's requests.
+type Secret struct {
+	// Host is the exact name, lower case; Header is canonical.
+	Host, Header string
+	// Value is the header's whole value (the Format with the secret).
+	Value string
+	// Placeholder is what the sandbox holds instead ("" for none); sent
+	// anywhere but Header to Host, it is refused.
+	Placeholder string
 }
 
 // Defaults for what one pod can make the gateway hold (memory outside the
@@ -112,6 +137,9 @@ type Gateway struct {
 	fronts []*httpFront
 	closed bool
 }
+
+// fronts of one port: plain HTTP, and HTTPS the gateway terminated.
+type portFronts struct{ plain, tls *httpFront }
 
 // New makes a gateway; Serve gives it listeners.
 func New(cfg Config) *Gateway {
@@ -182,14 +210,16 @@ func (g *Gateway) Serve(ln net.Listener, port int) error {
 		return net.ErrClosed
 	}
 	g.lns = append(g.lns, ln)
-	front := g.newHTTPFront(port)
-	g.fronts = append(g.fronts, front)
+	front := portFronts{plain: g.newHTTPFront(port, false), tls: g.newHTTPFront(port, true)}
+	g.fronts = append(g.fronts, front.plain, front.tls)
 	g.mu.Unlock()
-	g.wg.Add(2)
-	go func() {
-		defer g.wg.Done()
-		front.srv.Serve(front.ln)
-	}()
+	g.wg.Add(3)
+	for _, f := range []*httpFront{front.plain, front.tls} {
+		go func() {
+			defer g.wg.Done()
+			f.srv.Serve(f.ln)
+		}()
+	}
 	go func() {
 		defer g.wg.Done()
 		for {
@@ -273,7 +303,7 @@ func addrPort(a net.Addr) netip.AddrPort {
 // handle reads what a connection starts with and decides: TLS by its SNI
 // (spliced), HTTP by each request's Host (forwarded), anything else
 // refused.
-func (g *Gateway) handle(c net.Conn, port int, front *httpFront) {
+func (g *Gateway) handle(c net.Conn, port int, front portFronts) {
 	ev := Event{Client: addrPort(c.RemoteAddr()), Port: port}
 	start := time.Now()
 	br := bufio.NewReaderSize(c, MaxHello+64)
@@ -285,7 +315,7 @@ func (g *Gateway) handle(c net.Conn, port int, front *httpFront) {
 	}
 	if IsTLS(first) {
 		ev.Proto = "tls"
-		g.passthrough(c, br, &ev, start)
+		g.passthrough(c, br, &ev, start, front.tls)
 		return
 	}
 	if first[0] < 'A' || first[0] > 'Z' {
@@ -295,7 +325,7 @@ func (g *Gateway) handle(c net.Conn, port int, front *httpFront) {
 	c.SetReadDeadline(time.Time{})
 	// HTTP: the front's server reads each request and this connection's
 	// slot is freed when it closes the connection.
-	if !front.ln.hand(&prefixConn{Conn: c, r: br, done: func() { g.release(c) }}) {
+	if !front.plain.ln.hand(&prefixConn{Conn: c, r: br, done: func() { g.release(c) }}) {
 		g.release(c)
 	}
 }
@@ -307,8 +337,10 @@ func (g *Gateway) refuse(c net.Conn, ev *Event, start time.Time, reason string) 
 }
 
 // passthrough decides a TLS connection by its ClientHello's SNI and
-// splices it to the name's server: the gateway dials what it resolved.
-func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start time.Time) {
+// splices it to the name's server: the gateway dials what it resolved. An
+// inspected rule's connection is terminated instead, and its requests go
+// to the TLS front.
+func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start time.Time, front *httpFront) {
 	h, err := peekHello(br)
 	if err != nil {
 		g.refuse(c, ev, start, "ClientHello: "+err.Error())
@@ -329,6 +361,10 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 		g.refuse(c, ev, start, why)
 		return
 	}
+	if rule.Inspect {
+		g.terminate(c, br, ev, start, h.SNI, front)
+		return
+	}
 	up, dialled, err := g.dial(g.ctx, rule, h.SNI, ev.Port)
 	ev.Dialled = dialled
 	if err != nil {
@@ -341,6 +377,44 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 	ev.Kind, ev.Duration = Passthrough, time.Since(start)
 	g.cfg.Record(*ev)
 	g.release(c)
+}
+
+// terminate completes the agent's TLS handshake with a certificate for sni
+// from the sandbox's CA, and hands the connection to the TLS front, which
+// decides each request.
+func (g *Gateway) terminate(c net.Conn, br *bufio.Reader, ev *Event, start time.Time, sni string, front *httpFront) {
+	if g.cfg.CA == nil {
+		g.refuse(c, ev, start, "the rule is inspected but the gateway has no CA")
+		return
+	}
+	name, err := HostName(sni)
+	if err != nil {
+		g.refuse(c, ev, start, "SNI: "+err.Error())
+		return
+	}
+	leaf, err := g.cfg.CA.Leaf(name)
+	if err != nil {
+		g.refuse(c, ev, start, err.Error())
+		return
+	}
+	// The TLS connection owns c from here: closing it releases the slot.
+	tc := tls.Server(&prefixConn{Conn: c, r: br, done: func() { g.release(c) }}, &tls.Config{
+		Certificates: []tls.Certificate{*leaf},
+		NextProtos:   []string{"http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	})
+	tc.SetDeadline(start.Add(g.cfg.HelloTimeout))
+	if err := tc.HandshakeContext(g.ctx); err != nil {
+		ev.Kind, ev.Proto, ev.Duration = Refused, "https", time.Since(start)
+		ev.Reason = "TLS handshake with the gateway (the client must trust the sandbox's CA): " + clipName(err.Error())
+		g.cfg.Record(*ev)
+		tc.Close()
+		return
+	}
+	tc.SetDeadline(time.Time{})
+	if !front.ln.hand(tc) {
+		tc.Close()
+	}
 }
 
 // peekHello reads until br holds a whole ClientHello (or too much).
@@ -497,34 +571,63 @@ const (
 	nameKey
 )
 
-func (g *Gateway) newHTTPFront(port int) *httpFront {
+// newHTTPFront makes the server of a port's plain HTTP connections, or
+// (terminated) of its inspected TLS ones, which go on over TLS to the
+// upstream, verified against UpstreamRoots.
+func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
 	f := &httpFront{ln: &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: &net.TCPAddr{Port: port}}}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		rule, _ := ctx.Value(ruleKey).(netpolicy.Rule)
+		host, _, _ := net.SplitHostPort(addr)
+		c, dialled, err := g.dial(ctx, rule, host, port)
+		if d, _ := ctx.Value(dialledKey).(*atomic.Value); d != nil {
+			d.Store(dialled)
+		}
+		return c, err
+	}
+	scheme := "http"
 	tr := &http.Transport{
-		Proxy: nil, // never the node's proxy variables
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			rule, _ := ctx.Value(ruleKey).(netpolicy.Rule)
-			host, _, _ := net.SplitHostPort(addr)
-			c, dialled, err := g.dial(ctx, rule, host, port)
-			if d, _ := ctx.Value(dialledKey).(*atomic.Value); d != nil {
-				d.Store(dialled)
-			}
-			return c, err
-		},
+		Proxy:                 nil, // never the node's proxy variables
+		DialContext:           dial,
 		MaxIdleConns:          16,
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       httpIdle,
 		ResponseHeaderTimeout: g.cfg.IdleTimeout,
 		DisableCompression:    true,
 	}
+	if terminated {
+		scheme = "https"
+		tr.DialContext = nil
+		tr.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			host, _, _ := net.SplitHostPort(addr)
+			tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: g.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+			if err := tc.HandshakeContext(ctx); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("TLS to %s: %w", host, err)
+			}
+			return tc, nil
+		}
+	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// The upstream is told the name that was decided on.
 			name := pr.In.Context().Value(nameKey).(string)
-			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Scheme = scheme
 			pr.Out.URL.Host = net.JoinHostPort(name, strconv.Itoa(port))
 			pr.Out.Host = name
 			if _, p := splitHost(pr.In.Host); p != "" {
 				pr.Out.Host = net.JoinHostPort(name, p)
+			}
+			if terminated {
+				for _, sec := range g.cfg.Secrets {
+					if sec.Host == name {
+						pr.Out.Header.Set(sec.Header, sec.Value)
+					}
+				}
 			}
 		},
 		Transport:     tr,
@@ -561,6 +664,9 @@ func splitHost(hostport string) (string, string) {
 func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, proxy *httputil.ReverseProxy) {
 	start := time.Now()
 	ev := &Event{Client: addrPortString(r.RemoteAddr), Port: port, Proto: "http", Method: clipName(r.Method), Path: ScrubPath(r.RequestURI)}
+	if r.TLS != nil {
+		ev.Proto, ev.SNI = "https", r.TLS.ServerName
+	}
 	cw := &countingWriter{ResponseWriter: w}
 	refuse := func(reason string) {
 		ev.Kind, ev.Reason = Refused, reason
@@ -593,6 +699,17 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		refuse(why)
 		return
 	}
+	if why := g.inspect(r, rule, name); why != "" {
+		refuse(why)
+		return
+	}
+	if r.TLS != nil {
+		for _, sec := range g.cfg.Secrets {
+			if sec.Host == name {
+				ev.Injected = append(ev.Injected, sec.Header)
+			}
+		}
+	}
 	body := &countingBody{ReadCloser: r.Body}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
@@ -610,6 +727,67 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	ev.Kind = Request
 	proxy.ServeHTTP(cw, r.WithContext(ctx))
 	ev.Sent = body.n
+}
+
+// inspect checks what an allowed name's request carries: on a terminated
+// connection its Host against the SNI (fronting), the rule's methods and
+// paths, and the secrets' placeholders. It says why it refuses, or "".
+func (g *Gateway) inspect(r *http.Request, rule netpolicy.Rule, name string) string {
+	if r.TLS != nil {
+		sni, err := HostName(r.TLS.ServerName)
+		if err != nil || sni != name {
+			return fmt.Sprintf("Host %s differs from the TLS server name %s (fronting)", name, clipName(r.TLS.ServerName))
+		}
+	}
+	if len(rule.Methods) > 0 && !contains(rule.Methods, r.Method) {
+		return fmt.Sprintf("method %s is not allowed by %s (it allows %s)", clipName(r.Method), rule.Name, strings.Join(rule.Methods, ", "))
+	}
+	if len(rule.Paths) > 0 {
+		raw := strings.ToLower(r.URL.EscapedPath())
+		switch {
+		case strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") || strings.Contains(r.URL.Path, "\\"):
+			return "path " + ScrubPath(r.RequestURI) + " holds an encoded '/' or a '\\': a rule with paths refuses it"
+		case r.URL.Path == "" || !policy.CanonicalPath(r.URL.Path):
+			return "path " + ScrubPath(r.RequestURI) + " is not a clean absolute path ('.', '..' or empty segments): a rule with paths refuses it"
+		case !policy.PathAllowed(rule.Paths, r.URL.Path):
+			return fmt.Sprintf("path %s is not allowed by %s", clipName(r.URL.Path), rule.Name)
+		}
+	}
+	for _, sec := range g.cfg.Secrets {
+		if sec.Placeholder == "" {
+			continue
+		}
+		if strings.Contains(r.RequestURI, sec.Placeholder) {
+			return fmt.Sprintf("the placeholder of the secret for %s was sent to %s in the URL", sec.Host, name)
+		}
+		for k, vs := range r.Header {
+			if k == sec.Header && sec.Host == name && r.TLS != nil {
+				continue // replaced with the secret
+			}
+			for _, v := range vs {
+				if strings.Contains(v, sec.Placeholder) {
+					return fmt.Sprintf("the placeholder of the secret for %s was sent to %s in header %s", sec.Host, name, clipName(k))
+				}
+			}
+		}
+	}
+	if r.TLS == nil {
+		for _, sec := range g.cfg.Secrets {
+			if sec.Host == name {
+				return "the secret for " + name + " is injected over TLS only: use https"
+			}
+		}
+	}
+	return ""
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
 
 func addrPortString(s string) netip.AddrPort {

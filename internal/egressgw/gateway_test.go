@@ -64,7 +64,7 @@ func (s *site) handler() http.Handler {
 		s.hits[host]++
 		s.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
-		fmt.Fprintf(w, "site=%s method=%s path=%s\n", host, r.Method, r.URL.Path)
+		fmt.Fprintf(w, "site=%s method=%s path=%s auth=%q\n", host, r.Method, r.URL.Path, r.Header.Get("Authorization"))
 	})
 }
 
@@ -104,6 +104,20 @@ func listenPair(t *testing.T) (gw, up net.Listener) {
 
 func newFixture(t *testing.T, useTLS bool, cfg Config) *fixture {
 	t.Helper()
+	return newFixtureWith(t, useTLS, cfg, func(port int) netpolicy.Plan {
+		pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+			{Host: "a.test", Ports: []int{port}}, {Host: "b.test", Ports: []int{port}}, {Host: "elsewhere.test", Ports: []int{1}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *pl
+	})
+}
+
+// newFixtureWith is newFixture with the plan made for the port.
+func newFixtureWith(t *testing.T, useTLS bool, cfg Config, plan func(port int) netpolicy.Plan) *fixture {
+	t.Helper()
 	gln, uln := listenPair(t)
 	port := gln.Addr().(*net.TCPAddr).Port
 	f := &fixture{port: port, site: &site{hits: map[string]int{}}, events: make(chan Event, 100)}
@@ -117,14 +131,11 @@ func newFixture(t *testing.T, useTLS bool, cfg Config) *fixture {
 		go srv.Serve(uln)
 	}
 	t.Cleanup(func() { srv.Close() })
-	egress := policy.EgressAllowlist
-	pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: egress, Allow: []policy.EgressRule{
-		{Host: "a.test", Ports: []int{port}}, {Host: "b.test", Ports: []int{port}}, {Host: "elsewhere.test", Ports: []int{1}},
-	}}})
-	if err != nil {
-		t.Fatal(err)
+	pl := plan(port)
+	cfg.Plan = &pl
+	if cfg.CA != nil && cfg.UpstreamRoots == nil {
+		cfg.UpstreamRoots = f.pool
 	}
-	cfg.Plan = pl
 	if cfg.Lookup == nil {
 		cfg.Lookup = func(_ context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error) {
 			return []netip.Addr{netip.MustParseAddr("127.0.0.2")}, nil

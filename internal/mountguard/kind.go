@@ -3,6 +3,7 @@ package mountguard
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,12 +95,18 @@ func LayersOf(bundle string, mounts []RootfsMount) (Layers, error) {
 // it, the rest of p appended), which may lie on another mount, for the
 // caller to look up instead.
 func (l Layers) Lookup(p string) (kind policy.PathKind, next string, err error) {
+	_, kind, next, err = l.locate(p)
+	return kind, next, err
+}
+
+// locate is Lookup, also naming the layer a file is found in.
+func (l Layers) locate(p string) (layer string, kind policy.PathKind, next string, err error) {
 	p = filepath.Clean("/" + p)
 	if p == "/" {
-		return policy.PathDir, "", nil
+		return "", policy.PathDir, "", nil
 	}
 	comps := strings.Split(p[1:], "/")
-	for _, layer := range l {
+	for _, layer = range l {
 		opaque := false
 		hp := layer
 		for i, c := range comps {
@@ -108,32 +115,32 @@ func (l Layers) Lookup(p string) (kind policy.PathKind, next string, err error) 
 			err := unix.Lstat(hp, &st)
 			if errors.Is(err, unix.ENOENT) {
 				if opaque {
-					return policy.PathAbsent, "", nil
+					return "", policy.PathAbsent, "", nil
 				}
 				break // the layers below decide
 			}
 			if err != nil {
-				return 0, "", fmt.Errorf("layer %s: %w", layer, err)
+				return "", 0, "", fmt.Errorf("layer %s: %w", layer, err)
 			}
 			last := i == len(comps)-1
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFCHR:
 				if st.Rdev == 0 {
-					return policy.PathAbsent, "", nil // whiteout
+					return "", policy.PathAbsent, "", nil // whiteout
 				}
 			case unix.S_IFLNK:
 				target, err := os.Readlink(hp)
 				if err != nil {
-					return 0, "", fmt.Errorf("layer %s: %w", layer, err)
+					return "", 0, "", fmt.Errorf("layer %s: %w", layer, err)
 				}
 				if !filepath.IsAbs(target) {
 					target = filepath.Join("/", filepath.Join(comps[:i]...), target)
 				}
 				next := filepath.Join(append([]string{"/", target}, comps[i+1:]...)...)
-				return 0, filepath.Clean(next), nil
+				return "", 0, filepath.Clean(next), nil
 			case unix.S_IFDIR:
 				if last {
-					return policy.PathDir, "", nil
+					return "", policy.PathDir, "", nil
 				}
 				if v, _ := lgetxattr(hp, "trusted.overlay.opaque"); v == "y" {
 					opaque = true
@@ -141,12 +148,67 @@ func (l Layers) Lookup(p string) (kind policy.PathKind, next string, err error) 
 				continue
 			}
 			if last {
-				return policy.PathFile, "", nil
+				return layer, policy.PathFile, "", nil
 			}
-			return policy.PathAbsent, "", nil // below a file
+			return "", policy.PathAbsent, "", nil // below a file
 		}
 	}
-	return policy.PathAbsent, "", nil
+	return "", policy.PathAbsent, "", nil
+}
+
+// ReadFile reads the file at the absolute path p of the merged view of the
+// layers, at most limit bytes, following the image's symlinks inside the
+// image (at most 8), never on the host.
+func (l Layers) ReadFile(p string, limit int64) ([]byte, error) {
+	for hop := 0; hop < 8; hop++ {
+		layer, kind, next, err := l.locate(p)
+		if err != nil {
+			return nil, err
+		}
+		if next != "" {
+			p = next
+			continue
+		}
+		if kind != policy.PathFile {
+			return nil, fmt.Errorf("%s: %w", p, os.ErrNotExist)
+		}
+		return ReadFileBeneath(layer, strings.TrimPrefix(filepath.Clean(p), "/"), limit)
+	}
+	return nil, fmt.Errorf("%s: too many symlinks", p)
+}
+
+// ReadFileBeneath reads the regular file rel beneath root without following
+// any symlink, at most limit bytes.
+func ReadFileBeneath(root, rel string, limit int64) ([]byte, error) {
+	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	rfd, err := unix.Openat2(unix.AT_FDCWD, root, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_DIRECTORY})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(rfd)
+	fd, err := unix.Openat2(rfd, rel, &how)
+	if err != nil {
+		return nil, fmt.Errorf("open %s beneath %s: %w", rel, root, err)
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s beneath %s is not a regular file", rel, root)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s beneath %s is %d bytes, over %d", rel, root, st.Size(), limit)
+	}
+	b := make([]byte, st.Size())
+	n, err := io.ReadFull(f, b)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, err
+	}
+	return b[:n], nil
 }
 
 func lgetxattr(path, name string) (string, error) {

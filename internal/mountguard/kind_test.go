@@ -136,3 +136,38 @@ func TestKindBeneath(t *testing.T) {
 		t.Error("through a symlink: accepted")
 	}
 }
+
+func TestLayersReadFile(t *testing.T) {
+	upper, lower := t.TempDir(), t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(lower, "etc/ssl/certs"), 0o755))
+	must(os.WriteFile(filepath.Join(lower, "etc/ssl/certs/ca-certificates.crt"), []byte("BUNDLE"), 0o644))
+	// Alpine's layout: a relative symlink, resolved in the image.
+	must(os.Symlink("certs/ca-certificates.crt", filepath.Join(lower, "etc/ssl/cert.pem")))
+	// A hostile image: an absolute symlink means the image's root, not the host's.
+	must(os.MkdirAll(filepath.Join(upper, "etc/pki"), 0o755))
+	must(os.Symlink("/etc/ssl/certs/ca-certificates.crt", filepath.Join(upper, "etc/pki/abs.pem")))
+	must(os.Symlink("../../../../../../../../etc/hostname", filepath.Join(upper, "etc/pki/escape.pem")))
+	must(os.WriteFile(filepath.Join(upper, "big"), make([]byte, 100), 0o644))
+	l := Layers{upper, lower}
+	for _, p := range []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem", "/etc/pki/abs.pem"} {
+		b, err := l.ReadFile(p, 1<<20)
+		if err != nil || string(b) != "BUNDLE" {
+			t.Errorf("%s: %q %v", p, b, err)
+		}
+	}
+	if b, err := l.ReadFile("/etc/pki/escape.pem", 1<<20); err == nil {
+		t.Errorf("a symlink out of the image read the host's file: %q", b)
+	}
+	if _, err := l.ReadFile("/big", 10); err == nil || !strings.Contains(err.Error(), "over 10") {
+		t.Errorf("limit: %v", err)
+	}
+	if _, err := l.ReadFile("/absent", 10); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("absent: %v", err)
+	}
+}

@@ -12,6 +12,7 @@ package netpolicy
 
 import (
 	"fmt"
+	"net/http"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -49,6 +50,26 @@ type Rule struct {
 	Name string
 	// AllowPrivate: a host rule may open private destinations.
 	AllowPrivate bool
+	// Methods and Paths restrict a host rule's requests (policy.HTTPRule).
+	Methods, Paths []string
+	// Inspect: the gateway terminates this host rule's TLS to see each
+	// request (it restricts methods or paths, or a secret is injected
+	// toward a name it allows).
+	Inspect bool
+}
+
+// Inject is a secret the gateway adds to one host's requests (its value is
+// read by the shim, never held in a plan).
+type Inject struct {
+	// Host is the exact name, lower case.
+	Host string
+	// Header is canonical ("Authorization").
+	Header string
+	// Format holds policy.SecretToken where the secret goes.
+	Format string
+	// Env is the variable holding the placeholder ("" for none); File is
+	// the node file of the secret.
+	Env, File string
 }
 
 // Plan is a role's egress policy, compiled.
@@ -65,6 +86,9 @@ type Plan struct {
 	// its own resolver, and DNS (port 53) to any other address is dropped
 	// unless a CIDR rule lists port 53.
 	Resolver bool
+	// Injects are the role's secrets with inject, whose host rules are
+	// inspected.
+	Injects []Inject
 }
 
 // DNSPort is the port DNS to resolvers other than the pod's is dropped on.
@@ -96,8 +120,12 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			if len(ports) == 0 {
 				return nil, fmt.Errorf("network.allow[%d]: host %s names no ports: the egress gateway serves a host rule's listed ports", i, host)
 			}
-			pl.Allow = append(pl.Allow, Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate,
-				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)})
+			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate,
+				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)}
+			if r.HTTP != nil {
+				rule.Methods, rule.Paths, rule.Inspect = r.HTTP.Methods, r.HTTP.Paths, true
+			}
+			pl.Allow = append(pl.Allow, rule)
 			continue
 		}
 		pfx, err := netip.ParsePrefix(r.CIDR)
@@ -109,6 +137,28 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			named[pfx.Addr()] = true
 		}
 		pl.Allow = append(pl.Allow, Rule{Prefix: pfx, Ports: ports, Name: fmt.Sprintf("allow[%d] %s%s", i, pfx, suffix)})
+	}
+	for _, sec := range p.Credentials.Secrets {
+		if sec.Inject == nil || !pl.Resolver {
+			continue
+		}
+		in := Inject{Host: strings.TrimSuffix(strings.ToLower(sec.Inject.Host), "."), Header: http.CanonicalHeaderKey(sec.Inject.Header),
+			Format: sec.Inject.Format, Env: sec.Env, File: sec.File}
+		if in.Format == "" {
+			in.Format = policy.SecretToken
+		}
+		found := false
+		for j := range pl.Allow {
+			if pl.Allow[j].Host != "" && hostMatches(pl.Allow[j].Host, in.Host) {
+				// The first rule matching is the one the gateway decides by.
+				pl.Allow[j].Inspect, found = true, true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("credentials: the secret for %s: no host rule allows that name", in.Host)
+		}
+		pl.Injects = append(pl.Injects, in)
 	}
 	for _, m := range MetadataAddresses {
 		if !named[m] {
@@ -157,18 +207,30 @@ func (pl *Plan) MatchHost(name string) (Rule, bool) {
 		return Rule{}, false
 	}
 	for _, r := range pl.Allow {
-		if r.Host == "" {
-			continue
-		}
-		if suffix, wild := strings.CutPrefix(r.Host, "*"); wild {
-			if len(name) > len(suffix) && strings.HasSuffix(name, suffix) {
-				return r, true
-			}
-		} else if name == r.Host {
+		if r.Host != "" && hostMatches(r.Host, name) {
 			return r, true
 		}
 	}
 	return Rule{}, false
+}
+
+// hostMatches: pattern is name, or "*.suffix" and name is below suffix.
+func hostMatches(pattern, name string) bool {
+	if suffix, wild := strings.CutPrefix(pattern, "*"); wild {
+		return len(name) > len(suffix) && strings.HasSuffix(name, suffix)
+	}
+	return name == pattern
+}
+
+// Inspected says whether any host rule is inspected: the gateway needs its
+// CA, and the sandbox trusts it.
+func (pl *Plan) Inspected() bool {
+	for _, r := range pl.Allow {
+		if r.Inspect {
+			return true
+		}
+	}
+	return false
 }
 
 // AppendHostLabel appends label to b in lower case if every byte of it is

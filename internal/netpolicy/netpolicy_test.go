@@ -220,3 +220,36 @@ func TestParseCounters(t *testing.T) {
 		}
 	}
 }
+
+func TestCompileInspected(t *testing.T) {
+	p := &policy.Profile{
+		Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+			{Host: "a.example", Ports: []int{443}},
+			{Host: "*.api.example", Ports: []int{443}},
+			{Host: "b.example", Ports: []int{443}, HTTP: &policy.HTTPRule{Methods: []string{"GET"}}},
+			{Host: "c.example", Ports: []int{443}},
+		}},
+		Credentials: policy.CredentialsProfile{Secrets: []policy.Secret{
+			{Env: "K", File: "/k", Inject: &policy.Inject{Host: "v1.api.example", Header: "x-api-key"}},
+			{Env: "E", File: "/e"},
+		}},
+	}
+	pl, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inspected []bool
+	for _, r := range pl.Allow {
+		inspected = append(inspected, r.Inspect)
+	}
+	if fmt.Sprint(inspected) != "[false true true false]" || !pl.Inspected() {
+		t.Fatalf("inspected %v", inspected)
+	}
+	if len(pl.Injects) != 1 || pl.Injects[0] != (Inject{Host: "v1.api.example", Header: "X-Api-Key", Format: "{secret}", Env: "K", File: "/k"}) {
+		t.Fatalf("injects %+v", pl.Injects)
+	}
+	p.Credentials.Secrets[0].Inject.Host = "elsewhere.example"
+	if _, err := Compile(p); err == nil || !strings.Contains(err.Error(), "no host rule allows") {
+		t.Fatalf("an inject no rule allows: %v", err)
+	}
+}

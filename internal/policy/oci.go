@@ -93,6 +93,9 @@ func (p *Profile) ApplyProcess(proc *specs.Process, secrets map[string]string) (
 	proc.Rlimits = p.boundRlimits(proc.Rlimits)
 	env, dropped := p.FilterEnv(proc.Env)
 	for _, sec := range p.Credentials.Secrets {
+		if sec.Env == "" {
+			continue // injected by the gateway only
+		}
 		v, ok := secrets[sec.Env]
 		if !ok {
 			return "", errkind.FailedPrecondition(fmt.Errorf("secret %s of role %q was not provided", sec.Env, p.Role))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/http"
 	"path"
 	"regexp"
 	"sort"
@@ -448,17 +449,33 @@ func (p *Profile) compileCredentials(cr Credentials) []error {
 	}
 	p.Credentials.Secrets = nonNil(cr.Secrets)
 	seenEnv := map[string]bool{}
+	seenInject := map[string]bool{}
 	for i, sec := range p.Credentials.Secrets {
 		ip := fmt.Sprintf("credentials.secrets[%d]", i)
-		if !envNameRE.MatchString(sec.Env) {
+		switch {
+		case sec.Env == "" && sec.Inject == nil:
+			errs = append(errs, ferr(ip, "names neither env (the agent holds the secret) nor inject (the gateway adds it to one host's requests)"))
+		case sec.Env != "" && !envNameRE.MatchString(sec.Env):
 			errs = append(errs, ferr(ip+".env", "%q is not an environment variable name", sec.Env))
-		}
-		if seenEnv[sec.Env] {
+		case sec.Env != "" && seenEnv[sec.Env]:
 			errs = append(errs, ferr(ip+".env", "%q is injected twice", sec.Env))
 		}
-		seenEnv[sec.Env] = true
+		if sec.Env != "" {
+			seenEnv[sec.Env] = true
+		}
 		if err := checkPath(ip+".file", sec.File); err != nil {
 			errs = append(errs, err)
+		}
+		if in := sec.Inject; in != nil {
+			errs = append(errs, checkInject(ip+".inject", *in)...)
+			key := strings.ToLower(in.Host) + " " + http.CanonicalHeaderKey(in.Header)
+			if seenInject[key] {
+				errs = append(errs, ferr(ip+".inject", "header %s of %s is injected twice", in.Header, in.Host))
+			}
+			seenInject[key] = true
+			if !p.hostAllowed(in.Host) {
+				errs = append(errs, ferr(ip+".inject.host", "%q is not allowed by any host rule in network.allow: the secret would never be sent", in.Host))
+			}
 		}
 	}
 	p.Credentials.ServiceAccountToken = deref(cr.ServiceAccountToken, false)
@@ -563,7 +580,13 @@ func checkEgressRule(field string, r EgressRule) []error {
 				errs = append(errs, ferr(fmt.Sprintf("%s.ports[%d]", field, i), "port 53 is the pod's resolver; a host rule cannot name it"))
 			}
 		}
+		if r.HTTP != nil {
+			errs = append(errs, checkHTTP(field+".http", *r.HTTP)...)
+		}
 	default:
+		if r.HTTP != nil {
+			errs = append(errs, ferr(field+".http", "only a host rule takes it: the gateway decides requests by name"))
+		}
 		if r.AllowPrivate {
 			errs = append(errs, ferr(field+".allowPrivate", "only a host rule takes it; a CIDR rule names its addresses already"))
 		}
@@ -577,6 +600,135 @@ func checkEgressRule(field string, r EgressRule) []error {
 		}
 	}
 	return errs
+}
+
+// hopHeaders are the request headers a secret may not be injected as: the
+// gateway or the HTTP framing owns them.
+var hopHeaders = map[string]bool{
+	"Host": true, "Connection": true, "Content-Length": true, "Transfer-Encoding": true, "Te": true,
+	"Trailer": true, "Upgrade": true, "Keep-Alive": true, "Proxy-Connection": true, "Expect": true,
+}
+
+// headerRE is an HTTP header name (RFC 9110 token).
+var headerRE = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+
+func checkInject(field string, in Inject) []error {
+	var errs []error
+	switch {
+	case in.Host == "":
+		errs = append(errs, ferr(field+".host", "is empty: name the host whose requests carry the secret"))
+	case strings.HasPrefix(in.Host, "*"):
+		errs = append(errs, ferr(field+".host", "%q is a pattern: a secret goes to one exact name", in.Host))
+	case net.ParseIP(in.Host) != nil || !hostRE.MatchString(in.Host) || len(in.Host) > 253:
+		errs = append(errs, ferr(field+".host", "%q is not a DNS name", in.Host))
+	}
+	switch {
+	case !headerRE.MatchString(in.Header):
+		errs = append(errs, ferr(field+".header", "%q is not an HTTP header name", in.Header))
+	case hopHeaders[http.CanonicalHeaderKey(in.Header)]:
+		errs = append(errs, ferr(field+".header", "%s is the HTTP framing's or the gateway's; a secret cannot be sent as it", http.CanonicalHeaderKey(in.Header)))
+	}
+	if in.Format != "" {
+		if strings.Count(in.Format, SecretToken) != 1 {
+			errs = append(errs, ferr(field+".format", "%q must hold %s once", in.Format, SecretToken))
+		}
+		for _, c := range in.Format {
+			if c < 0x20 || c == 0x7f {
+				errs = append(errs, ferr(field+".format", "%q holds a control character", in.Format))
+				break
+			}
+		}
+	}
+	return errs
+}
+
+// SecretToken is where a secret goes in an Inject's Format.
+const SecretToken = "{secret}"
+
+// hostAllowed says whether a host rule of the profile allows name (the
+// gateway's matching: exact, or "*.suffix" for the names below suffix).
+func (p *Profile) hostAllowed(name string) bool {
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	for _, r := range p.Network.Allow {
+		h := strings.TrimSuffix(strings.ToLower(r.Host), ".")
+		if h == "" {
+			continue
+		}
+		if suffix, wild := strings.CutPrefix(h, "*"); wild {
+			if len(name) > len(suffix) && strings.HasSuffix(name, suffix) {
+				return true
+			}
+		} else if h == name {
+			return true
+		}
+	}
+	return false
+}
+
+// checkHTTP checks a host rule's http section.
+func checkHTTP(field string, h HTTPRule) []error {
+	var errs []error
+	if len(h.Methods) == 0 && len(h.Paths) == 0 {
+		errs = append(errs, ferr(field, "restricts nothing: list methods or paths, or drop http"))
+	}
+	for i, m := range h.Methods {
+		if !methodRE.MatchString(m) {
+			errs = append(errs, ferr(fmt.Sprintf("%s.methods[%d]", field, i), "%q is not an HTTP method in upper case (GET, POST, ...)", m))
+		} else if m == "CONNECT" {
+			errs = append(errs, ferr(fmt.Sprintf("%s.methods[%d]", field, i), "CONNECT is never served by the gateway"))
+		}
+	}
+	for i, pt := range h.Paths {
+		f := fmt.Sprintf("%s.paths[%d]", field, i)
+		base := strings.TrimSuffix(pt, "*")
+		switch {
+		case !strings.HasPrefix(pt, "/"):
+			errs = append(errs, ferr(f, "%q does not start with /", pt))
+		case strings.Contains(base, "*"):
+			errs = append(errs, ferr(f, "%q has '*' inside it; only a final '*' (a prefix) is understood", pt))
+		case !CanonicalPath(base) && base != "/":
+			errs = append(errs, ferr(f, "%q is not a clean path (no '.', '..' or empty segments)", pt))
+		case strings.ContainsAny(pt, "?#%"):
+			errs = append(errs, ferr(f, "%q holds '?', '#' or '%%': paths are matched decoded, without the query", pt))
+		}
+	}
+	return errs
+}
+
+var methodRE = regexp.MustCompile(`^[A-Z][A-Z-]{0,19}$`)
+
+// CanonicalPath reports whether p (decoded, starting with '/') has no '.',
+// '..' or empty segments: the path that is checked is the path the server
+// sees. A trailing '/' is allowed.
+func CanonicalPath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	segs := strings.Split(p[1:], "/")
+	for i, s := range segs {
+		if s == "." || s == ".." || (s == "" && i != len(segs)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+// PathAllowed says whether the decoded, canonical path p is one of the
+// patterns (exact, or a prefix ending in '*'); no patterns allow any.
+func PathAllowed(patterns []string, p string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, pt := range patterns {
+		if prefix, ok := strings.CutSuffix(pt, "*"); ok {
+			if strings.HasPrefix(p, prefix) {
+				return true
+			}
+		} else if p == pt {
+			return true
+		}
+	}
+	return false
 }
 
 // parseCPU parses cores: "2", "0.5", "500m".

@@ -133,6 +133,21 @@ type EgressRule struct {
 	// link-local and node addresses its name resolves to (refused by
 	// default: a name must not become a way into the node or its network).
 	AllowPrivate bool `yaml:"allowPrivate,omitempty" json:"allowPrivate,omitempty"`
+	// HTTP restricts a host rule's requests to some methods and paths. The
+	// gateway then terminates the rule's TLS (with the sandbox's own CA)
+	// to see each request.
+	HTTP *HTTPRule `yaml:"http,omitempty" json:"http,omitempty"`
+}
+
+// HTTPRule is what requests a host rule lets through. Empty lists allow
+// any method or path.
+type HTTPRule struct {
+	// Methods are HTTP methods in upper case ("GET", "POST").
+	Methods []string `yaml:"methods,omitempty" json:"methods,omitempty"`
+	// Paths are exact paths ("/v1/models") or prefixes ending in '*'
+	// ("/repos/org/*"), matched against the request's decoded path; a
+	// path with "." or ".." segments, "//" or an encoded '/' is refused.
+	Paths []string `yaml:"paths,omitempty" json:"paths,omitempty"`
 }
 
 // Process limits and identity.
@@ -183,12 +198,30 @@ type EnvPolicy struct {
 	Allow []string `yaml:"allow" json:"allow"`
 }
 
-// Secret injects the content of a node file as an environment variable.
+// Secret is the content of a node file given to the agent: as an
+// environment variable, or (with Inject) only to one host's requests, by the
+// egress gateway, so that it never enters the sandbox.
 type Secret struct {
-	// Env is the variable's name.
-	Env string `yaml:"env" json:"env"`
-	// File is the node file whose content becomes its value.
+	// Env is the variable's name. With Inject it is optional, and the
+	// sandbox sees a placeholder there, never the secret.
+	Env string `yaml:"env,omitempty" json:"env,omitempty"`
+	// File is the node file whose content is the secret.
 	File string `yaml:"file" json:"file"`
+	// Inject has the gateway set a header to the secret on every request
+	// to one host (over TLS, which it then terminates).
+	Inject *Inject `yaml:"inject,omitempty" json:"inject,omitempty"`
+}
+
+// Inject is where the gateway puts a secret.
+type Inject struct {
+	// Host is the exact name whose requests carry the secret; a host rule
+	// of the role must allow it.
+	Host string `yaml:"host" json:"host"`
+	// Header is the request header set to the secret ("Authorization").
+	Header string `yaml:"header" json:"header"`
+	// Format is the header's value, with {secret} where the secret goes
+	// (default "{secret}"; "Bearer {secret}").
+	Format string `yaml:"format,omitempty" json:"format,omitempty"`
 }
 
 // Limits on resources.

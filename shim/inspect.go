@@ -1,0 +1,254 @@
+package shim
+
+// What a sandbox needs when its gateway inspects rules: the CA the agent
+// trusts, the upstream roots, the secrets the gateway injects and the
+// placeholders the sandbox holds instead.
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/mountguard"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/ocispec"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// Where a sandbox finds its gateway's CA: the CA alone (for clients that
+// add to their roots), and the image's system bundle with the CA appended
+// (for clients whose variable replaces their roots).
+const (
+	caFile       = "/etc/agentbox/ca.pem"
+	caBundleFile = "/etc/agentbox/ca-bundle.pem"
+)
+
+// trustEnv are the variables that make common clients trust the bundle:
+// OpenSSL (curl, Python's ssl, git), requests, curl, git, Node.
+var trustEnv = [][2]string{
+	{"SSL_CERT_FILE", caBundleFile},
+	{"REQUESTS_CA_BUNDLE", caBundleFile},
+	{"CURL_CA_BUNDLE", caBundleFile},
+	{"GIT_SSL_CAINFO", caBundleFile},
+	{"PIP_CERT", caBundleFile},
+	{"NODE_EXTRA_CA_CERTS", caFile},
+}
+
+// systemBundles are where images keep their roots (Debian and Ubuntu,
+// Fedora and RHEL, Alpine, openSUSE); the first found is used.
+var systemBundles = []string{
+	"/etc/ssl/certs/ca-certificates.crt",
+	"/etc/pki/tls/certs/ca-bundle.crt",
+	"/etc/ssl/cert.pem",
+	"/etc/ssl/ca-bundle.pem",
+}
+
+// maxBundle bounds an image's bundle the shim reads (Debian's is ~220 KiB).
+const maxBundle = 4 << 20
+
+// inspection makes what the gateway needs for the plan's inspected rules:
+// a CA of the sandbox's own (name-constrained to those rules), the roots
+// it verifies upstreams with, and the injected secrets read from the node.
+func inspection(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) (*egressgw.CA, *x509.CertPool, []egressgw.Secret, error) {
+	if !pl.Inspected() {
+		return nil, nil, nil, nil
+	}
+	var names []string
+	for _, r := range pl.Hosts() {
+		if r.Inspect {
+			names = append(names, r.Host)
+		}
+	}
+	ca, err := egressgw.NewCA(sb.id, names, caTTL(sb.profile))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("egress gateway CA: %w", err)
+	}
+	roots, err := cfg.Egress.UpstreamRoots()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	secrets, err := injectedSecrets(sb, pl)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ca, roots, secrets, nil
+}
+
+// placeholder is what the sandbox holds in env instead of a secret the
+// gateway injects: random, the same for every container of the sandbox.
+func (sb *sandboxState) placeholder(env string) string {
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	if sb.placeholders == nil {
+		sb.placeholders = map[string]string{}
+	}
+	if p, ok := sb.placeholders[env]; ok {
+		return p
+	}
+	b := make([]byte, 16)
+	rand.Read(b)
+	p := "agentbox-placeholder-" + hex.EncodeToString(b)
+	sb.placeholders[env] = p
+	return p
+}
+
+// gatewayCA is the sandbox's gateway CA, nil when nothing is inspected.
+func (sb *sandboxState) gatewayCA() *egressgw.CA {
+	if sb == nil {
+		return nil
+	}
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	return sb.ca
+}
+
+// secretsFor reads a sandbox's secrets for its containers' environment: a
+// variable's value from its node file, or, for a secret the gateway
+// injects, the sandbox's placeholder. Values never reach a log or an error.
+func secretsFor(sb *sandboxState) func(*policy.Profile) (map[string]string, error) {
+	return func(p *policy.Profile) (map[string]string, error) {
+		out := map[string]string{}
+		for _, sec := range p.Credentials.Secrets {
+			if sec.Inject != nil {
+				if sec.Env != "" {
+					if sb == nil {
+						return nil, fmt.Errorf("secret %s of role %q: no sandbox holds its placeholder", sec.Env, p.Role)
+					}
+					out[sec.Env] = sb.placeholder(sec.Env)
+				}
+				continue
+			}
+			v, err := readSecret(sec.File)
+			if err != nil {
+				return nil, fmt.Errorf("secret %s of role %q: %w", sec.Env, p.Role, err)
+			}
+			out[sec.Env] = v
+		}
+		return out, nil
+	}
+}
+
+// readSecret reads a secret's node file, without its trailing newlines.
+func readSecret(file string) (string, error) {
+	b, err := readSmallFile(file, 64<<10)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// injectedSecrets reads the secrets the gateway injects. A secret that
+// cannot be a header value (a control character) refuses the sandbox,
+// naming its file, never its content.
+func injectedSecrets(sb *sandboxState, pl *netpolicy.Plan) ([]egressgw.Secret, error) {
+	var out []egressgw.Secret
+	for _, in := range pl.Injects {
+		v, err := readSecret(in.File)
+		if err != nil {
+			return nil, fmt.Errorf("secret injected toward %s: %w", in.Host, err)
+		}
+		if v == "" {
+			return nil, fmt.Errorf("secret injected toward %s: %s is empty", in.Host, in.File)
+		}
+		for _, c := range v {
+			if c < 0x20 || c == 0x7f {
+				return nil, fmt.Errorf("secret injected toward %s: %s holds a control character: it cannot be sent as header %s", in.Host, in.File, in.Header)
+			}
+		}
+		s := egressgw.Secret{Host: in.Host, Header: in.Header, Value: strings.Replace(in.Format, policy.SecretToken, v, 1)}
+		if in.Env != "" {
+			s.Placeholder = sb.placeholder(in.Env)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// caTTL is how long a sandbox's CA is valid: its wall clock and a day, or
+// 30 days when it has none.
+func caTTL(p *policy.Profile) time.Duration {
+	if p.Limits.WallClock > 0 {
+		return p.Limits.WallClock + 24*time.Hour
+	}
+	return 30 * 24 * time.Hour
+}
+
+// trustFor returns the rewrite that writes the gateway CA and the image's
+// bundle with it into the container's bundle, mounts both read-only and
+// points the clients' variables at them (replacing the pod's: a pod that
+// sets its own bundle would not reach inspected hosts).
+func trustFor(bundle string, ca []byte, layers func() (mountguard.Layers, error)) ocispec.Rewrite {
+	return func(spec *specs.Spec) (string, error) {
+		system, from := []byte(nil), "none"
+		if l, err := layers(); err == nil {
+			for _, p := range systemBundles {
+				b, err := l.ReadFile(p, maxBundle)
+				if err == nil {
+					system, from = b, p
+					break
+				}
+			}
+		}
+		combined := append(append([]byte(nil), system...), '\n')
+		combined = append(combined, ca...)
+		for name, content := range map[string][]byte{"agentbox-ca.pem": ca, "agentbox-ca-bundle.pem": combined} {
+			if err := os.WriteFile(filepath.Join(bundle, name), content, 0o644); err != nil {
+				return "", fmt.Errorf("write the gateway CA: %w", err)
+			}
+		}
+		for dst, name := range map[string]string{caFile: "agentbox-ca.pem", caBundleFile: "agentbox-ca-bundle.pem"} {
+			m := specs.Mount{Destination: dst, Type: "bind", Source: filepath.Join(bundle, name), Options: []string{"rbind", "ro"}}
+			replaced := false
+			for i := range spec.Mounts {
+				if filepath.Clean(spec.Mounts[i].Destination) == dst {
+					spec.Mounts[i], replaced = m, true
+				}
+			}
+			if !replaced {
+				spec.Mounts = append(spec.Mounts, m)
+			}
+		}
+		if spec.Process != nil {
+			spec.Process.Env = withTrustEnv(spec.Process.Env)
+		}
+		return fmt.Sprintf("the gateway CA mounted at %s and, after the image's roots (%s), at %s; %s set", caFile, from, caBundleFile, trustEnvNames()), nil
+	}
+}
+
+// withTrustEnv sets the trust variables in env, replacing earlier values.
+func withTrustEnv(env []string) []string {
+	out := make([]string, 0, len(env)+len(trustEnv))
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		keep := true
+		for _, t := range trustEnv {
+			if t[0] == name {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, kv)
+		}
+	}
+	for _, t := range trustEnv {
+		out = append(out, t[0]+"="+t[1])
+	}
+	return out
+}
+
+func trustEnvNames() string {
+	var names []string
+	for _, t := range trustEnv {
+		names = append(names, t[0])
+	}
+	return strings.Join(names, ", ")
+}

@@ -187,3 +187,43 @@ func TestPolicyExplainPod(t *testing.T) {
 		t.Error("--role with --pod: want a usage error")
 	}
 }
+
+// TestPolicyExplainSecrets: explain says which secrets reach the agent and
+// which the gateway holds.
+func TestPolicyExplainSecrets(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "r.yaml"), []byte(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: r}
+spec:
+  network:
+    egress: allowlist
+    allow:
+      - {host: api.github.com, ports: [443]}
+      - {host: api.openai.com, ports: [443], http: {methods: [POST], paths: ["/v1/*"]}}
+  credentials:
+    secrets:
+      - {env: NPM_TOKEN, file: /s/npm}
+      - {env: GITHUB_TOKEN, file: /s/gh, inject: {host: api.github.com, header: Authorization, format: "Bearer {secret}"}}
+      - {file: /s/oai, inject: {host: api.openai.com, header: Authorization, format: "Bearer {secret}"}}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: r}
+spec: {role: r, subjects: [{namespace: a}]}
+`), 0o644)
+	out, _, err := run(t, "policy", "explain", "--policy-dir", dir, "--role", "r", "--namespace", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"NPM_TOKEN <- /s/npm (REACHES THE AGENT",
+		`/s/gh: the gateway sets Authorization: "Bearer {secret}" on requests to api.github.com over TLS (the sandbox's GITHUB_TOKEN holds a placeholder`,
+		"/s/oai: the gateway sets Authorization", "api.openai.com over TLS (never in the sandbox)",
+		"api.openai.com ports [443] (TLS terminated: methods [POST], paths [/v1/*])",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("explain lacks %q:\n%s", w, out)
+		}
+	}
+}

@@ -124,7 +124,16 @@ func startDNSServers(d *daemon) error {
 		return err
 	}
 	defer f.Close()
-	_, err = fmt.Fprintf(f, "\n# The e2e suite's upstream DNS server (on loopback).\n[network]\nupstreams = [%q]\n", egress.upstream.conn.LocalAddr().String())
+	if _, err = fmt.Fprintf(f, "\n# The e2e suite's upstream DNS server (on loopback).\n[network]\nupstreams = [%q]\n", egress.upstream.conn.LocalAddr().String()); err != nil {
+		return err
+	}
+	// The gateway verifies the test web host (behind inspected rules) with
+	// its CA, as it would a corporate one.
+	webCA := filepath.Join(d.dir, "web-ca.pem")
+	if err := os.WriteFile(webCA, []byte(web.caPEM), 0o644); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "\n# The test web host's CA, for the gateway's inspected rules.\n[egress]\nupstream_ca_file = %q\n", webCA)
 	return err
 }
 

@@ -48,7 +48,28 @@ type webHost struct {
 	mu    sync.Mutex
 	sites map[string]int
 	from  map[string]int
-	srv   []*http.Server
+	// auth is every Authorization and X-Token value received, by
+	// "site path" (never echoed back to the client).
+	auth map[string][]string
+	srv  []*http.Server
+}
+
+// authSeen is what the web host received as credentials for a site and path.
+func (w *webHost) authSeen(site, path string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.auth[site+" "+path]...)
+}
+
+// allAuth is every credential the web host received, by "site path".
+func (w *webHost) allAuth() map[string][]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string][]string{}
+	for k, v := range w.auth {
+		out[k] = append([]string(nil), v...)
+	}
+	return out
 }
 
 var web *webHost
@@ -93,7 +114,7 @@ func startWebHost() error {
 			return err
 		}
 	}
-	w := &webHost{sites: map[string]int{}, from: map[string]int{}}
+	w := &webHost{sites: map[string]int{}, from: map[string]int{}, auth: map[string][]string{}}
 	cert, caPEM, err := webCert(gwAllowA, gwAllowB, gwOther)
 	if err != nil {
 		return err
@@ -119,6 +140,11 @@ func startWebHost() error {
 		w.mu.Lock()
 		w.sites[host]++
 		w.from[from]++
+		for _, k := range []string{"Authorization", "X-Token"} {
+			for _, v := range r.Header.Values(k) {
+				w.auth[host+" "+r.URL.Path] = append(w.auth[host+" "+r.URL.Path], k+": "+v)
+			}
+		}
 		w.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
 		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {

@@ -364,7 +364,10 @@ spec:
   role: e2e-volumes
   subjects: [{namespace: "*"}]
 `, rw, secret, shared, egress.gateway, egress.allowed.port, egress.sink.port, dnsAllowed, egress.allowed.port, egress.sink.port, egress.allowed.port, dnsRebind, dnsPrivate, egress.denied.port)
-	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644)
+	if err := os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"), []byte(fmt.Sprintf(inspectRoles, secret)), 0o644)
 }
 
 func cacheDir() string {

@@ -4,7 +4,7 @@
 // with the knobs an attacker would turn: another Host, another SNI, and the
 // address to connect to (like curl --resolve).
 //
-//	abx-fetch [-host H] [-sni S] [-connect HOST:PORT] [-n N] URL
+//	abx-fetch [-X METHOD] [-H 'Name: value']... [-host H] [-sni S] [-connect HOST:PORT] [-n N] URL
 //
 // It prints "status=N body=..." or "error: ...". With -n it makes N
 // requests one after another, each on a new connection, and prints their
@@ -31,6 +31,16 @@ func main() {
 	sni := flag.String("sni", "", "the TLS server name (default: the URL's host)")
 	connect := flag.String("connect", "", "connect here instead of the URL's host and port")
 	n := flag.Int("n", 0, "make n requests and print their latency")
+	method := flag.String("X", "GET", "the request method")
+	var headers [][2]string
+	flag.Func("H", "a request header, 'Name: value' (repeatable)", func(v string) error {
+		k, val, ok := strings.Cut(v, ":")
+		if !ok {
+			return fmt.Errorf("%q is not 'Name: value'", v)
+		}
+		headers = append(headers, [2]string{strings.TrimSpace(k), strings.TrimSpace(val)})
+		return nil
+	})
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: abx-fetch [-host H] [-sni S] [-connect HOST:PORT] URL")
@@ -54,10 +64,13 @@ func main() {
 			return d.DialContext(ctx, network, *connect)
 		}
 	}
-	req, err := http.NewRequest("GET", flag.Arg(0), nil)
+	req, err := http.NewRequest(*method, flag.Arg(0), nil)
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
+	}
+	for _, h := range headers {
+		req.Header.Add(h[0], h[1])
 	}
 	if *host != "" {
 		req.Host = *host

@@ -114,6 +114,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 			return nil
 		},
 		Remaining: sb.resolved.Remaining,
+		Kept:      sb.resolved.Kept,
 		// Every allowed name is answered with the gateway: no address of a
 		// host rule is open on the pod's interface.
 		Gateway: addr,
@@ -397,6 +398,9 @@ func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 		detail["addresses"] = strings.Join(addrs, ", ")
 		if d.Gateway.IsValid() {
 			detail["answered_with"] = d.Gateway.String() + " (the egress gateway)"
+		}
+		if d.Kept {
+			detail["answered_from"] = "the kept answer (upstream not asked)"
 		}
 		var withheld []string
 		for _, w := range d.Withheld {

@@ -57,7 +57,9 @@ type Decision struct {
 	// Withheld are answered addresses the rule may not open, each with
 	// the reason: they are neither allowed nor passed to the pod.
 	Withheld []Withheld
-	TTL      time.Duration
+	// Kept: answered from the kept answer, without asking upstream.
+	Kept bool
+	TTL  time.Duration
 	// Rcode is the response code the pod got ("" when it got none).
 	Rcode string
 	Err   error
@@ -87,6 +89,11 @@ type Handler struct {
 	// allowance, the answer is left as it is and the pod caches for what
 	// remains.
 	Remaining func(r netpolicy.Rule, name string, addrs []netip.Addr) time.Duration
+	// Kept, if set with Gateway, returns name's kept answer under r and
+	// how long it lasts: a question it answers (at least MinTTL left) is
+	// answered with the gateway without asking upstream, since what the pod
+	// is told does not depend on upstream's addresses.
+	Kept func(r netpolicy.Rule, name string) ([]netip.Addr, time.Duration)
 	// Gateway, if valid, is the egress gateway's address: the pod is
 	// answered with it (A) or with no address (AAAA), never with what
 	// upstream said, so every connection to an allowed name goes through
@@ -157,6 +164,17 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 		// tells the client the name exists without the record.
 		d.Outcome, d.Rule, d.Rcode = Refused, "query type "+d.Type+" not served ("+rule.Name+")", dnsmessage.RCodeSuccess.String()
 		return fit(reply(hdr, &q, dnsmessage.RCodeSuccess, nil), hdr, q, limit, d.TCP)
+	}
+	if h.Gateway.IsValid() && h.Kept != nil {
+		if addrs, left := h.Kept(rule, name); len(addrs) > 0 && left >= h.MinTTL && left >= time.Second {
+			left = left.Truncate(time.Second)
+			d.Outcome, d.Addrs, d.Rcode, d.TTL, d.Kept = Answered, addrs, dnsmessage.RCodeSuccess.String(), left, true
+			answers := gatewayAnswer(q, h.Gateway, left)
+			if len(answers) > 0 {
+				d.Gateway = h.Gateway
+			}
+			return fit(reply(hdr, &q, dnsmessage.RCodeSuccess, answers), hdr, q, limit, d.TCP)
+		}
 	}
 	up, err := h.upstream(ctx, name, q.Type)
 	if err != nil {

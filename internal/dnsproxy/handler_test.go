@@ -456,3 +456,39 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("nxdomain: %v", err)
 	}
 }
+
+// TestGatewayKeptAnswer: with a gateway, a question whose kept answer lasts
+// is answered without asking upstream (A: the gateway, AAAA: none), with
+// the TTL left; a name with no kept answer, or one about to lapse, is
+// asked.
+func TestGatewayKeptAnswer(t *testing.T) {
+	up := &upstream{answers: map[string][]dnsmessage.Resource{
+		"api.example.com.": {rr("api.example.com.", 600, a("192.0.2.10"))},
+	}}
+	h, _, decisions := handler(t, up, nil)
+	gw := netip.MustParseAddr("169.254.53.53")
+	h.Gateway = gw
+	left := 400 * time.Second
+	h.Kept = func(r netpolicy.Rule, name string) ([]netip.Addr, time.Duration) {
+		if name == "api.example.com" {
+			return []netip.Addr{netip.MustParseAddr("192.0.2.10")}, left
+		}
+		return nil, 0
+	}
+	resp := parse(t, h.Handle(context.Background(), query(t, 7, "api.example.com.", dnsmessage.TypeA, 0), false))
+	if len(up.asked) != 0 || len(resp.Answers) != 1 || resp.Answers[0].Body.(*dnsmessage.AResource).A != gw.As4() || resp.Answers[0].Header.TTL != 400 {
+		t.Fatalf("asked %v, answers %+v", up.asked, resp.Answers)
+	}
+	if d := (*decisions)[0]; !d.Kept || d.Gateway != gw || d.TTL != left || d.Outcome != Answered {
+		t.Fatalf("decision %+v", d)
+	}
+	resp = parse(t, h.Handle(context.Background(), query(t, 8, "api.example.com.", dnsmessage.TypeAAAA, 0), false))
+	if len(up.asked) != 0 || resp.RCode != dnsmessage.RCodeSuccess || len(resp.Answers) != 0 {
+		t.Fatalf("AAAA: asked %v, %+v", up.asked, resp)
+	}
+	left = h.MinTTL - time.Second
+	h.Handle(context.Background(), query(t, 9, "api.example.com.", dnsmessage.TypeA, 0), false)
+	if len(up.asked) != 1 {
+		t.Fatalf("an answer about to lapse must be asked again: %v", up.asked)
+	}
+}

@@ -192,7 +192,7 @@ func TestBenchmarkCRI(t *testing.T) {
 // under baseline, one sleeping container each. AGENTBOX_BENCH=1 only.
 func TestBenchmarkPodMemory(t *testing.T) {
 	requireBench(t)
-	report := podMemory(t, 20)
+	report := podMemory(t, 20, criVariants[0])
 	t.Log("\n" + report)
 	benchOut(t, report)
 }
@@ -200,7 +200,7 @@ func TestBenchmarkPodMemory(t *testing.T) {
 // podMemory starts n idle agentbox pods (baseline, one sleeping container
 // each) one after another and reports the proportional set size (PSS) of
 // each pod's shim, runsc sandbox and gofer, averaged per pod.
-func podMemory(t *testing.T, n int) string {
+func podMemory(t *testing.T, n int, v criVariant) string {
 	t.Helper()
 	var pods []*pod
 	defer func() {
@@ -210,7 +210,7 @@ func podMemory(t *testing.T, n int) string {
 	}()
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		p, _, err := criPod(criVariants[0], fmt.Sprintf("mem-%d", i))
+		p, _, err := criPod(v, fmt.Sprintf("mem-%d", i))
 		pods = append(pods, p)
 		if err != nil {
 			t.Fatalf("pod %d: %v", i, err)
@@ -241,8 +241,8 @@ func podMemory(t *testing.T, n int) string {
 		}
 	}
 	per := func(kb uint64) float64 { return float64(kb) / 1024 / float64(n) }
-	return fmt.Sprintf("%d idle agentbox pods (baseline), started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); processes found %v\n",
-		n, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), counted)
+	return fmt.Sprintf("%d idle %s pods, started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); processes found %v\n",
+		n, v.name, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), counted)
 }
 
 // pidsNaming lists the processes whose command line names one of ids.

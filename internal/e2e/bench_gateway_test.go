@@ -101,3 +101,16 @@ func TestBenchmarkGateway(t *testing.T) {
 	t.Log("\n" + b.String())
 	benchOut(t, b.String())
 }
+
+// TestBenchmarkGatewayMemory reports what an idle pod costs with the
+// gateway: pods under e2e-gw-inspect (resolver, gateway with inspected
+// rules and an injected secret, the sandbox's CA) against baseline pods.
+// The gateway lives in the shim, so the shim's share is what grows.
+// AGENTBOX_BENCH=1 only.
+func TestBenchmarkGatewayMemory(t *testing.T) {
+	requireBench(t)
+	gw := criVariant{"agentbox-gateway", "agentbox", "e2e-gw-inspect", map[string]string{"agentbox.dev/role": "e2e-gw-inspect"}}
+	report := podMemory(t, 10, gw) + podMemory(t, 10, criVariants[0])
+	t.Log("\n" + report)
+	benchOut(t, report)
+}

@@ -71,6 +71,22 @@ func (t *Resolutions) Get(r Rule, name string) []netip.Addr {
 	return e.addrs
 }
 
+// Kept returns name's addresses under r and how long they last (nil, 0
+// when there are none).
+func (t *Resolutions) Kept(r Rule, name string) ([]netip.Addr, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[resolutionKey{r.Name, name}]
+	if !ok {
+		return nil, 0
+	}
+	left := e.until.Sub(t.now())
+	if left <= 0 {
+		return nil, 0
+	}
+	return e.addrs, left
+}
+
 // Remaining returns how long name's answer under r lasts, if it holds all
 // of addrs (0 otherwise).
 func (t *Resolutions) Remaining(r Rule, name string, addrs []netip.Addr) time.Duration {

@@ -31,6 +31,12 @@ func TestBenchmarkGateway(t *testing.T) {
 	const size = 64 << 20
 	measure := func(role string, direct bool) gatewayFigures {
 		t.Helper()
+		// e2e-gw-inspect allows a.gw.e2e.test under /ok/ only (inspected).
+		prefix := ""
+		if role == "e2e-gw-inspect" {
+			prefix = "/ok"
+		}
+		t.Helper()
 		via := func(port int) string {
 			if direct {
 				return fmt.Sprintf("-connect %s:%d ", webAddr, port)
@@ -39,9 +45,9 @@ func TestBenchmarkGateway(t *testing.T) {
 		}
 		p := newPodIn(t, "bench-"+role, role, map[string]string{"agentbox.dev/role": role})
 		script := strings.Join([]string{
-			gwStep("http", fmt.Sprintf("abx-fetch %s-n %d http://%s/small", via(80), n, gwAllowA)),
-			gwStep("tls", fmt.Sprintf("abx-fetch %s-n %d https://%s/small", via(443), n, gwAllowA)),
-			gwStep("bulk", fmt.Sprintf("abx-fetch %s-n 3 https://%s/bytes/%d", via(443), gwAllowA, size)),
+			gwStep("http", fmt.Sprintf("abx-fetch %s-n %d http://%s%s/small", via(80), n, gwAllowA, prefix)),
+			gwStep("tls", fmt.Sprintf("abx-fetch %s-n %d https://%s%s/small", via(443), n, gwAllowA, prefix)),
+			gwStep("bulk", fmt.Sprintf("abx-fetch %s-n 3 https://%s%s/bytes/%d", via(443), gwAllowA, prefix, size)),
 			"echo probes-done", "sleep 600",
 		}, "; ")
 		logs := p.runProbes(t, script)
@@ -70,10 +76,11 @@ func TestBenchmarkGateway(t *testing.T) {
 		}
 		return f
 	}
-	var gw, addr []gatewayFigures
+	var gw, addr, insp []gatewayFigures
 	for round := 0; round < 2; round++ {
 		addr = append(addr, measure("e2e-gw-cidr", true))
 		gw = append(gw, measure("e2e-gw", false))
+		insp = append(insp, measure("e2e-gw-inspect", false))
 	}
 	mean := func(fs []gatewayFigures, get func(gatewayFigures) float64) float64 {
 		var s float64
@@ -96,8 +103,20 @@ func TestBenchmarkGateway(t *testing.T) {
 		g, a := mean(gw, m.get), mean(addr, m.get)
 		fmt.Fprintf(&b, "  %-24s gateway %7.2f ms  address %7.2f ms  (%+.2f ms)\n", m.name, g, a, g-a)
 	}
+	for _, m := range []struct {
+		name string
+		get  func(gatewayFigures) float64
+	}{
+		{"HTTPS p50 (inspected)", func(f gatewayFigures) float64 { return f.tlsP50 }},
+		{"HTTPS p90 (inspected)", func(f gatewayFigures) float64 { return f.tlsP90 }},
+	} {
+		g, a := mean(insp, m.get), mean(addr, m.get)
+		fmt.Fprintf(&b, "  %-24s gateway %7.2f ms  address %7.2f ms  (%+.2f ms)\n", m.name, g, a, g-a)
+	}
 	g, a := mean(gw, func(f gatewayFigures) float64 { return f.mbps }), mean(addr, func(f gatewayFigures) float64 { return f.mbps })
 	fmt.Fprintf(&b, "  %-24s gateway %7.1f MB/s address %7.1f MB/s (%.2fx)\n", "HTTPS 64 MiB download", g, a, g/a)
+	gi := mean(insp, func(f gatewayFigures) float64 { return f.mbps })
+	fmt.Fprintf(&b, "  %-24s gateway %7.1f MB/s address %7.1f MB/s (%.2fx)\n", "  inspected", gi, a, gi/a)
 	t.Log("\n" + b.String())
 	benchOut(t, b.String())
 }

@@ -147,7 +147,8 @@ func startWebHost() error {
 		}
 		w.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
-		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+		if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
+			n := r.URL.Path[i+len("/bytes/"):]
 			// A download of n bytes (benchmarks).
 			k, _ := strconv.ParseInt(n, 10, 64)
 			rw.Header().Set("Content-Length", n)

@@ -4,6 +4,7 @@ import (
 	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -244,9 +245,31 @@ func (p *Profile) classifyBind(m specs.Mount, env MountEnv) (Bind, string) {
 				return b, ""
 			}
 		}
-		return b, "not a mount the runtime made for this pod, nor under the role's host mounts"
+		return b, "not a mount the runtime made for this pod, nor under the role's host mounts" + rootHint(src, env)
 	}
 	return b, ""
+}
+
+// rootHint says, for a source that looks like containerd's or the
+// kubelet's files for a pod but lies outside the directories the shim
+// config names, which key to set: k3s, RKE2 and MicroK8s keep containerd
+// elsewhere. It only explains; the mount is refused either way.
+func rootHint(src string, env MountEnv) string {
+	const cri = "/io.containerd.grpc.v1.cri/"
+	if i := strings.Index(src, cri); i > 0 {
+		configured := "(unset)"
+		if j := strings.Index(env.SandboxRootDir, cri); j > 0 {
+			configured = env.SandboxRootDir[:j]
+		}
+		if configured == src[:i] {
+			return "" // this containerd's: another pod's or container's
+		}
+		return fmt.Sprintf(" (it looks like containerd's CRI files under %s, but the shim config's [cri] containerd_root is %s: set containerd_root, or containerd_state for a state directory, to this containerd's)", src[:i], configured)
+	}
+	if i := strings.Index(src, "/pods/"); i > 0 && env.PodDir != "" && !strings.HasPrefix(src, filepath.Dir(env.PodDir)+"/") {
+		return fmt.Sprintf(" (it looks like a kubelet's pod directory under %s, but the shim config's [cri] kubelet_root is %s: set kubelet_root to this kubelet's --root-dir)", src[:i], filepath.Dir(filepath.Dir(env.PodDir)))
+	}
+	return ""
 }
 
 // rewriteMounts keeps the runtime's own mounts, removes service-account

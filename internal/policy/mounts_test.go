@@ -78,6 +78,8 @@ func TestMountClassification(t *testing.T) {
 		{"host mount rw", "vols", testEnv, bind("/srv/data/x", "/data", "rw"), []string{"noexec"}, nil, ""},
 		{"host mount read-only by role", "vols", testEnv, bind("/srv/models/llama", "/models", "rw"), []string{"ro"}, []string{"rw", "noexec"}, ""},
 		{"prefix text is not a parent", "vols", testEnv, bind("/srv/database", "/db"), nil, nil, "not a mount the runtime made"},
+		{"k3s's containerd root, not the configured one", "vols", testEnv, bind("/var/lib/rancher/k3s/agent/containerd/io.containerd.grpc.v1.cri/sandboxes/x/resolv.conf", "/etc/resolv.conf"), nil, nil, "containerd's CRI files under /var/lib/rancher/k3s/agent/containerd, but the shim config's [cri] containerd_root is /var/lib/containerd"},
+		{"another kubelet root", "vols", testEnv, bind("/var/snap/microk8s/common/var/lib/kubelet/pods/u/volumes/kubernetes.io~secret/s", "/s"), nil, nil, "[cri] kubelet_root is /var/lib/kubelet"},
 		{"outside the CRI, pod files are nobody's", "vols", MountEnv{}, bind(sb+"/hosts", "/etc/hosts"), nil, nil, "not a mount the runtime made"},
 		{"outside the CRI, kubelet volumes too", "vols", MountEnv{}, bind(pod+"/volumes/kubernetes.io~secret/creds", "/creds"), nil, nil, "not a mount the runtime made"},
 		{"tmpfs with exec", "vols", MountEnv{}, specs.Mount{Destination: "/mnt", Type: "tmpfs", Source: "tmpfs", Options: []string{"exec"}}, nil, nil, "not a mount a runtime adds"},

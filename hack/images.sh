@@ -7,6 +7,10 @@
 #   hack/images.sh installer   # _output/images/installer.tar: busybox, the
 #                              # project's binaries and runsc, for
 #                              # examples/kubernetes/installer.yaml
+#   hack/images.sh realagent   # the real-agent image: Debian bookworm (glibc)
+#                              # with python3, venv, pip, node, npm, git,
+#                              # curl, sqlite3, openssl, make, from Debian's
+#                              # packages (mmdebstrap), for the e2e suite
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
 mode=${1:-cached}
@@ -15,6 +19,54 @@ mkdir -p "$img_dir"
 probe_src=$REPO_ROOT/internal/e2e/testdata/probe.c
 fetch_src=$REPO_ROOT/internal/e2e/abx-fetch/main.go
 stamp="busybox=$(dpkg-query -W -f='${Version}' busybox-static) agent=$(sha256sum "$REPO_ROOT/examples/agent/agent.sh" | cut -c1-12) probe=$(sha256sum "$probe_src" | cut -c1-12) fetch=$(sha256sum "$fetch_src" | cut -c1-12) v6"
+if [ "$mode" = realagent ]; then
+  # Its own stamp: the package list and the suite, never a registry. A
+  # pinned snapshot would make it reproducible; Debian's mirror is what
+  # this machine reaches, so the stamp names the day's package versions
+  # only through the list below.
+  ra_pkgs=python3,python3-venv,python3-pip,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps
+  ra_stamp="bookworm $ra_pkgs v1"
+  if [ -f "$img_dir/realagent.tar" ] && [ "$(cat "$img_dir/.realagent.stamp" 2>/dev/null)" = "$ra_stamp" ]; then
+    step "real-agent image cached"
+    exit 0
+  fi
+  command -v mmdebstrap >/dev/null || die "mmdebstrap missing: run hack/setup.sh"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  step "building the real-agent image (Debian bookworm minbase + $ra_pkgs; a few minutes; log: $AGENTBOX_CACHE/logs/realagent.log)"
+  mmdebstrap --variant=minbase --mode=root --format=directory --include="$ra_pkgs" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    bookworm "$work/rootfs" http://deb.debian.org/debian >"$AGENTBOX_CACHE/logs/realagent.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 15
+    kill -0 "$pid" 2>/dev/null && step "  still building the real-agent image ($(tail -n1 "$AGENTBOX_CACHE/logs/realagent.log" | cut -c1-70))"
+  done
+  wait "$pid" || die "mmdebstrap failed: see $AGENTBOX_CACHE/logs/realagent.log"
+  rootfs=$work/rootfs
+  # The agent user of the suite's images (uid 65532), a home and a workspace.
+  echo 'agent:x:65532:65532:agent:/home/agent:/bin/sh' >>"$rootfs/etc/passwd"
+  echo 'agent:x:65532:' >>"$rootfs/etc/group"
+  mkdir -p "$rootfs/home/agent" "$rootfs/workspace"
+  chown 65532:65532 "$rootfs/home/agent"
+  chmod 1777 "$rootfs/workspace"
+  rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/*
+  step "packing the real-agent image"
+  layout=$work/layout
+  umoci init --layout "$layout"
+  umoci new --image "$layout:latest"
+  umoci unpack --uid-map 0:0:65536 --gid-map 0:0:65536 --image "$layout:latest" "$work/bundle" >/dev/null
+  rmdir "$work/bundle/rootfs" 2>/dev/null || rm -rf "$work/bundle/rootfs"
+  mv "$rootfs" "$work/bundle/rootfs"
+  umoci repack --image "$layout:latest" "$work/bundle" >/dev/null
+  umoci config --image "$layout:latest" --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env LANG=C.UTF-8 --config.workingdir / --config.cmd /bin/bash
+  tar -C "$layout" -cf "$img_dir/realagent.tar.new" . && mv "$img_dir/realagent.tar.new" "$img_dir/realagent.tar"
+  echo "$ra_stamp" >"$img_dir/.realagent.stamp"
+  step "real-agent image: $(du -h "$img_dir/realagent.tar" | cut -f1)"
+  exit 0
+fi
 if [ "$mode" = cached ] && [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -59,7 +111,7 @@ if [ "$mode" = installer ]; then
   echo "$img_dir/installer.tar"
   exit 0
 fi
-[ "$mode" = cached ] || die "usage: $0 [installer]"
+[ "$mode" = cached ] || die "usage: $0 [installer|realagent]"
 
 build_image agent latest /usr/local/bin/agent
 # The e2e suite's probe image: the agent image plus abx-probe, a small

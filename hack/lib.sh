@@ -21,11 +21,12 @@ CONTAINERD_VERSION=v2.4.2
 CONTAINERD17_VERSION=v1.7.35
 CONTAINERD22_VERSION=v2.2.9
 CRICTL_VERSION=v1.37.0
-APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev make)
+APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev make mmdebstrap)
 
 AGENT_IMAGE=docker.io/agentbox/agent:latest
 PAUSE_IMAGE=docker.io/agentbox/pause:latest
 PROBE_IMAGE=docker.io/agentbox/probe:latest
+REALAGENT_IMAGE=docker.io/agentbox/realagent:bookworm
 
 export PATH=$OUT_BIN:$TOOLS_BIN:/usr/local/go/bin:$PATH
 

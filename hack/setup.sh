@@ -98,4 +98,5 @@ file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS
 
 "$REPO_ROOT/hack/build.sh"
 "$REPO_ROOT/hack/images.sh"
+"$REPO_ROOT/hack/images.sh" realagent
 step "setup done"

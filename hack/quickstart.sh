@@ -4,7 +4,7 @@
 # under gVisor, printing what it did.
 source "$(dirname "$0")/lib.sh"
 need_root
-"$REPO_ROOT/hack/setup.sh"
+"$REPO_ROOT/hack/setup.sh" quickstart
 sock=$("$REPO_ROOT/hack/containerd.sh" start | tail -n1)
 id=quickstart-$$
 role=${AGENTBOX_ROLE:-baseline}

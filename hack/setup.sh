@@ -5,8 +5,14 @@
 # project's binaries and the local images. Safe to run again: finished
 # steps are skipped. (etcd and Kubernetes, for hack/kube.sh and the
 # TestKube tests, are hack/kube/build.sh's: hack/test.sh runs it.)
+#
+#   hack/setup.sh              # everything the tests need
+#   hack/setup.sh quickstart   # only what hack/quickstart.sh runs: no
+#                              # compatibility containerds, no real-agent image
 source "$(dirname "$0")/lib.sh"
 need_root
+setup_mode=${1:-full}
+case "$setup_mode" in full|quickstart) ;; *) die "usage: $0 [quickstart]" ;; esac
 mkdir -p "$TOOLS_BIN" "$AGENTBOX_CACHE/logs" "$OUT_BIN"
 
 missing=()
@@ -90,13 +96,17 @@ go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSI
 # containerd 1.7 and an older 2.x, for the compatibility tests (1.7's
 # go.mod has exclude directives, so `go install pkg@version` refuses it;
 # 2.x's binary name would collide with the pinned one's).
-build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
-build_in_module containerd22 github.com/containerd/containerd/v2 "$CONTAINERD22_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD22_VERSION"
+if [ "$setup_mode" = full ]; then
+  build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
+  build_in_module containerd22 github.com/containerd/containerd/v2 "$CONTAINERD22_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD22_VERSION"
+fi
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
   || die "$TOOLS_BIN/runsc is not static; remove it and run again"
 
 "$REPO_ROOT/hack/build.sh"
 "$REPO_ROOT/hack/images.sh"
-"$REPO_ROOT/hack/images.sh" realagent
+if [ "$setup_mode" = full ]; then
+  "$REPO_ROOT/hack/images.sh" realagent
+fi
 step "setup done"

@@ -285,6 +285,13 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		return fmt.Errorf("create runsc root %s: %w", root, err)
 	}
 	flags := res.RunscFlags
+	if plan.sandbox != nil && netnsPath(spec) == "" && flags["network"] == "" {
+		// A new, empty network namespace (ctr run without --cni): nothing
+		// outside to reach, and its loopback is down. gVisor's own
+		// network stack gives the sandbox a working loopback.
+		flags["network"] = "none"
+		changes = append(changes, "runsc --network=none: the sandbox has no network namespace of its own (no CNI): loopback only, nothing to filter")
+	}
 	if plan.sandbox != nil {
 		rcv, podInit, err := startReceiver(cfg, s.containerdAddress, r.ID, r.Bundle, plan.sandbox, res.Egress, res.Audit)
 		if err != nil {

@@ -498,3 +498,17 @@ func TestEgressCtrNetns(t *testing.T) {
 		t.Fatalf("the resolver's link is left in the namespace after the container: %v %s", err, out)
 	}
 }
+
+// TestEgressCtrLoopback: an allowlist role through plain ctr run (no CNI,
+// no network namespace given) still has a working loopback, as through the
+// CRI: a local server and its client, the commonest thing a coding agent
+// does. Before, bind(127.0.0.1) failed with EADDRNOTAVAIL there.
+func TestEgressCtrLoopback(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	r := dev.runAgent(t, uniqueID("ctrlo"), []string{"--annotation", "agentbox.dev/role=e2e-allow"},
+		"sh", "-c", "nc -l -p 9000 -s 127.0.0.1 > /tmp/got & sleep 1; echo over-loopback | nc -w 2 127.0.0.1 9000; sleep 1; cat /tmp/got; echo done")
+	if r.code != 0 || !strings.Contains(r.stdout, "over-loopback") || !strings.Contains(r.stdout, "done") {
+		t.Fatalf("loopback under ctr: %v", r)
+	}
+}

@@ -82,7 +82,7 @@ binary_name = "$TOOLS_BIN/runsc"
 root = "$DIR/runsc-stock/root"
 EOT
   # Pods get routes to the metadata addresses (the bridge holds them during
-  # the tests) and to 203.0.113.0/24 (TEST-NET-3: the e2e suite's web host,
+  # the tests) and to 198.51.100.0/24 (TEST-NET-2: the e2e suite's web host,
   # in a namespace of its own on this machine), and no default route.
   cat >"$DIR/cni/net.d/10-agentbox.conflist" <<EOT
 {
@@ -98,7 +98,7 @@ EOT
         "type": "host-local",
         "dataDir": "$DIR/cni/ipam",
         "ranges": [[{"subnet": "$SUBNET"}], [{"subnet": "$SUBNET6"}]],
-        "routes": [{"dst": "169.254.169.254/32"}, {"dst": "fd00:ec2::254/128"}, {"dst": "203.0.113.0/24"}]
+        "routes": [{"dst": "169.254.169.254/32"}, {"dst": "fd00:ec2::254/128"}, {"dst": "198.51.100.0/24"}]
       }
     },
     {"type": "loopback"}

@@ -507,8 +507,9 @@ func TestEgressCtrLoopback(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
 	r := dev.runAgent(t, uniqueID("ctrlo"), []string{"--annotation", "agentbox.dev/role=e2e-allow"},
-		"sh", "-c", "nc -l -p 9000 -s 127.0.0.1 > /tmp/got & sleep 1; echo over-loopback | nc -w 2 127.0.0.1 9000; sleep 1; cat /tmp/got; echo done")
-	if r.code != 0 || !strings.Contains(r.stdout, "over-loopback") || !strings.Contains(r.stdout, "done") {
+		"sh", "-c", "mkdir /tmp/www && echo served-over-loopback > /tmp/www/index.html && httpd -p 127.0.0.1:9000 -h /tmp/www && sleep 1; "+
+			"printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 3 127.0.0.1 9000; echo done")
+	if r.code != 0 || !strings.Contains(r.stdout, "served-over-loopback") || !strings.Contains(r.stdout, "done") {
 		t.Fatalf("loopback under ctr: %v", r)
 	}
 }

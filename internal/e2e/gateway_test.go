@@ -32,12 +32,19 @@ import (
 const (
 	webNetns  = "abx-e2e-web"
 	webLink   = "abx-web0"
-	webNode   = "203.0.113.1" // the node's end
-	webAddr   = "203.0.113.10"
+	webNode   = "198.51.100.1" // the node's end
+	webAddr   = "198.51.100.10"
 	gwAllowA  = "a.gw.e2e.test"
 	gwAllowB  = "b.gw.e2e.test"
 	gwOther   = "other.gw.e2e.test" // same address, no rule
 	gwAddress = "169.254.53.53"     // the pod's resolver and gateway
+	// webFence is unreachable from the node while the suite runs (behind
+	// the link's own route, by metric): if the web host's link is gone,
+	// nothing sent to its range follows the default route off this
+	// machine. (This machine's registries sit on TEST-NET-3, which is why
+	// the suite does not use it; the special-purpose ranges are withheld
+	// by the resolver, by design.)
+	webFence = "198.51.100.0/24"
 )
 
 // webHost answers every request with the site (Host) it reached, over HTTP
@@ -101,6 +108,7 @@ func ipCmd(args ...string) error {
 func startWebHost() error {
 	stopWebHostNetns()
 	for _, args := range [][]string{
+		{"route", "add", "unreachable", webFence, "metric", "4000"},
 		{"netns", "add", webNetns},
 		{"link", "add", webLink, "type", "veth", "peer", "name", "eth0", "netns", webNetns},
 		{"addr", "add", webNode + "/24", "dev", webLink},
@@ -186,6 +194,7 @@ func stopWebHost() {
 func stopWebHostNetns() {
 	exec.Command("ip", "link", "del", webLink).Run()
 	exec.Command("ip", "netns", "del", webNetns).Run()
+	exec.Command("ip", "route", "del", "unreachable", webFence, "metric", "4000").Run()
 }
 
 // webCert makes a test CA and a certificate for names signed by it.

@@ -313,7 +313,7 @@ spec:
   network:
     egress: allowlist
     # The web host by address: the benchmark's reference for the gateway.
-    allow: [{cidr: 203.0.113.10/32, ports: [80, 443]}]
+    allow: [{cidr: 198.51.100.10/32, ports: [80, 443]}]
 ---
 apiVersion: agentbox.dev/v1
 kind: RoleBinding

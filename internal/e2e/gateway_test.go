@@ -58,7 +58,10 @@ type webHost struct {
 	// auth is every Authorization and X-Token value received, by
 	// "site path" (never echoed back to the client).
 	auth map[string][]string
-	srv  []*http.Server
+	// files are what the web host serves as a package index, an npm
+	// registry and a git repository (realclients_test.go), by path.
+	files map[string][]byte
+	srv   []*http.Server
 }
 
 // authSeen is what the web host received as credentials for a site and path.
@@ -128,6 +131,9 @@ func startWebHost() error {
 		return err
 	}
 	w.caPEM = caPEM
+	if w.files, err = packageFiles("https://" + gwAllowA); err != nil {
+		return err
+	}
 	var plain, secure net.Listener
 	err = nsthread.Run(nsthread.Path("/var/run/netns/"+webNetns), func() (err error) {
 		if plain, err = net.Listen("tcp4", webAddr+":80"); err != nil {
@@ -155,6 +161,10 @@ func startWebHost() error {
 		}
 		w.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
+		if b, ok := w.files[r.URL.Path]; ok {
+			rw.Write(b)
+			return
+		}
 		if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
 			n := r.URL.Path[i+len("/bytes/"):]
 			// A download of n bytes (benchmarks).

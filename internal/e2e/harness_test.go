@@ -367,7 +367,7 @@ spec:
 	if err := os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"), []byte(fmt.Sprintf(inspectRoles, secret)), 0o644)
+	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"), []byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles), 0o644)
 }
 
 func cacheDir() string {

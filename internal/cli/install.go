@@ -42,7 +42,11 @@ func installCommands() []*cli.Command {
 					return cli.Exit(err, 2)
 				}
 				acts, err := install.Install(o)
-				return reportActions(c, acts, err, "restart containerd, then check with: agentbox doctor --config "+install.ConfigFile(o))
+				next := "restart containerd, then check with: agentbox doctor --config " + install.ConfigFile(o)
+				if l := install.DetectLayout(o.Root); l.Template {
+					next = fmt.Sprintf("%s node: restart %s (it regenerates containerd's config from %s), then check with: agentbox doctor --config %s", l.Name, l.Name, l.ContainerdConfig, install.ConfigFile(o))
+				}
+				return reportActions(c, acts, err, next)
 			},
 		},
 		{

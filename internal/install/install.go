@@ -45,6 +45,72 @@ type Options struct {
 	// Handler is the CRI runtime handler (the RuntimeClass's handler).
 	Handler string
 	DryRun  bool
+	// layout is the node's distribution (DetectLayout), when ContainerdConfig
+	// was not named.
+	layout Layout
+}
+
+// Layout is where a Kubernetes distribution keeps containerd's config,
+// root and state and the kubelet's root.
+type Layout struct {
+	// Name is "containerd" (the paths containerd and the kubelet default
+	// to), "k3s" or "rke2".
+	Name string
+	// ContainerdConfig is the file the handler is registered in: for k3s
+	// and RKE2 the template they generate containerd's config.toml from
+	// at every start (an edit to config.toml itself would be lost).
+	ContainerdConfig string
+	// Template: ContainerdConfig is such a template, extending their
+	// base template ({{ template "base" . }}).
+	Template bool
+	// Version is the containerd config version it produces (2: containerd
+	// 1.7, 3: containerd 2.x).
+	Version                                      int
+	ContainerdRoot, ContainerdState, KubeletRoot string
+}
+
+// DetectLayout says which distribution's layout the node under root has:
+// k3s or RKE2 by their agent directories, else containerd's defaults.
+func DetectLayout(root string) Layout {
+	for _, d := range []struct{ name, agent string }{
+		{"k3s", "/var/lib/rancher/k3s/agent"},
+		{"rke2", "/var/lib/rancher/rke2/agent"},
+	} {
+		etc := d.agent + "/etc/containerd"
+		if st, err := os.Stat(filepath.Join(root, etc)); err != nil || !st.IsDir() {
+			continue
+		}
+		// Their containerd 2.x (k3s v1.31.6+, February 2025) reads
+		// config-v3.toml.tmpl; 1.7 reads config.toml.tmpl. An existing
+		// template decides, else the config they generated.
+		version := 2
+		switch {
+		case exists(filepath.Join(root, etc, "config-v3.toml.tmpl")):
+			version = 3
+		case exists(filepath.Join(root, etc, "config.toml.tmpl")):
+		default:
+			if b, err := os.ReadFile(filepath.Join(root, etc, "config.toml")); err == nil {
+				var head struct {
+					Version int `toml:"version"`
+				}
+				if toml.Unmarshal(b, &head) == nil && head.Version == 3 {
+					version = 3
+				}
+			}
+		}
+		tmpl := etc + "/config.toml.tmpl"
+		if version == 3 {
+			tmpl = etc + "/config-v3.toml.tmpl"
+		}
+		return Layout{Name: d.name, ContainerdConfig: tmpl, Template: true, Version: version,
+			ContainerdRoot: d.agent + "/containerd", ContainerdState: "/run/k3s/containerd", KubeletRoot: "/var/lib/kubelet"}
+	}
+	return Layout{Name: "containerd", ContainerdConfig: "/etc/containerd/config.toml", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"}
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // Action is one thing Install or Uninstall did (or would do).
@@ -65,8 +131,14 @@ type manifest struct {
 	ImportsLine   bool   `json:"importsLine"`
 	ConfigCreated bool   `json:"configCreated"`
 	// Block is the text appended to a version 2 (containerd 1.7) config,
-	// which cannot take a drop-in (see registerHandler).
+	// which cannot take a drop-in (see registerHandler), or to a k3s or
+	// RKE2 template.
 	Block string `json:"block,omitempty"`
+	// ContainerdConfig is the file the handler was registered in, when
+	// the layout chose it (k3s, RKE2).
+	ContainerdConfig string `json:"containerdConfig,omitempty"`
+	// Layout names the node's layout.
+	Layout string `json:"layout,omitempty"`
 }
 
 const (
@@ -223,8 +295,12 @@ func withDefaults(o Options) Options {
 	if o.Root == "" {
 		o.Root = "/"
 	}
+	o.layout = DetectLayout(o.Root)
 	if o.ContainerdConfig == "" {
-		o.ContainerdConfig = "/etc/containerd/config.toml"
+		o.ContainerdConfig = o.layout.ContainerdConfig
+	} else if o.ContainerdConfig != o.layout.ContainerdConfig {
+		// A config the admin named is not a distribution's template.
+		o.layout.Template = false
 	}
 	if o.Handler == "" {
 		o.Handler = defaultHandler
@@ -243,6 +319,9 @@ func nodeConfig(o Options) ([]byte, error) {
 		{`dir = "/etc/agentbox/policies"`, fmt.Sprintf("dir = %q", nodePath(o, etcDir+"/policies"))},
 		{`handler = "agentbox"`, fmt.Sprintf("handler = %q", o.Handler)},
 		{`dir = "/var/log/agentbox/audit"`, fmt.Sprintf("dir = %q", nodePath(o, "/var/log/agentbox/audit"))},
+		// Where this node's containerd and kubelet make a pod's files.
+		{`containerd_root = "/var/lib/containerd"`, fmt.Sprintf("containerd_root = %q", o.layout.ContainerdRoot)},
+		{`containerd_state = ""`, fmt.Sprintf("containerd_state = %q", o.layout.ContainerdState)},
 	} {
 		if !strings.Contains(s, r.old) {
 			return nil, fmt.Errorf("the shipped config lacks %s", r.old)
@@ -294,9 +373,15 @@ var (
 	versionLine = regexp.MustCompile(`(?m)^version\s*=\s*\d+\s*$`)
 )
 
-// registerHandler writes the drop-in and makes the main config import it.
+// registerHandler writes the drop-in and makes the main config import it
+// (or, on k3s and RKE2, extends their template).
 func (in *installer) registerHandler() error {
 	mainPath := in.path(in.o.ContainerdConfig)
+	in.m.Layout = in.o.layout.Name
+	if in.o.layout.Template {
+		in.m.ContainerdConfig = in.o.ContainerdConfig
+		return in.extendTemplate(mainPath)
+	}
 	main, err := os.ReadFile(mainPath)
 	version := 3
 	created := false
@@ -382,6 +467,48 @@ func (in *installer) appendBlock(mainPath string, main []byte) error {
 		return nil
 	}
 	return writeKeepingMode(mainPath, updated)
+}
+
+// extendTemplate registers the handler in a k3s or RKE2 containerd
+// template: a new one extends their base template, an existing one gets
+// the handler's tables appended between markers (uninstall removes them).
+// k3s and RKE2 regenerate containerd's config from it at their next start.
+func (in *installer) extendTemplate(path string) error {
+	plugin := "io.containerd.cri.v1.runtime"
+	if in.o.layout.Version == 2 {
+		plugin = "io.containerd.grpc.v1.cri"
+	}
+	tables := handlerTables(plugin, in.o.Handler, in.nodePath(configFile(in.o.Handler)))
+	var probe map[string]any
+	if err := toml.Unmarshal([]byte(tables), &probe); err != nil {
+		return fmt.Errorf("the handler's tables do not parse: %w", err)
+	}
+	block := blockBegin + tables + blockEnd
+	main, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		in.m.ConfigCreated = true
+		return in.put(path, []byte("{{ template \"base\" . }}\n\n"+block), 0o644, false)
+	case err != nil:
+		return err
+	case bytes.Contains(main, []byte(block)):
+		in.note(path, "unchanged")
+		return nil
+	case bytes.Contains(main, []byte(blockBegin)):
+		return fmt.Errorf("containerd template %s holds an agentbox block that differs from this install's: run agentbox uninstall first", path)
+	case !bytes.Contains(main, []byte(`template "base"`)):
+		return fmt.Errorf("containerd template %s does not extend %s's base template ({{ template \"base\" . }}): add the handler by hand (the tables: agentbox install --dry-run on a fresh node shows them)", path, in.o.layout.Name)
+	}
+	sep := "\n"
+	if len(main) > 0 && main[len(main)-1] != '\n' {
+		sep = "\n\n"
+	}
+	in.m.Block = sep + block
+	in.note(path, "updated")
+	if in.o.DryRun {
+		return nil
+	}
+	return writeKeepingMode(path, append(append([]byte(nil), main...), in.m.Block...))
 }
 
 const (
@@ -521,6 +648,9 @@ func Uninstall(o Options) ([]Action, error) {
 	}
 	if err := in.handOver(&m); err != nil {
 		return nil, err
+	}
+	if m.ContainerdConfig != "" {
+		o.ContainerdConfig = m.ContainerdConfig
 	}
 	mainPath := in.path(o.ContainerdConfig)
 	if m.Block != "" {

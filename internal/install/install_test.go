@@ -339,3 +339,82 @@ func TestInstallGlobImport(t *testing.T) {
 		t.Errorf("drop-in left: %v", err)
 	}
 }
+
+// TestInstallK3sAndRKE2: on a k3s or RKE2 node the handler goes into their
+// containerd template (they regenerate config.toml at each start), in the
+// config version their containerd reads, and the shim config names their
+// containerd root and state; uninstall leaves the node as it was.
+func TestInstallK3sAndRKE2(t *testing.T) {
+	const k3sEtc = "var/lib/rancher/k3s/agent/etc/containerd"
+	const rke2Etc = "var/lib/rancher/rke2/agent/etc/containerd"
+	for _, tc := range []struct {
+		name     string
+		files    map[string]string // below root, before install
+		template string            // the file the handler goes in
+		plugin   string
+		root     string // containerd_root the shim config must name
+		kept     string // the template's own text that must survive
+	}{
+		{"k3s with containerd 2", map[string]string{k3sEtc + "/config.toml": "version = 3\n"},
+			k3sEtc + "/config-v3.toml.tmpl", "io.containerd.cri.v1.runtime", "/var/lib/rancher/k3s/agent/containerd", ""},
+		{"k3s with containerd 1.7", map[string]string{k3sEtc + "/config.toml": "version = 2\n"},
+			k3sEtc + "/config.toml.tmpl", "io.containerd.grpc.v1.cri", "/var/lib/rancher/k3s/agent/containerd", ""},
+		{"k3s with the admin's template", map[string]string{k3sEtc + "/config.toml": "version = 3\n",
+			k3sEtc + "/config-v3.toml.tmpl": "{{ template \"base\" . }}\n\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n"},
+			k3sEtc + "/config-v3.toml.tmpl", "io.containerd.cri.v1.runtime", "/var/lib/rancher/k3s/agent/containerd", "runtimes.kata"},
+		{"rke2", map[string]string{rke2Etc + "/config.toml": "version = 3\n"},
+			rke2Etc + "/config-v3.toml.tmpl", "io.containerd.cri.v1.runtime", "/var/lib/rancher/rke2/agent/containerd", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for p, body := range tc.files {
+				writeFile(t, filepath.Join(root, p), body, 0o644)
+			}
+			o := opts(t, root)
+			if _, err := Install(o); err != nil {
+				t.Fatal(err)
+			}
+			tmpl, err := os.ReadFile(filepath.Join(root, tc.template))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{`{{ template "base" . }}`, `[plugins."` + tc.plugin + `".containerd.runtimes."agentbox"]`, `runtime_type = "io.containerd.agentbox.v1"`, tc.kept} {
+				if !strings.Contains(string(tmpl), w) {
+					t.Errorf("template lacks %q:\n%s", w, tmpl)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(root, "etc/containerd/config.toml")); err == nil {
+				t.Error("wrote /etc/containerd/config.toml on a k3s/RKE2 node")
+			}
+			cfg, _ := os.ReadFile(filepath.Join(root, "etc/agentbox/config.toml"))
+			if !strings.Contains(string(cfg), "containerd_root = \""+tc.root+"\"") || !strings.Contains(string(cfg), `containerd_state = "/run/k3s/containerd"`) {
+				t.Errorf("shim config does not name the distribution's containerd:\n%s", cfg)
+			}
+			// Again: nothing changes.
+			acts, err := Install(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := whats(acts)[filepath.Join(root, tc.template)]; w != "unchanged" {
+				t.Errorf("second install: template %s", w)
+			}
+			if _, err := Uninstall(Options{Root: root}); err != nil {
+				t.Fatal(err)
+			}
+			after, err := os.ReadFile(filepath.Join(root, tc.template))
+			if tc.kept == "" {
+				if err == nil {
+					t.Errorf("the template agentbox created is left: %s", after)
+				}
+			} else if string(after) != tc.files[tc.template] {
+				t.Errorf("uninstall did not restore the admin's template:\n%s", after)
+			}
+		})
+	}
+	// A template that does not extend the base one: agentbox does not guess.
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, k3sEtc, "config-v3.toml.tmpl"), "version = 3\n[plugins]\n", 0o644)
+	if _, err := Install(opts(t, root)); err == nil || !strings.Contains(err.Error(), "does not extend k3s's base template") {
+		t.Fatalf("want a refusal naming the base template, got %v", err)
+	}
+}

@@ -271,6 +271,10 @@ up() {
   for img in agent pause probe; do
     ctrq --address "$SOCK" -n k8s.io images import --index-name "docker.io/agentbox/$img:latest" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
   done
+  # The real-agent image (hack/images.sh realagent), when built.
+  if [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
+    ctrq --address "$SOCK" -n k8s.io images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
+  fi
   step "installer image"
   "$REPO_ROOT/hack/images.sh" installer >/dev/null
   ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null

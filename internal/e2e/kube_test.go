@@ -12,9 +12,11 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -792,4 +794,105 @@ spec:
 		t.Errorf("no host link for the pod's resolver")
 	}
 	k.deleteAndExpectGone(t, ns, "egress", sandbox, pod.Metadata.UID, links)
+}
+
+// TestKubeEgressRealClients: in a Kubernetes pod from the glibc image,
+// curl, Python's urllib, Node's https and fetch, git over https, pip and
+// npm reach an inspected host rule through the pod's gateway, trusting the
+// sandbox's CA through what agentbox sets; the gateway verifies the server
+// with the CA the node's config names ([egress] upstream_ca_file).
+func TestKubeEgressRealClients(t *testing.T) {
+	requireRealAgentImage(t)
+	k := kubeCluster(t)
+	ns := k.namespace(t, "abx-realclients")
+	const nodeIP = "10.97.0.1"
+	cert, caPEM, err := webCert("api.kube.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp4", nodeIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	base := fmt.Sprintf("https://api.kube.test:%d", port)
+	files, err := packageFiles(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if b, ok := files[r.URL.Path]; ok {
+			w.Write(b)
+			return
+		}
+		fmt.Fprintf(w, "site=%s path=%s\n", r.Host, r.URL.Path)
+	})}
+	go srv.ServeTLS(ln, "", "")
+	defer srv.Close()
+	upstream, err := newDNSServer("127.0.0.1:0", map[string]netip.Addr{"api.kube.test.": netip.MustParseAddr(nodeIP)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upstream.conn.Close()
+	cfg := filepath.Join(k.dir, "etc", "agentbox", "config.toml")
+	orig, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(k.dir, "realclients-ca.pem")
+	if err := os.WriteFile(caFile, []byte(caPEM), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	edited := bytes.Replace(orig, []byte("upstreams = []"), []byte(fmt.Sprintf("upstreams = [%q]", upstream.conn.LocalAddr().String())), 1)
+	if !bytes.Contains(edited, []byte(`upstream_ca_file = ""`)) {
+		t.Fatalf("the installed config has no `upstream_ca_file = \"\"` to name the test's CA:\n%s", orig)
+	}
+	edited = bytes.Replace(edited, []byte(`upstream_ca_file = ""`), []byte(fmt.Sprintf("upstream_ca_file = %q", caFile)), 1)
+	os.WriteFile(cfg, edited, 0o644)
+	t.Cleanup(func() { os.WriteFile(cfg, orig, 0o644) })
+	writeNodePolicy(t, k, "e2e-kube-realclients.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-kube-realclients}
+spec:
+  inherits: coder
+  credentials:
+    env: {allow: [PATH, HOME, "npm_config_*"]}
+  network:
+    egress: allowlist
+    allow:
+      - {host: api.kube.test, ports: [%d], allowPrivate: true, http: {methods: [GET, HEAD, POST], paths: ["/*"]}}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-kube-realclients}
+spec:
+  role: e2e-kube-realclients
+  subjects: [{namespace: %s}]
+`, port, ns))
+	var script []string
+	for _, l := range strings.Split(realClientScript, "\n") {
+		if !strings.Contains(l, "other.gw") {
+			script = append(script, strings.ReplaceAll(l, "https://"+gwAllowA, base))
+		}
+	}
+	pod := podSpec(ns, "realclients", "agentbox", "e2e-kube-realclients")
+	c := pod["spec"].(obj)["containers"].([]obj)[0]
+	c["image"], c["command"] = realAgentImage, []string{"bash", "-c", strings.Join(script, "\n")}
+	c["env"] = []obj{{"name": "HOME", "value": "/workspace"}, {"name": "npm_config_cache", "value": "/workspace/.npm"}}
+	c["securityContext"] = obj{"runAsUser": 65532}
+	k.apply(t, pod)
+	k.waitPod(t, ns, "realclients", 3*time.Minute, "Running", running)
+	logs := k.waitLogs(t, ns, "realclients", "probes-done", 4*time.Minute)
+	for step, want := range map[string]string{
+		"curl": "path=/curl", "python-urllib": "path=/urllib", "node-https": "path=/node-https", "node-fetch": "path=/node-fetch",
+		"git-clone": "cloned-through-the-gateway", "pip": "abxdemo-ok", "npm": "abxdemo-ok",
+	} {
+		m := regexp.MustCompile(`(?m)^== ` + step + `: (.*)$`).FindStringSubmatch(logs)
+		if m == nil || !strings.HasPrefix(m[1], "rc=0 ") || !strings.Contains(m[1], want) {
+			t.Errorf("%s: %v, want rc=0 and %q", step, m, want)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("pod logs:\n%s", logs)
+	}
 }

@@ -29,7 +29,9 @@ func TestBenchmarkGateway(t *testing.T) {
 	requireBench(t)
 	n := benchRounds("AGENTBOX_BENCH_GATEWAY_REQUESTS", 200)
 	const size = 64 << 20
-	measure := func(role string, direct bool) gatewayFigures {
+	// connect: the address the client dials instead of looking the name
+	// up ("" looks it up at the pod's resolver).
+	measure := func(role string, connect string) gatewayFigures {
 		t.Helper()
 		// e2e-gw-inspect allows a.gw.e2e.test under /ok/ only (inspected).
 		prefix := ""
@@ -38,8 +40,8 @@ func TestBenchmarkGateway(t *testing.T) {
 		}
 		t.Helper()
 		via := func(port int) string {
-			if direct {
-				return fmt.Sprintf("-connect %s:%d ", webAddr, port)
+			if connect != "" {
+				return fmt.Sprintf("-connect %s:%d ", connect, port)
 			}
 			return ""
 		}
@@ -76,11 +78,14 @@ func TestBenchmarkGateway(t *testing.T) {
 		}
 		return f
 	}
-	var gw, addr, insp []gatewayFigures
+	var gw, addr, insp, nolookup []gatewayFigures
 	for round := 0; round < 2; round++ {
-		addr = append(addr, measure("e2e-gw-cidr", true))
-		gw = append(gw, measure("e2e-gw", false))
-		insp = append(insp, measure("e2e-gw-inspect", false))
+		addr = append(addr, measure("e2e-gw-cidr", webAddr))
+		gw = append(gw, measure("e2e-gw", ""))
+		insp = append(insp, measure("e2e-gw-inspect", ""))
+		// The gateway without the client's lookup: what the gateway itself
+		// adds, apart from the name the client resolves.
+		nolookup = append(nolookup, measure("e2e-gw", gwAddress))
 	}
 	mean := func(fs []gatewayFigures, get func(gatewayFigures) float64) float64 {
 		var s float64
@@ -105,12 +110,15 @@ func TestBenchmarkGateway(t *testing.T) {
 	}
 	for _, m := range []struct {
 		name string
+		from []gatewayFigures
 		get  func(gatewayFigures) float64
 	}{
-		{"HTTPS p50 (inspected)", func(f gatewayFigures) float64 { return f.tlsP50 }},
-		{"HTTPS p90 (inspected)", func(f gatewayFigures) float64 { return f.tlsP90 }},
+		{"HTTPS p50 (inspected)", insp, func(f gatewayFigures) float64 { return f.tlsP50 }},
+		{"HTTPS p90 (inspected)", insp, func(f gatewayFigures) float64 { return f.tlsP90 }},
+		{"HTTP p50, no lookup", nolookup, func(f gatewayFigures) float64 { return f.httpP50 }},
+		{"HTTPS p50, no lookup", nolookup, func(f gatewayFigures) float64 { return f.tlsP50 }},
 	} {
-		g, a := mean(insp, m.get), mean(addr, m.get)
+		g, a := mean(m.from, m.get), mean(addr, m.get)
 		fmt.Fprintf(&b, "  %-24s gateway %7.2f ms  address %7.2f ms  (%+.2f ms)\n", m.name, g, a, g-a)
 	}
 	g, a := mean(gw, func(f gatewayFigures) float64 { return f.mbps }), mean(addr, func(f gatewayFigures) float64 { return f.mbps })
@@ -129,7 +137,9 @@ func TestBenchmarkGateway(t *testing.T) {
 func TestBenchmarkGatewayMemory(t *testing.T) {
 	requireBench(t)
 	gw := criVariant{"agentbox-gateway", "agentbox", "e2e-gw-inspect", map[string]string{"agentbox.dev/role": "e2e-gw-inspect"}}
-	report := podMemory(t, 10, gw) + podMemory(t, 10, criVariants[0])
+	// The allowlist role without host rules has the resolver and the pod's
+	// network stack but no gateway: the difference to it is the gateway's.
+	report := podMemory(t, 10, gw) + podMemory(t, 10, criVariants[1]) + podMemory(t, 10, criVariants[0])
 	t.Log("\n" + report)
 	benchOut(t, report)
 }

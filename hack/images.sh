@@ -8,7 +8,7 @@
 #                              # project's binaries and runsc, for
 #                              # examples/kubernetes/installer.yaml
 #   hack/images.sh realagent   # the real-agent image: Debian bookworm (glibc)
-#                              # with python3, venv, pip, node, npm, git,
+#                              # with python3, venv, pip, CPython's test suite, node, npm, git,
 #                              # curl, sqlite3, openssl, make, from Debian's
 #                              # packages (mmdebstrap), for the e2e suite
 source "$(dirname "$0")/lib.sh"
@@ -24,8 +24,8 @@ if [ "$mode" = realagent ]; then
   # pinned snapshot would make it reproducible; Debian's mirror is what
   # this machine reaches, so the stamp names the day's package versions
   # only through the list below.
-  ra_pkgs=python3,python3-venv,python3-pip,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps
-  ra_stamp="bookworm $ra_pkgs v1"
+  ra_pkgs=python3,python3-venv,python3-pip,libpython3.11-testsuite,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps
+  ra_stamp="bookworm $ra_pkgs v2"
   if [ -f "$img_dir/realagent.tar" ] && [ "$(cat "$img_dir/.realagent.stamp" 2>/dev/null)" = "$ra_stamp" ]; then
     step "real-agent image cached"
     exit 0

@@ -25,7 +25,7 @@ if [ "$mode" = realagent ]; then
   # this machine reaches, so the stamp names the day's package versions
   # only through the list below.
   ra_pkgs=python3,python3-venv,python3-pip,libpython3.11-testsuite,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps
-  ra_stamp="bookworm $ra_pkgs v2"
+  ra_stamp="bookworm $ra_pkgs v3"
   if [ -f "$img_dir/realagent.tar" ] && [ "$(cat "$img_dir/.realagent.stamp" 2>/dev/null)" = "$ra_stamp" ]; then
     step "real-agent image cached"
     exit 0
@@ -48,6 +48,8 @@ if [ "$mode" = realagent ]; then
   # The agent user of the suite's images (uid 65532), a home and a workspace.
   echo 'agent:x:65532:65532:agent:/home/agent:/bin/sh' >>"$rootfs/etc/passwd"
   echo 'agent:x:65532:' >>"$rootfs/etc/group"
+  # localhost resolves without a runtime's /etc/hosts (plain ctr mounts none).
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$rootfs/etc/hosts"
   mkdir -p "$rootfs/home/agent" "$rootfs/workspace"
   chown 65532:65532 "$rootfs/home/agent"
   chmod 1777 "$rootfs/workspace"

@@ -387,8 +387,14 @@ func newPodIn(t *testing.T, name, namespace string, annotations map[string]strin
 // waitLogs waits until a container's logs contain want (or 60s pass).
 func waitLogs(t *testing.T, id, want string) result {
 	t.Helper()
+	return waitLogsWithin(t, id, want, 60*time.Second)
+}
+
+// waitLogsWithin is waitLogs with its own deadline (long scripts).
+func waitLogsWithin(t *testing.T, id, want string, within time.Duration) result {
+	t.Helper()
 	var r result
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		r = dev.crictl(30*time.Second, "logs", id)
 		if strings.Contains(r.stdout+r.stderr, want) {
 			return r

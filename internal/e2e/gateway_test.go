@@ -242,6 +242,34 @@ func (p *pod) runProbes(t *testing.T, script string) result {
 	return waitLogs(t, id, "probes-done")
 }
 
+// stepLines parses the "== step: output" lines gwStep and the real-agent
+// scripts print, by step.
+func stepLines(stdout string) map[string]string {
+	lines := map[string]string{}
+	for _, l := range strings.Split(stdout, "\n") {
+		if rest, ok := strings.CutPrefix(l, "== "); ok {
+			k, v, _ := strings.Cut(rest, ": ")
+			lines[k] = v
+		}
+	}
+	return lines
+}
+
+// expectStep checks that step printed want and, for a refusal, that it
+// reached no site.
+func expectStep(t *testing.T, lines map[string]string, step, want string, refused bool) {
+	t.Helper()
+	got, ok := lines[step]
+	switch {
+	case !ok:
+		t.Errorf("%s: no output", step)
+	case !strings.Contains(got, want):
+		t.Errorf("%s: got %q, want %q", step, got, want)
+	case refused && strings.Contains(got, "site="):
+		t.Errorf("%s: reached a site: %q", step, got)
+	}
+}
+
 // gwStep runs one probe in the pod and labels its output on one line.
 func gwStep(label, cmd string) string {
 	return fmt.Sprintf("echo \"== %s: $( (%s) 2>&1 | tr '\\n' ' ')\"", label, cmd)
@@ -273,25 +301,8 @@ func TestEgressGateway(t *testing.T) {
 	}, "; ")
 	logs := p.runProbes(t, script)
 	out := logs.stdout
-	lines := map[string]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if rest, ok := strings.CutPrefix(l, "== "); ok {
-			k, v, _ := strings.Cut(rest, ": ")
-			lines[k] = v
-		}
-	}
-	expect := func(step, want string, refused bool) {
-		t.Helper()
-		got, ok := lines[step]
-		switch {
-		case !ok:
-			t.Errorf("%s: no output", step)
-		case !strings.Contains(got, want):
-			t.Errorf("%s: got %q, want %q", step, got, want)
-		case refused && strings.Contains(got, "site="):
-			t.Errorf("%s: reached a site: %q", step, got)
-		}
-	}
+	lines := stepLines(out)
+	expect := func(step, want string, refused bool) { t.Helper(); expectStep(t, lines, step, want, refused) }
 	expect("resolve", "Address: "+gwAddress, false)
 	expect("http-allowed", "site="+gwAllowA+" path=/h1", false)
 	expect("http-other-host", "status=403", true)

@@ -76,25 +76,8 @@ func TestEgressGatewayInspected(t *testing.T) {
 		"envs": []map[string]string{{"key": "AGENT_CA_PEM", "value": web.caPEM}},
 	})
 	logs := waitLogs(t, id, "probes-done")
-	lines := map[string]string{}
-	for _, l := range strings.Split(logs.stdout, "\n") {
-		if rest, ok := strings.CutPrefix(l, "== "); ok {
-			k, v, _ := strings.Cut(rest, ": ")
-			lines[k] = v
-		}
-	}
-	expect := func(step, want string, refused bool) {
-		t.Helper()
-		got, ok := lines[step]
-		switch {
-		case !ok:
-			t.Errorf("%s: no output", step)
-		case !strings.Contains(got, want):
-			t.Errorf("%s: got %q, want %q", step, got, want)
-		case refused && strings.Contains(got, "site="):
-			t.Errorf("%s: reached a site: %q", step, got)
-		}
-	}
+	lines := stepLines(logs.stdout)
+	expect := func(step, want string, refused bool) { t.Helper(); expectStep(t, lines, step, want, refused) }
 	expect("token", "placeholder", false)
 	expect("secret-in-sandbox", "searched", false)
 	if strings.Contains(lines["secret-in-sandbox"], "/") {

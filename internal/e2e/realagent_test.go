@@ -83,24 +83,11 @@ func runRealAgent(t *testing.T, handlerName, namespace string, annotations map[s
 		"envs":    []map[string]string{{"key": "HOME", "value": "/workspace"}, {"key": "npm_config_cache", "value": "/workspace/.npm"}},
 		"linux":   map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
 	})
-	var logs result
-	for deadline := time.Now().Add(4 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
-		logs = dev.crictl(30*time.Second, "logs", id)
-		if strings.Contains(logs.stdout, "probes-done") {
-			break
-		}
-	}
+	logs := waitLogsWithin(t, id, "probes-done", 4*time.Minute)
 	if !strings.Contains(logs.stdout, "probes-done") {
 		t.Fatalf("%s: the script did not finish:\n%s\n%s", handlerName, logs.stdout, logs.stderr)
 	}
-	lines := map[string]string{}
-	for _, l := range strings.Split(logs.stdout, "\n") {
-		if rest, ok := strings.CutPrefix(l, "== "); ok {
-			k, v, _ := strings.Cut(rest, ": ")
-			lines[k] = v
-		}
-	}
-	return lines
+	return stepLines(logs.stdout)
 }
 
 func requireRealAgentImage(t *testing.T) {

@@ -186,19 +186,8 @@ func TestEgressGatewayRealClients(t *testing.T) {
 			{"key": "AGENT_CA_PEM", "value": web.caPEM}},
 		"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
 	})
-	var logs result
-	for deadline := time.Now().Add(4 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
-		if logs = dev.crictl(30*time.Second, "logs", id); strings.Contains(logs.stdout, "probes-done") {
-			break
-		}
-	}
-	lines := map[string]string{}
-	for _, l := range strings.Split(logs.stdout, "\n") {
-		if rest, ok := strings.CutPrefix(l, "== "); ok {
-			k, v, _ := strings.Cut(rest, ": ")
-			lines[k] = v
-		}
-	}
+	logs := waitLogsWithin(t, id, "probes-done", 4*time.Minute)
+	lines := stepLines(logs.stdout)
 	for step, want := range map[string]string{
 		"curl": "site=" + gwAllowA + " path=/curl", "curl-passthrough": "site=" + gwOther + " path=/curl-pass",
 		"python-urllib": "path=/urllib", "node-https": "path=/node-https", "node-fetch": "path=/node-fetch",

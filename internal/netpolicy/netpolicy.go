@@ -149,7 +149,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 		}
 		found := false
 		for j := range pl.Allow {
-			if pl.Allow[j].Host != "" && hostMatches(pl.Allow[j].Host, in.Host) {
+			if pl.Allow[j].Host != "" && policy.HostMatches(pl.Allow[j].Host, in.Host) {
 				// The first rule matching is the one the gateway decides by.
 				pl.Allow[j].Inspect, found = true, true
 				break
@@ -207,19 +207,11 @@ func (pl *Plan) MatchHost(name string) (Rule, bool) {
 		return Rule{}, false
 	}
 	for _, r := range pl.Allow {
-		if r.Host != "" && hostMatches(r.Host, name) {
+		if r.Host != "" && policy.HostMatches(r.Host, name) {
 			return r, true
 		}
 	}
 	return Rule{}, false
-}
-
-// hostMatches: pattern is name, or "*.suffix" and name is below suffix.
-func hostMatches(pattern, name string) bool {
-	if suffix, wild := strings.CutPrefix(pattern, "*"); wild {
-		return len(name) > len(suffix) && strings.HasSuffix(name, suffix)
-	}
-	return name == pattern
 }
 
 // Inspected says whether any host rule is inspected: the gateway needs its

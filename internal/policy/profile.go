@@ -650,19 +650,21 @@ const SecretToken = "{secret}"
 func (p *Profile) hostAllowed(name string) bool {
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
 	for _, r := range p.Network.Allow {
-		h := strings.TrimSuffix(strings.ToLower(r.Host), ".")
-		if h == "" {
-			continue
-		}
-		if suffix, wild := strings.CutPrefix(h, "*"); wild {
-			if len(name) > len(suffix) && strings.HasSuffix(name, suffix) {
-				return true
-			}
-		} else if h == name {
+		if h := strings.TrimSuffix(strings.ToLower(r.Host), "."); h != "" && HostMatches(h, name) {
 			return true
 		}
 	}
 	return false
+}
+
+// HostMatches says whether a host rule's pattern (lower case, no trailing
+// dot) matches name: the name itself, or "*.suffix" for the names below
+// suffix. The resolver, the gateway and validation decide by it alike.
+func HostMatches(pattern, name string) bool {
+	if suffix, wild := strings.CutPrefix(pattern, "*"); wild {
+		return len(name) > len(suffix) && strings.HasSuffix(name, suffix)
+	}
+	return name == pattern
 }
 
 // checkHTTP checks a host rule's http section.

@@ -169,7 +169,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 			plan.mounts = criMountEnv(cfg, r.Bundle, r.ID, sandboxID, sb.podUID)
 		}
 	} else {
-		meta := audit.Meta{Sandbox: r.ID, PodNamespace: spec.Annotations[ocispec.SandboxNamespaceAnnotation], PodName: spec.Annotations[ocispec.SandboxNameAnnotation]}
+		meta := audit.Meta{Sandbox: r.ID, Namespace: namespaceOf(ctx), PodNamespace: spec.Annotations[ocispec.SandboxNamespaceAnnotation], PodName: spec.Annotations[ocispec.SandboxNameAnnotation]}
 		trail, err := openTrail(cfg, r.ID, meta)
 		if err != nil {
 			return err
@@ -219,7 +219,7 @@ func (s *service) resolved(plan *createPlan, p *policy.Profile) {
 	sb := plan.sandbox
 	sb.profile = p
 	trail := sb.audit.trail
-	meta := audit.Meta{Sandbox: sb.id, PodNamespace: plan.spec.Annotations[ocispec.SandboxNamespaceAnnotation],
+	meta := audit.Meta{Sandbox: sb.id, Namespace: plan.request.ContainerdNamespace, PodNamespace: plan.spec.Annotations[ocispec.SandboxNamespaceAnnotation],
 		PodName: plan.spec.Annotations[ocispec.SandboxNameAnnotation], Role: p.Role, PolicyDigest: p.Digest}
 	trail.SetMeta(meta)
 	trail.Emit(audit.TypeRoleResolved.New("Success",

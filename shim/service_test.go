@@ -124,8 +124,8 @@ func TestDeleteRacesExitPublication(t *testing.T) {
 	}
 	trail.Close(&audit.Record{Event: audit.EventSandboxEnd})
 	b, _ := os.ReadFile(filepath.Join(dir, "sb.jsonl"))
-	removed, counted := strings.Index(string(b), `"event":"agentbox/egress_removed"`), strings.Index(string(b), `"event":"test/drops"`)
-	if strings.Count(string(b), `"event":"agentbox/egress_removed"`) != 1 || counted < 0 || removed < counted {
+	removed, counted := strings.Index(string(b), `"event_code":"agentbox/egress_removed"`), strings.Index(string(b), `"event_code":"test/drops"`)
+	if strings.Count(string(b), `"event_code":"agentbox/egress_removed"`) != 1 || counted < 0 || removed < counted {
 		t.Fatalf("removal must be recorded once, after the drop counters:\n%s", b)
 	}
 }

@@ -76,7 +76,7 @@ func TestTrailQuotaBackPressure(t *testing.T) {
 		t.Fatalf("the end must account for every record: verify %+v, counters %+v", res, c)
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, "flood.jsonl"))
-	if !strings.Contains(string(b), `"event":"agentbox/limit"`) || !strings.Contains(string(b), "trail full: the sandbox's quota") {
+	if !strings.Contains(string(b), `"event_code":"agentbox/limit"`) || !strings.Contains(string(b), "trail full: the sandbox's quota") {
 		t.Fatal("the limit record and the gap's reason must be in the trail")
 	}
 }

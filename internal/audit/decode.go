@@ -240,7 +240,7 @@ func base(cd *pb.ContextData, class, activity int, name, event string) (*eventRe
 		t = time.Unix(0, ns)
 	}
 	e := &eventRecord{
-		rec: Record{at: t, ClassUID: class, ClassName: classNames[class], ActivityID: activity, ActivityName: name, Event: event},
+		rec: Record{at: t, ClassUID: class, ClassName: classes[class].name, ActivityID: activity, ActivityName: name, Event: event},
 		proc: Process{
 			PID:  cd.GetThreadGroupId(),
 			TID:  cd.GetThreadId(),

@@ -1,120 +1,516 @@
 package audit
 
 import (
+	"os"
+	"path"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/version"
 )
 
-// appendJSON encodes r as encoding/json would (same fields, order and
-// omissions), without reflection: the receiver's hot path. FuzzEncode
-// checks that both decode to the same value.
-func (r *Record) appendJSON(b []byte) []byte {
-	b = append(b, `{"time":`...)
-	if r.Time == "" && !r.at.IsZero() {
-		b = append(b, '"')
-		b = r.at.UTC().AppendFormat(b, time.RFC3339Nano)
-		b = append(b, '"')
-	} else {
-		b = appendString(b, r.Time)
+func errnoName(n int64) string {
+	if name := unix.ErrnoName(unix.Errno(n)); name != "" {
+		return name
 	}
-	b = append(b, `,"class_uid":`...)
-	b = strconv.AppendInt(b, int64(r.ClassUID), 10)
-	b = append(b, `,"class_name":`...)
-	b = appendString(b, r.ClassName)
-	b = append(b, `,"activity_id":`...)
-	b = strconv.AppendInt(b, int64(r.ActivityID), 10)
-	b = append(b, `,"activity_name":`...)
-	b = appendString(b, r.ActivityName)
-	if r.Status != "" {
-		b = append(b, `,"status":`...)
-		b = appendString(b, r.Status)
+	return "errno " + strconv.FormatInt(n, 10)
+}
+
+// ocsfProfiles are the OCSF profiles every record applies.
+var ocsfProfiles = []string{"host", "datetime", "security_control", "ai_operation", "record_integrity"}
+
+// aiOperationCategories are the categories whose classes take the
+// ai_operation profile's top-level ai_agent.
+var aiOperationCategories = map[int]bool{1: true, 3: true, 4: true, 6: true}
+
+// Node is the device every record names: the node the shim runs on.
+var Node = func() string { h, _ := os.Hostname(); return h }()
+
+// enc writes one JSON object field by field; a field is preceded by a
+// comma unless it opens its object or array.
+type enc struct{ b []byte }
+
+func (e *enc) key(k string) {
+	if c := e.b[len(e.b)-1]; c != '{' && c != '[' {
+		e.b = append(e.b, ',')
+	}
+	e.b = append(e.b, '"')
+	e.b = append(e.b, k...)
+	e.b = append(e.b, '"', ':')
+}
+func (e *enc) open(k string) { e.key(k); e.b = append(e.b, '{') }
+func (e *enc) openArr(k string) {
+	e.key(k)
+	e.b = append(e.b, '[')
+}
+func (e *enc) close() { e.b = append(e.b, '}') }
+func (e *enc) int(k string, v int64) {
+	e.key(k)
+	e.b = strconv.AppendInt(e.b, v, 10)
+}
+func (e *enc) optInt(k string, v int64) {
+	if v != 0 {
+		e.int(k, v)
+	}
+}
+func (e *enc) str(k, v string) {
+	e.key(k)
+	e.b = appendString(e.b, v)
+}
+func (e *enc) optStr(k, v string) {
+	if v != "" {
+		e.str(k, v)
+	}
+}
+
+// appendOCSF encodes r as an OCSF event of its class, without reflection
+// (the receiver's hot path), up to and including its attestation's
+// prev_event: the caller closes the attestation, with or without its
+// fingerprint. FuzzEncode checks that ParseLine gives r back.
+func (r *Record) appendOCSF(b []byte) []byte {
+	e := enc{b: append(b, '{')}
+	t := r.at
+	if t.IsZero() && r.Time != "" {
+		t, _ = time.Parse(time.RFC3339Nano, r.Time)
+	}
+	t = t.UTC()
+	ci := classes[r.ClassUID]
+	e.int("time", t.UnixMilli())
+	e.key("time_dt")
+	e.b = append(e.b, '"')
+	e.b = t.AppendFormat(e.b, time.RFC3339Nano)
+	e.b = append(e.b, '"')
+	activity, activityName := r.ActivityID, r.ActivityName
+	if r.ClassUID == ClassHTTP {
+		activity, activityName = httpActivity(r.Detail["method"])
+	}
+	e.int("class_uid", int64(r.ClassUID))
+	e.str("class_name", ci.name)
+	e.int("category_uid", int64(ci.categoryUID))
+	e.str("category_name", ci.category)
+	e.int("activity_id", int64(activity))
+	e.str("activity_name", activityName)
+	e.int("type_uid", int64(r.ClassUID)*100+int64(activity))
+	sev := r.Severity
+	if sev == 0 {
+		sev = SeverityInformational
+	}
+	e.int("severity_id", int64(sev))
+	e.str("severity", severityNames[sev])
+	switch {
+	case r.ClassUID == ClassDetectionFinding:
+		// A finding's status is its own (New...); the record's outcome
+		// is kept under unmapped.
+		e.int("status_id", 1)
+		e.str("status", "New")
+	case r.Status == "Success":
+		e.int("status_id", 1)
+		e.str("status", "Success")
+	case r.Status == "Failure":
+		e.int("status_id", 2)
+		e.str("status", "Failure")
 	}
 	if r.Errno != 0 {
-		b = append(b, `,"errno":`...)
-		b = strconv.AppendInt(b, r.Errno, 10)
+		e.str("status_code", errnoName(r.Errno))
 	}
+	e.optStr("message", r.Message)
+
+	e.open("metadata")
+	e.str("version", SchemaVersion)
+	e.open("product")
+	e.str("name", "agentbox")
+	e.str("vendor_name", "agentbox")
+	e.str("version", version.Version)
+	e.close()
+	e.str("uid", eventUID(r.Sandbox, r.Seq))
+	e.int("sequence", int64(r.Seq))
+	e.str("event_code", r.Event)
+	e.str("log_name", "agentbox audit trail")
+	e.openArr("profiles")
+	for i, p := range ocsfProfiles {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = appendString(e.b, p)
+	}
+	e.b = append(e.b, ']')
+	e.close()
+
+	e.open("device")
+	e.int("type_id", 1)
+	e.str("type", "Server")
+	e.str("hostname", orUnknown(Node))
+	e.close()
+
+	e.open("actor")
+	if r.Process != nil && !strings.HasPrefix(r.Event, "agentbox/") {
+		e.open("process")
+		r.Process.encode(&e)
+		e.close()
+	} else {
+		e.str("app_name", "agentbox")
+	}
+	e.close()
+	if aiOperationCategories[ci.categoryUID] {
+		e.open("ai_agent")
+		e.str("uid", r.agentUID())
+		e.str("instance_uid", orUnknown(r.Sandbox))
+		e.str("name", r.agentName())
+		e.close()
+	}
+	if r.Role != "" || r.PolicyDigest != "" {
+		e.open("policy")
+		e.optStr("name", r.Role)
+		e.optStr("uid", r.PolicyDigest)
+		e.close()
+	}
+	if a := r.action(); a != 0 {
+		e.int("action_id", int64(a))
+		e.str("action", map[int]string{1: "Allowed", 2: "Denied"}[a])
+	}
+	r.encodeClass(&e)
+
+	e.open("unmapped")
+	e.str("sandbox_id", r.Sandbox)
+	e.optStr("container_id", r.Container)
+	e.optStr("namespace", r.Namespace)
+	e.optStr("pod_namespace", r.PodNamespace)
+	e.optStr("pod_name", r.PodName)
+	e.optStr("role", r.Role)
+	e.optStr("policy_digest", r.PolicyDigest)
+	if r.ClassUID == ClassDetectionFinding {
+		e.optStr("status", r.Status)
+	}
+	e.optInt("errno", r.Errno)
 	if r.Result != nil {
-		b = append(b, `,"result":`...)
-		b = strconv.AppendInt(b, *r.Result, 10)
+		e.int("result", *r.Result)
 	}
 	if p := r.Process; p != nil {
-		b = append(b, `,"process":{`...)
-		start := len(b)
-		b = optInt(b, start, "pid", int64(p.PID))
-		b = optInt(b, start, "tid", int64(p.TID))
-		b = optInt(b, start, "ppid", int64(p.PPID))
-		b = optString(b, start, "name", p.Name)
-		b = optStrings(b, start, "argv", p.Argv)
-		b = optStrings(b, start, "env", p.Env)
-		b = optString(b, start, "exe", p.Exe)
-		b = optString(b, start, "cwd", p.Cwd)
-		if p.UID != nil {
-			b = key(b, start, "uid")
-			b = strconv.AppendUint(b, uint64(*p.UID), 10)
+		e.optInt("child_pid", int64(p.ChildPID))
+		if p.ExitSignal != nil {
+			e.int("exit_signal", int64(*p.ExitSignal))
 		}
 		if p.GID != nil {
-			b = key(b, start, "gid")
-			b = strconv.AppendUint(b, uint64(*p.GID), 10)
+			e.int("gid", int64(*p.GID))
 		}
-		if p.ExitSts != nil {
-			b = key(b, start, "exit_status")
-			b = strconv.AppendInt(b, int64(*p.ExitSts), 10)
+		if p.ExitSts != nil && r.ClassUID != ClassProcess {
+			e.int("exit_status", int64(*p.ExitSts))
 		}
-		if p.ExitSignal != nil {
-			b = key(b, start, "exit_signal")
-			b = strconv.AppendInt(b, int64(*p.ExitSignal), 10)
+		if len(p.Argv) > 0 {
+			// cmd_line joins argv with spaces; the list itself, exact:
+			e.b = optStrings(e.b, 0, "argv", p.Argv)
 		}
-		b = optInt(b, start, "child_pid", int64(p.ChildPID))
-		b = append(b, '}')
 	}
 	if f := r.File; f != nil {
-		b = append(b, `,"file":{"path":`...)
-		b = appendString(b, f.Path)
-		if f.Flags != "" {
-			b = append(b, `,"flags":`...)
-			b = appendString(b, f.Flags)
-		}
-		if f.Mode != 0 {
-			b = append(b, `,"mode":`...)
-			b = strconv.AppendUint(b, uint64(f.Mode), 10)
-		}
-		b = append(b, '}')
+		e.optStr("file_flags", f.Flags)
+		e.optInt("file_mode", int64(f.Mode))
+	}
+	if f := r.Target; f != nil {
+		e.optInt("target_mode", int64(f.Mode))
 	}
 	if d := r.Dst; d != nil {
-		b = append(b, `,"dst_endpoint":{`...)
-		start := len(b)
-		b = optString(b, start, "family", d.Family)
-		b = optString(b, start, "ip", d.IP)
-		b = optInt(b, start, "port", int64(d.Port))
-		b = optString(b, start, "path", d.Path)
-		b = optString(b, start, "type", d.Type)
-		b = append(b, '}')
+		e.open("dst")
+		e.optStr("family", d.Family)
+		e.optStr("ip", d.IP)
+		e.optInt("port", int64(d.Port))
+		e.optStr("path", d.Path)
+		e.optStr("type", d.Type)
+		e.close()
 	}
-	if r.Message != "" {
-		b = append(b, `,"message":`...)
-		b = appendString(b, r.Message)
+	e.b = appendMap(e.b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })
+	e.b = appendMap(e.b, "detail", r.Detail, appendString)
+	e.close()
+
+	e.openArr("attestation_list")
+	e.b = append(e.b, '{')
+	e.str("chain_uid", r.Sandbox)
+	e.str("uid", eventUID(r.Sandbox, r.Seq))
+	if r.PrevHash != "" {
+		e.open("prev_event")
+		e.str("uid", eventUID(r.Sandbox, r.Seq-1))
+		e.open("fingerprint")
+		e.int("algorithm_id", 3)
+		e.str("algorithm", "SHA-256")
+		e.str("value", r.PrevHash)
+		e.close()
+		e.close()
 	}
-	b = append(b, `,"event":`...)
-	b = appendString(b, r.Event)
-	b = appendMap(b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })
-	b = appendMap(b, "detail", r.Detail, appendString)
-	b = append(b, `,"sandbox_id":`...)
-	b = appendString(b, r.Sandbox)
-	for _, kv := range [...][2]string{{"container_id", r.Container}, {"pod_namespace", r.PodNamespace}, {"pod_name", r.PodName}, {"role", r.Role}, {"policy_digest", r.PolicyDigest}} {
-		if kv[1] != "" {
-			b = append(b, ',')
-			b = appendString(b, kv[0])
-			b = append(b, ':')
-			b = appendString(b, kv[1])
+	return e.b
+}
+
+// attestationEnd closes a record's attestation, its list and the record;
+// fingerprintPrefix and fingerprintSuffix frame the record's own hash.
+const (
+	attestationEnd    = "}]}"
+	fingerprintPrefix = `,"fingerprint":{"algorithm_id":3,"algorithm":"SHA-256","value":"`
+	fingerprintSuffix = `"}}]}`
+)
+
+func eventUID(sandbox string, seq uint64) string {
+	return sandbox + "/" + strconv.FormatUint(seq, 10)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// agentUID is the agent's stable identity, from what the runtime knows:
+// the pod (namespace and name, from the CRI's sandbox annotations), or,
+// outside Kubernetes, the containerd namespace and the role.
+func (r *Record) agentUID() string {
+	if r.PodNamespace != "" || r.PodName != "" {
+		return "k8s/" + r.PodNamespace + "/" + r.PodName
+	}
+	return "containerd/" + orUnknown(r.Namespace) + "/" + orUnknown(r.Role)
+}
+
+func (r *Record) agentName() string {
+	if r.PodName != "" {
+		return r.PodName
+	}
+	return orUnknown(r.Role)
+}
+
+// action is the security_control profile's action_id for the records that
+// decide something: 1 Allowed, 2 Denied; 0 for the rest.
+func (r *Record) action() int {
+	switch r.Event {
+	case "agentbox/refused", "agentbox/exec_refused", "agentbox/dns_refused", "agentbox/dns_address_withheld",
+		"agentbox/egress_refused", "agentbox/egress_denied":
+		return 2
+	case "agentbox/dns_answered", "agentbox/egress_request", "agentbox/egress_connection", "agentbox/role_resolved":
+		return 1
+	case "syscall/connect":
+		switch r.Detail["egress"] {
+		case "allow":
+			return 1
+		case "deny":
+			return 2
 		}
 	}
-	b = append(b, `,"seq":`...)
-	b = strconv.AppendUint(b, r.Seq, 10)
-	b = append(b, `,"prev_hash":`...)
-	b = appendString(b, r.PrevHash)
-	return append(b, '}')
+	return 0
+}
+
+func (p *Process) encode(e *enc) {
+	e.optInt("pid", int64(p.PID))
+	e.optInt("tid", int64(p.TID))
+	e.optStr("name", p.Name)
+	if len(p.Argv) > 0 {
+		e.str("cmd_line", strings.Join(p.Argv, " "))
+	}
+	if p.Exe != "" {
+		e.open("file")
+		e.str("name", path.Base(p.Exe))
+		e.str("path", p.Exe)
+		e.int("type_id", 1)
+		e.str("type", "Regular File")
+		e.close()
+	}
+	e.optStr("working_directory", p.Cwd)
+	if p.UID != nil {
+		e.open("user")
+		e.str("uid", strconv.FormatUint(uint64(*p.UID), 10))
+		e.close()
+	}
+	if p.PPID != 0 {
+		e.open("parent_process")
+		e.int("pid", int64(p.PPID))
+		e.close()
+	}
+	if len(p.Env) > 0 {
+		e.openArr("environment_variables")
+		for i, kv := range p.Env {
+			if i > 0 {
+				e.b = append(e.b, ',')
+			}
+			k, v, _ := strings.Cut(kv, "=")
+			e.b = append(e.b, '{')
+			e.str("name", k)
+			e.str("value", v)
+			e.b = append(e.b, '}')
+		}
+		e.b = append(e.b, ']')
+	}
+}
+
+// encodeClass writes the class's own objects.
+func (r *Record) encodeClass(e *enc) {
+	switch r.ClassUID {
+	case ClassNetwork, ClassHTTP, ClassDNS:
+		// The sandbox is the source of its traffic.
+		e.open("src_endpoint")
+		e.str("uid", orUnknown(r.Sandbox))
+		e.str("name", r.agentName())
+		e.close()
+	case ClassEventLog:
+		e.str("log_name", "agentbox audit trail")
+		e.str("log_provider", "agentbox")
+	}
+	switch r.ClassUID {
+	case ClassFileSystem:
+		if r.File != nil {
+			e.open("file")
+			r.File.encode(e, r.Event)
+			e.close()
+		}
+		if r.Target != nil {
+			e.open("file_result")
+			r.Target.encode(e, r.Event)
+			e.close()
+		}
+	case ClassProcess:
+		e.open("process")
+		p := r.Process
+		switch {
+		case p == nil:
+			e.str("uid", orUnknown(r.Detail["exec_id"]))
+		case p.ChildPID != 0:
+			e.int("pid", int64(p.ChildPID))
+			if p.PID != 0 {
+				e.open("parent_process")
+				e.int("pid", int64(p.PID))
+				e.close()
+			}
+		case strings.HasPrefix(r.Event, "agentbox/"):
+			// An exec request: the process does not exist yet.
+			e.str("uid", orUnknown(r.Detail["exec_id"]))
+			if len(p.Argv) > 0 {
+				e.str("cmd_line", strings.Join(p.Argv, " "))
+			}
+		default:
+			e.int("pid", int64(p.PID))
+			e.optStr("name", p.Name)
+			if f := r.File; f != nil {
+				// A failed execve: the file it could not run.
+				e.open("file")
+				f.encode(e, r.Event)
+				e.close()
+			}
+		}
+		e.close()
+		if p != nil && p.ExitSts != nil {
+			e.int("exit_code", int64(*p.ExitSts))
+		}
+	case ClassNetwork:
+		if d := r.Dst; d != nil && (d.IP != "" || d.Path != "") {
+			e.open("dst_endpoint")
+			e.optStr("ip", d.IP)
+			if d.IP == "" {
+				e.str("name", d.Path)
+			}
+			e.optInt("port", int64(d.Port))
+			e.close()
+		}
+	case ClassDNS:
+		if name := r.Detail["name"]; name != "" {
+			e.open("query")
+			e.str("hostname", name)
+			e.optStr("type", r.Detail["type"])
+			e.close()
+		}
+		if id, name, ok := rcode(r.Detail["rcode"]); ok {
+			e.int("rcode_id", int64(id))
+			e.str("rcode", name)
+		}
+	case ClassHTTP:
+		e.open("http_request")
+		e.optStr("http_method", r.Detail["method"])
+		if h := r.Detail["host"]; h != "" {
+			e.open("url")
+			e.str("hostname", h)
+			e.optStr("path", r.Detail["path"])
+			e.close()
+		}
+		e.close()
+		if code, err := strconv.Atoi(r.Detail["http_status"]); err == nil {
+			e.open("http_response")
+			e.int("code", int64(code))
+			e.close()
+		}
+		if d := r.Dst; d != nil && d.IP != "" {
+			e.open("dst_endpoint")
+			e.str("ip", d.IP)
+			e.optInt("port", int64(d.Port))
+			e.optStr("hostname", r.Detail["host"])
+			e.close()
+		}
+	case ClassAuthorizeSession:
+		e.open("user")
+		e.str("uid", r.agentUID())
+		e.str("name", r.agentName())
+		e.close()
+		e.openArr("iam_roles")
+		e.b = append(e.b, '{')
+		e.str("name", orUnknown(r.Role))
+		e.optStr("uid", r.PolicyDigest)
+		e.b = append(e.b, '}', ']')
+	case ClassDetectionFinding:
+		e.open("finding_info")
+		e.str("uid", eventUID(r.Sandbox, r.Seq))
+		e.str("title", orUnknown(r.Message))
+		e.close()
+	case ClassAppLifecycle:
+		e.open("app")
+		e.str("name", "agentbox sandbox")
+		e.str("uid", orUnknown(r.Sandbox))
+		e.str("vendor_name", "agentbox")
+		e.close()
+	}
+}
+
+func (f *File) encode(e *enc, event string) {
+	e.str("name", path.Base(f.Path))
+	e.str("path", f.Path)
+	id, name := 0, "Unknown"
+	switch event {
+	case "syscall/mkdir", "syscall/mkdirat", "syscall/rmdir", "syscall/chdir", "syscall/fchdir":
+		id, name = 2, "Folder"
+	case "syscall/symlink", "syscall/symlinkat":
+		id, name = 7, "Symbolic Link"
+	}
+	e.int("type_id", int64(id))
+	e.str("type", name)
+}
+
+// httpActivity maps a method to HTTP Activity's activity_id.
+func httpActivity(method string) (int, string) {
+	switch method {
+	case "CONNECT":
+		return 1, "Connect"
+	case "DELETE":
+		return 2, "Delete"
+	case "GET":
+		return 3, "Get"
+	case "HEAD":
+		return 4, "Head"
+	case "OPTIONS":
+		return 5, "Options"
+	case "POST":
+		return 6, "Post"
+	case "PUT":
+		return 7, "Put"
+	case "TRACE":
+		return 8, "Trace"
+	case "PATCH":
+		return 9, "Patch"
+	}
+	return 99, orUnknown(method)
+}
+
+// rcode maps a DNS response code's name to DNS Activity's rcode_id.
+func rcode(name string) (int, string, bool) {
+	ids := map[string]int{"NOERROR": 0, "FORMERR": 1, "SERVFAIL": 2, "NXDOMAIN": 3, "NOTIMP": 4, "REFUSED": 5}
+	captions := map[int]string{0: "NoError", 1: "FormError", 2: "ServError", 3: "NXDomain", 4: "NotImp", 5: "Refused"}
+	id, ok := ids[strings.ToUpper(name)]
+	return id, captions[id], ok
 }
 
 // appendMap appends ,"name":{...} with sorted keys, as encoding/json
@@ -154,20 +550,6 @@ func key(b []byte, start int, k string) []byte {
 	b = append(b, '"')
 	b = append(b, k...)
 	return append(b, '"', ':')
-}
-
-func optInt(b []byte, start int, k string, v int64) []byte {
-	if v == 0 {
-		return b
-	}
-	return strconv.AppendInt(key(b, start, k), v, 10)
-}
-
-func optString(b []byte, start int, k, v string) []byte {
-	if v == "" {
-		return b
-	}
-	return appendString(key(b, start, k), v)
 }
 
 func optStrings(b []byte, start int, k string, v []string) []byte {

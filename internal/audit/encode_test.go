@@ -1,56 +1,89 @@
 package audit
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 func sampleRecords() []*Record {
 	res, st, sig := int64(3), int32(0), int32(9)
 	uid := uint32(65532)
+	at := time.Date(2026, 12, 2, 3, 4, 5, 123456789, time.UTC)
 	return []*Record{
-		{Time: "t", ClassName: "Base Event", Event: "agentbox/gap", Counts: map[string]uint64{"b": 2, "a": 1}, Detail: map[string]string{"z": "<&>", "y": "\u2028"}},
-		{Time: "t", ClassUID: 1001, ClassName: "File System Activity", ActivityID: 14, ActivityName: "Open", Status: "Success", Result: &res,
-			Process: &Process{PID: 1, TID: 2, PPID: 0, Name: "cat\x00\x1f", Argv: []string{"a\"b", "c\\d", "\xff\xfe"}, Env: []string{"A=b"}, Cwd: "/", UID: &uid, GID: &uid, ExitSts: &st, ExitSignal: &sig, ChildPID: 4},
-			File:    &File{Path: "/etc/passwd", Flags: "O_RDONLY", Mode: 0o644}, Dst: &Endpoint{Family: "inet", IP: "10.0.0.1", Port: 80, Path: "", Type: "stream"},
-			Message: "tab\there\nnewline", Event: "syscall/openat", Sandbox: "sb", Container: "c", PodNamespace: "ns", PodName: "p", Role: "r", PolicyDigest: "d", Seq: 7, PrevHash: "abc"},
-		{Process: &Process{}, Dst: &Endpoint{}, File: &File{}},
+		{Time: "2026-12-02T03:04:05.123456789Z", ClassUID: ClassEventLog, ClassName: "Event Log Activity", ActivityID: 99, ActivityName: "Gap", Severity: SeverityMedium, Event: "agentbox/gap", Counts: map[string]uint64{"b": 2, "a": 1}, Detail: map[string]string{"z": "<&>", "y": "\u2028"}, Sandbox: "sb"},
+		{at: at, ClassUID: 1001, ClassName: "File System Activity", ActivityID: 14, ActivityName: "Open", Status: "Success", Result: &res,
+			Process: &Process{PID: 1, TID: 2, PPID: 7, Name: "cat\x00\x1f", Argv: []string{"a\"b", "c\\d", "\xef\xbf\xbd"}, Env: []string{"A=b"}, Exe: "/bin/cat", Cwd: "/", UID: &uid, GID: &uid, ExitSts: &st, ExitSignal: &sig, ChildPID: 4},
+			File:    &File{Path: "/etc/passwd", Flags: "O_RDONLY", Mode: 0o644}, Target: &File{Path: "/etc/x", Mode: 0o600}, Dst: &Endpoint{Family: "inet", IP: "10.0.0.1", Port: 80, Path: "", Type: "stream"},
+			Message: "tab\there\nnewline", Event: "syscall/openat", Sandbox: "sb", Container: "c", Namespace: "k8s.io", PodNamespace: "ns", PodName: "p", Role: "r", PolicyDigest: "d", Errno: 2, Seq: 7, PrevHash: "abc"},
+		{at: at, ClassUID: ClassProcess, ClassName: "Process Activity", ActivityID: 1, ActivityName: "Launch", Event: "agentbox/exec", Process: &Process{Argv: []string{"sh", "-c", "id"}}, Detail: map[string]string{"exec_id": "e1"}, Sandbox: "sb"},
 	}
 }
 
-func sameAsEncodingJSON(t *testing.T, r *Record) {
+// roundTrip seals r and parses the line back.
+func roundTrip(t *testing.T, r *Record) (*Record, []byte) {
 	t.Helper()
-	want, err := json.Marshal(r)
+	var c Chain
+	c.Commit("0000000000000000000000000000000000000000000000000000000000000000")
+	line, _ := c.SealAppend(nil, r)
+	var v any
+	if err := json.Unmarshal(line, &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, line)
+	}
+	got, err := ParseLine(line)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("ParseLine: %v\n%s", err, line)
 	}
-	got := r.appendJSON(nil)
-	var a, b any
-	if err := json.Unmarshal(got, &a); err != nil {
-		t.Fatalf("hand-written encoding is not JSON: %v\n%s", err, got)
+	return got, line
+}
+
+func sameRecord(t *testing.T, want, got *Record) {
+	t.Helper()
+	w := *want
+	if w.Time == "" {
+		w.Time = w.at.UTC().Format(time.RFC3339Nano)
 	}
-	json.Unmarshal(want, &b)
-	if !reflect.DeepEqual(a, b) {
-		t.Fatalf("encodings differ:\n got %s\nwant %s", got, want)
+	w.at = time.Time{}
+	if !reflect.DeepEqual(&w, got) {
+		a, _ := json.Marshal(&w)
+		b, _ := json.Marshal(got)
+		t.Fatalf("round trip differs:\nwant %s\n got %s", a, b)
 	}
 }
 
-func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
+func TestEncodeRoundTrip(t *testing.T) {
 	for _, r := range sampleRecords() {
-		sameAsEncodingJSON(t, r)
+		got, line := roundTrip(t, r)
+		sameRecord(t, r, got)
+		if !IsOCSF(line) || !bytes.HasSuffix(line, []byte(fingerprintSuffix+"\n")) {
+			t.Fatalf("line does not end with its fingerprint: %s", line)
+		}
 	}
 }
 
-// FuzzEncode: for any strings, the hand-written encoder and encoding/json
-// decode to the same value.
+// FuzzEncode: for any strings, the record parses back to what was sealed,
+// and the line stays one JSON object on one line.
 func FuzzEncode(f *testing.F) {
-	f.Add("a", "b\x00", "\xff", "<\u2028>")
+	f.Add("a", "b\x00", "c", "<\u2028>")
 	f.Fuzz(func(t *testing.T, a, b, c, d string) {
+		for _, s := range []string{a, b, c, d} {
+			if !utf8Valid(s) {
+				t.Skip("invalid UTF-8 is replaced, by design")
+			}
+		}
 		r := sampleRecords()[1]
 		r.Message, r.Process.Name, r.Process.Argv, r.File.Path = a, b, []string{c, d}, d
 		r.Detail = map[string]string{a: b, c: d}
 		r.Counts = map[string]uint64{b: 1}
-		sameAsEncodingJSON(t, r)
+		got, line := roundTrip(t, r)
+		if bytes.Count(line, []byte("\n")) != 1 {
+			t.Fatalf("not one line: %q", line)
+		}
+		sameRecord(t, r, got)
 	})
 }
+
+func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\xff") == s }

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -56,8 +57,15 @@ func readRecords(t *testing.T, path string) []map[string]any {
 	defer f.Close()
 	var out []map[string]any
 	readLines(f, func(l []byte) {
+		// The records as the package's own model (agentbox's flat
+		// fields): ParseLine reads them back from OCSF.
+		r, err := ParseLine(l)
+		if err != nil {
+			t.Fatalf("bad line %q: %v", l, err)
+		}
+		flat, _ := json.Marshal(r)
 		var m map[string]any
-		if err := jsonUnmarshal(l, &m); err != nil {
+		if err := jsonUnmarshal(flat, &m); err != nil {
 			t.Fatalf("bad line %q: %v", l, err)
 		}
 		out = append(out, m)

@@ -12,20 +12,52 @@ import (
 	"time"
 )
 
-// OCSF classes the records are shaped after.
+// SchemaVersion is the OCSF schema the records conform to: 1.9.0-dev,
+// the first with the ai_agent object (under the ai_operation profile) and
+// the record_integrity profile, whose attestation carries the hash chain.
+// internal/ocsf validates the records against a copy of that schema.
+const SchemaVersion = "1.9.0-dev"
+
+// The OCSF classes agentbox writes (class_uid), each with its category.
 const (
-	ClassBase       = 0    // agentbox's own decisions, gaps and anomalies
-	ClassFileSystem = 1001 // File System Activity
-	ClassProcess    = 1007 // Process Activity
-	ClassNetwork    = 4001 // Network Activity
+	ClassBase             = 0    // Base Event (legacy trails only)
+	ClassFileSystem       = 1001 // File System Activity
+	ClassProcess          = 1007 // Process Activity
+	ClassEventLog         = 1008 // Event Log Activity: the trail's own gaps, fill and end
+	ClassDetectionFinding = 2004 // Detection Finding: anomalies from the sandbox
+	ClassAuthorizeSession = 3003 // Authorize Session: the role a sandbox is given
+	ClassNetwork          = 4001 // Network Activity
+	ClassHTTP             = 4002 // HTTP Activity: the egress gateway's requests
+	ClassDNS              = 4003 // DNS Activity: the pod resolver's decisions
+	ClassAppLifecycle     = 6002 // Application Lifecycle: the sandbox and its containers
 )
 
-var classNames = map[int]string{
-	ClassBase:       "Base Event",
-	ClassFileSystem: "File System Activity",
-	ClassProcess:    "Process Activity",
-	ClassNetwork:    "Network Activity",
+type classInfo struct {
+	name, category string
+	categoryUID    int
 }
+
+var classes = map[int]classInfo{
+	ClassBase:             {"Base Event", "Uncategorized", 0},
+	ClassFileSystem:       {"File System Activity", "System Activity", 1},
+	ClassProcess:          {"Process Activity", "System Activity", 1},
+	ClassEventLog:         {"Event Log Activity", "System Activity", 1},
+	ClassDetectionFinding: {"Detection Finding", "Findings", 2},
+	ClassAuthorizeSession: {"Authorize Session", "Identity & Access Management", 3},
+	ClassNetwork:          {"Network Activity", "Network Activity", 4},
+	ClassHTTP:             {"HTTP Activity", "Network Activity", 4},
+	ClassDNS:              {"DNS Activity", "Network Activity", 4},
+	ClassAppLifecycle:     {"Application Lifecycle", "Application Activity", 6},
+}
+
+// Severities (severity_id) agentbox uses.
+const (
+	SeverityInformational = 1
+	SeverityLow           = 2 // a refusal or denial: the boundary held
+	SeverityMedium        = 3 // a limit hit, an anomaly, records lost
+)
+
+var severityNames = map[int]string{0: "Unknown", 1: "Informational", 2: "Low", 3: "Medium", 4: "High"}
 
 // Record is one audit record: one JSON object per line.
 type Record struct {
@@ -51,8 +83,16 @@ type Record struct {
 	Counts map[string]uint64 `json:"counts,omitempty"`
 	Detail map[string]string `json:"detail,omitempty"`
 
-	Sandbox      string `json:"sandbox_id"`
-	Container    string `json:"container_id,omitempty"`
+	// Target is a second path: a rename's new name, a link's new name, a
+	// symlink's target.
+	Target *File `json:"target,omitempty"`
+	// Severity is an OCSF severity_id (0 is Informational).
+	Severity int `json:"severity_id,omitempty"`
+
+	Sandbox   string `json:"sandbox_id"`
+	Container string `json:"container_id,omitempty"`
+	// Namespace is the containerd namespace the sandbox runs in.
+	Namespace    string `json:"namespace,omitempty"`
 	PodNamespace string `json:"pod_namespace,omitempty"`
 	PodName      string `json:"pod_name,omitempty"`
 	Role         string `json:"role,omitempty"`
@@ -107,7 +147,7 @@ func NewRecord(t time.Time, class, activity int, activityName, event string) *Re
 	return &Record{
 		at:           t, // Time is formatted when the record is encoded
 		ClassUID:     class,
-		ClassName:    classNames[class],
+		ClassName:    classes[class].name,
 		ActivityID:   activity,
 		ActivityName: activityName,
 		Event:        event,
@@ -122,11 +162,13 @@ type Chain struct {
 }
 
 // Seal numbers r as the next record, links it to the last committed one,
-// and returns its JSON line (with a trailing newline) and hash. The line is
-// the record's JSON with "hash" appended as the last field; the hash is the
-// SHA-256 of the line without it. Seal does not advance the chain: Commit
-// does, once the line is written, so a record that could not be written
-// leaves no hole in the chain (a gap record accounts for it instead).
+// and returns its JSON line (with a trailing newline) and hash. The line
+// is an OCSF event whose attestation (record_integrity profile) names the
+// chain (the sandbox), the record and the previous record's fingerprint;
+// its own fingerprint, the SHA-256 of the line without that fingerprint,
+// closes the line. Seal does not advance the chain: Commit does, once the
+// line is written, so a record that could not be written leaves no hole in
+// the chain (a gap record accounts for it instead).
 func (c *Chain) Seal(r *Record) ([]byte, string, error) {
 	line, hash := c.SealAppend(nil, r)
 	return line, hash, nil
@@ -137,14 +179,16 @@ func (c *Chain) SealAppend(dst []byte, r *Record) ([]byte, string) {
 	r.Seq = c.seq + 1
 	r.PrevHash = c.prev
 	start := len(dst)
-	dst = r.appendJSON(dst)
+	dst = r.appendOCSF(dst)
+	dst = append(dst, attestationEnd...)
 	sum := sha256.Sum256(dst[start:])
-	dst = dst[:len(dst)-1] // reopen the object for the hash
-	dst = append(dst, `,"hash":"`...)
+	dst = dst[:len(dst)-len(attestationEnd)]
+	dst = append(dst, fingerprintPrefix...)
 	var h [64]byte
 	hex.Encode(h[:], sum[:])
 	dst = append(dst, h[:]...)
-	dst = append(dst, "\"}\n"...)
+	dst = append(dst, fingerprintSuffix...)
+	dst = append(dst, '\n')
 	return dst, string(h[:])
 }
 

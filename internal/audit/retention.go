@@ -92,5 +92,6 @@ func endsWithEnd(file string) bool {
 	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
 		b = b[i+1:]
 	}
-	return bytes.Contains(b, []byte(`"event":"`+EventSandboxEnd+`"`))
+	// The last record is the end record, in either format.
+	return bytes.Contains(b, []byte(`"event_code":"`+EventSandboxEnd+`"`)) || bytes.Contains(b, []byte(`"event":"`+EventSandboxEnd+`"`))
 }

@@ -11,6 +11,7 @@ import (
 // Meta is what every record of a sandbox is joined with.
 type Meta struct {
 	Sandbox      string
+	Namespace    string // containerd's
 	PodNamespace string
 	PodName      string
 	Role         string
@@ -192,7 +193,7 @@ func (t *Trail) emitLocked(r *Record) {
 		t.emitLocked(t.gapRecordLocked())
 	}
 	r.Sandbox = t.meta.Sandbox
-	r.PodNamespace, r.PodName = t.meta.PodNamespace, t.meta.PodName
+	r.Namespace, r.PodNamespace, r.PodName = t.meta.Namespace, t.meta.PodNamespace, t.meta.PodName
 	r.Role, r.PolicyDigest = t.meta.Role, t.meta.PolicyDigest
 	if t.pendingN == 0 {
 		t.pendingHead = t.chain

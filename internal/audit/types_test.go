@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -19,8 +20,9 @@ func TestCatalogDocumented(t *testing.T) {
 			t.Errorf("%s is defined twice", rt.Name)
 		}
 		seen[rt.Name] = true
-		if !strings.Contains(string(readme), "| `"+rt.Name+"` | "+rt.Activity+" |") {
-			t.Errorf("%s (%s) is not in the README's record types", rt.Name, rt.Activity)
+		row := fmt.Sprintf("| `%s` | %s (%d) | %s |", rt.Name, classes[rt.Class].name, rt.Class, rt.Activity)
+		if !strings.Contains(string(readme), row) {
+			t.Errorf("%s is not in the README's record types", row)
 		}
 	}
 }

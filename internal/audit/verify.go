@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -68,29 +67,23 @@ func (v *Verifier) Line(file string, line []byte) {
 		v.fail(v.seq+1, "%s:%d: empty line", file, v.lineNo)
 		return
 	}
-	m := hashSuffix.FindSubmatchIndex(line)
-	if m == nil {
-		v.fail(v.seq+1, "%s:%d: no hash: the record was modified or cut", file, v.lineNo)
+	c := splitChain(line)
+	if c.badShape != "" {
+		v.fail(v.seq+1, "%s:%d: %s", file, v.lineNo, c.badShape)
 		return
 	}
-	hash := string(line[m[2]:m[3]])
-	body := append(append([]byte(nil), line[:m[0]]...), '}')
-	sum := sha256.Sum256(body)
-	var r struct {
-		Seq      *uint64           `json:"seq"`
-		PrevHash *string           `json:"prev_hash"`
-		Sandbox  string            `json:"sandbox_id"`
-		Event    string            `json:"event"`
-		Counts   map[string]uint64 `json:"counts"`
-	}
-	if err := json.Unmarshal(body, &r); err != nil || r.Seq == nil || r.PrevHash == nil {
-		v.fail(v.seq+1, "%s:%d: not an audit record: the record was modified", file, v.lineNo)
+	sum := sha256.Sum256(c.body)
+	if hex.EncodeToString(sum[:]) != c.hash {
+		v.fail(c.seq, "%s:%d: seq %d: content does not match its hash: the record was modified", file, v.lineNo, c.seq)
 		return
 	}
-	if hex.EncodeToString(sum[:]) != hash {
-		v.fail(*r.Seq, "%s:%d: seq %d: content does not match its hash: the record was modified", file, v.lineNo, *r.Seq)
-		return
-	}
+	r := struct {
+		Seq      *uint64
+		PrevHash *string
+		Sandbox  string
+		Event    string
+		Counts   map[string]uint64
+	}{&c.seq, &c.prev, c.sandbox, c.event, c.counts}
 	if v.res.Sandbox == "" {
 		v.res.Sandbox = r.Sandbox
 	} else if r.Sandbox != v.res.Sandbox {
@@ -116,7 +109,7 @@ func (v *Verifier) Line(file string, line []byte) {
 		v.fail(*r.Seq, "%s:%d: seq %d does not link to the record before it: records were inserted or replaced", file, v.lineNo, *r.Seq)
 		return
 	}
-	v.seq, v.prev = *r.Seq, hash
+	v.seq, v.prev = *r.Seq, c.hash
 	v.res.Records++
 	if r.Event == EventGap {
 		v.res.Gaps++

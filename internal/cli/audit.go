@@ -2,7 +2,7 @@ package cli
 
 import (
 	"bufio"
-	"encoding/json"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +17,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/ocsf"
 )
 
 func auditCommand() *cli.Command {
@@ -47,6 +48,12 @@ func auditCommand() *cli.Command {
 					&cli.BoolFlag{Name: "open", Usage: "accept trails without an end record (sandboxes still running)"},
 				},
 				Action: auditVerify,
+			},
+			{
+				Name:      "validate",
+				Usage:     "check that every record conforms to the OCSF schema agentbox writes (" + audit.SchemaVersion + ", built in)",
+				ArgsUsage: "PATH... (trail files, or directories of them)",
+				Action:    auditValidate,
 			},
 		},
 	}
@@ -206,19 +213,19 @@ func tailFile(w io.Writer, file string, off int64, f tailFilter, asJSON bool) (i
 			return off, nil // a partial line waits for its end
 		}
 		off += int64(len(line))
-		var r audit.Record
-		if json.Unmarshal(line, &r) != nil {
+		r, perr := audit.ParseLine(line)
+		if perr != nil {
 			fmt.Fprintf(w, "%s: unreadable record at byte %d\n", filepath.Base(file), off-int64(len(line)))
 			continue
 		}
-		if !f.match(&r) {
+		if !f.match(r) {
 			continue
 		}
 		if asJSON {
 			w.Write(line)
 			continue
 		}
-		fmt.Fprintln(w, formatRecord(&r))
+		fmt.Fprintln(w, formatRecord(r))
 	}
 }
 
@@ -299,4 +306,68 @@ func esc(s string) string {
 		}
 	}
 	return s
+}
+
+func auditValidate(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return cli.Exit("usage: agentbox audit validate PATH...", 2)
+	}
+	res, err := ValidateTrails(c.Args().Slice()...)
+	if err != nil {
+		return cli.Exit(err, 2)
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintln(c.App.Writer, "FAIL  "+esc(p))
+	}
+	fmt.Fprintf(c.App.Writer, "%d of %d records in %d trail(s) conform to OCSF %s\n", res.Records-res.Bad, res.Records, res.Trails, audit.SchemaVersion)
+	if res.Bad > 0 {
+		return cli.Exit("", 1)
+	}
+	return nil
+}
+
+// ValidateResult counts the records ValidateTrails checked.
+type ValidateResult struct {
+	Trails, Records, Bad int
+	// Problems names each bad record (file:line: path: what), the first
+	// 100.
+	Problems []string
+}
+
+// ValidateTrails checks every line of the trails found in paths against
+// the OCSF schema built into agentbox.
+func ValidateTrails(paths ...string) (ValidateResult, error) {
+	var res ValidateResult
+	s, err := ocsf.Embedded()
+	if err != nil {
+		return res, err
+	}
+	trails, err := audit.FindTrails(paths...)
+	if err != nil {
+		return res, err
+	}
+	if len(trails) == 0 {
+		return res, fmt.Errorf("no *.jsonl trail found")
+	}
+	for _, t := range trails {
+		res.Trails++
+		for _, f := range t.Files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return res, err
+			}
+			for i, line := range bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n")) {
+				res.Records++
+				probs := s.ValidateJSON(line)
+				if len(probs) == 0 {
+					continue
+				}
+				res.Bad++
+				if len(res.Problems) < 100 {
+					res.Problems = append(res.Problems, fmt.Sprintf("%s:%d: %v", f, i+1, probs))
+				}
+			}
+		}
+	}
+	return res, nil
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 type record struct {
@@ -67,13 +69,28 @@ func readTrail(t *testing.T, sandbox string) []record {
 	return nil
 }
 
+// decodeRecord reads an OCSF line back into agentbox's own model
+// (audit.ParseLine), seen through the fields the tests check.
+func decodeRecord(line []byte) (record, error) {
+	var r record
+	ar, err := audit.ParseLine(line)
+	if err != nil {
+		return r, err
+	}
+	flat, err := json.Marshal(ar)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(flat, &r)
+}
+
 // parseTrail decodes a trail's records, failing on a line that is not one.
 func parseTrail(t *testing.T, b []byte) []record {
 	t.Helper()
 	var recs []record
 	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var r record
-		if err := json.Unmarshal([]byte(l), &r); err != nil {
+		r, err := decodeRecord([]byte(l))
+		if err != nil {
 			t.Fatalf("bad record %q: %v", l, err)
 		}
 		recs = append(recs, r)
@@ -294,8 +311,7 @@ spool_dir = %q
 		mu.Lock()
 		defer mu.Unlock()
 		for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
-			var rec record
-			if json.Unmarshal([]byte(l), &rec) == nil {
+			if rec, err := decodeRecord([]byte(l)); err == nil {
 				got[rec.Sandbox] = append(got[rec.Sandbox], l)
 			}
 		}

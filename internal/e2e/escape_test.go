@@ -366,7 +366,7 @@ func TestExecGetsTheProfile(t *testing.T) {
 	}
 	// The exec request is in the container's audit trail.
 	b, err := os.ReadFile(filepath.Join(dev.dir, "audit", id+".jsonl"))
-	if err != nil || !strings.Contains(string(b), `"event":"agentbox/exec"`) || !strings.Contains(string(b), `"exec_id":"x1"`) {
+	if err != nil || !strings.Contains(string(b), `"event_code":"agentbox/exec"`) || !strings.Contains(string(b), `"exec_id":"x1"`) {
 		t.Fatalf("exec request not audited: %v", err)
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/cli"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/shim"
@@ -111,6 +113,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if code == 0 && os.Getenv("AGENTBOX_BENCH") != "1" {
+		code = validateTrails(dir)
+	}
 	stopWebHost()
 	if err := kubeDown(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -609,4 +614,36 @@ func removeWithMounts(t *testing.T, dir string) {
 	if err := mountguard.RemoveAll(dir); err != nil {
 		t.Errorf("remove %s: %v", dir, err)
 	}
+}
+
+// validateTrails checks every record of every trail the suite produced
+// (each directory named audit under the suite's own) against the OCSF
+// schema, and prints the count: the conformance figure of the run.
+func validateTrails(dir string) int {
+	var dirs []string
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == "audit" {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	if kd := kubeAuditDir(); kd != "" {
+		dirs = append(dirs, kd)
+	}
+	if len(dirs) == 0 {
+		return 0
+	}
+	res, err := cli.ValidateTrails(dirs...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: OCSF conformance:", err)
+		return 1
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintln(os.Stderr, "e2e: OCSF:", p)
+	}
+	fmt.Fprintf(os.Stderr, "e2e: OCSF conformance: %d of %d records in %d trails conform to OCSF %s\n", res.Records-res.Bad, res.Records, res.Trails, audit.SchemaVersion)
+	if res.Bad > 0 {
+		return 1
+	}
+	return 0
 }

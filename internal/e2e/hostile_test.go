@@ -143,7 +143,7 @@ func TestHostileAuditFlood(t *testing.T) {
 			break
 		}
 	}
-	for _, want := range []string{`"event":"agentbox/audit_full"`, `"limit":"audit"`, "the sandbox's quota", `"event":"agentbox/container_exit"`, `"exit_status":"137"`} {
+	for _, want := range []string{`"event_code":"agentbox/audit_full"`, `"limit":"audit"`, "the sandbox's quota", `"event_code":"agentbox/container_exit"`, `"exit_status":"137"`} {
 		if !strings.Contains(string(ftrail), want) {
 			t.Errorf("the flooder's trail lacks %s", want)
 		}

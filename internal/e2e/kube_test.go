@@ -896,3 +896,12 @@ spec:
 		t.Fatalf("pod logs:\n%s", logs)
 	}
 }
+
+// kubeAuditDir is the node's audit directory, when this run used the
+// cluster.
+func kubeAuditDir() string {
+	if kube == nil || !kubeOurs {
+		return ""
+	}
+	return filepath.Join(kube.dir, "varlog", "agentbox", "audit")
+}

@@ -1,0 +1,224 @@
+package audit
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/ocsf"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/ocsf-golden.jsonl")
+
+// corpus is one record of every kind agentbox writes: each record type of
+// its own, and each Sentry point through ToRecord, sealed in one chain.
+func corpus(t *testing.T) []byte {
+	t.Helper()
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	details := map[string]map[string]string{
+		"agentbox/dns_answered":         {"name": "api.example.com", "type": "A", "rcode": "NOERROR", "addresses": "198.51.100.7", "rule": "api.example.com"},
+		"agentbox/dns_refused":          {"name": "evil.example", "type": "A", "rcode": "REFUSED", "rule": "no rule"},
+		"agentbox/dns_failed":           {"name": "api.example.com", "type": "AAAA", "rcode": "SERVFAIL"},
+		"agentbox/dns_address_withheld": {"name": "api.example.com", "type": "A", "address": "10.0.0.1", "reason": "private"},
+		"agentbox/egress_request":       {"method": "GET", "host": "api.example.com", "path": "/v1/models", "http_status": "200", "egress": "allow"},
+		"agentbox/egress_connection":    {"sni": "api.example.com", "dialled": "198.51.100.7:443", "egress": "allow"},
+		"agentbox/egress_refused":       {"sni": "evil.example", "reason": "no rule allows evil.example", "egress": "deny"},
+		"agentbox/exec":                 {"exec_id": "e1"},
+		"agentbox/limit":                {"limit": "wall_clock"},
+	}
+	var recs, end []*Record
+	for _, rt := range Catalog {
+		r := rt.New("Success", "a "+rt.Name+" record", details[rt.Name])
+		switch rt.Name {
+		case "agentbox/exec":
+			r.Process = &Process{Argv: []string{"sh", "-c", "id"}}
+		case "agentbox/egress_request", "agentbox/egress_connection":
+			r.Dst = &Endpoint{IP: "198.51.100.7", Port: 443}
+		case EventGap, EventSandboxEnd:
+			r.Counts = map[string]uint64{"sentry_dropped": 3}
+		}
+		if rt.Severity == SeverityLow {
+			r.Status = "Failure"
+		}
+		if rt.Name == EventSandboxEnd {
+			end = append(end, r)
+			continue
+		}
+		recs = append(recs, r)
+	}
+	cd := &pb.ContextData{TimeNs: at.UnixNano(), ThreadId: 7, ThreadGroupId: 7, ParentThreadGroupId: 1, ContainerId: "c1", Cwd: "/work", ProcessName: "agent",
+		Credentials: &pb.Credentials{EffectiveUid: 65532, EffectiveGid: 65532}}
+	ok, fail := &pb.Exit{Result: 3}, &pb.Exit{Errorno: 13}
+	addr := []byte{2, 0, 0x01, 0xbb, 198, 51, 100, 7, 0, 0, 0, 0, 0, 0, 0, 0}
+	unix := append([]byte{1, 0}, "/run/x.sock"...)
+	for _, m := range []Message{
+		{Payload: &pb.Start{ContextData: cd, Id: "c1", Cwd: "/work", Args: []string{"/agent", "--task", "x"}, Env: []string{"PATH=/bin"}}},
+		{Payload: &pb.ExecveInfo{ContextData: cd, BinaryPath: "/usr/bin/git", Argv: []string{"git", "status"}, Env: []string{"HOME=/work"}}},
+		{Payload: &pb.Execve{ContextData: cd, Exit: fail, Pathname: "/tmp/x", Argv: []string{"/tmp/x"}}},
+		{Payload: &pb.CloneInfo{ContextData: cd, CreatedThreadGroupId: 8}},
+		{Payload: &pb.TaskExit{ContextData: cd, ExitStatus: 1 << 8}},
+		{Payload: &pb.TaskExit{ContextData: cd, ExitStatus: 9}},
+		{Payload: &pb.Open{ContextData: cd, Exit: ok, Sysno: 257, Pathname: "notes.txt", Flags: 0x241, Mode: 0o644}},
+		{Payload: &pb.Open{ContextData: cd, Exit: fail, Sysno: 2, Pathname: "/etc/shadow"}},
+		{Payload: &pb.Chdir{ContextData: cd, Exit: ok, Sysno: 80, Pathname: "/work/repo"}},
+		{Payload: &pb.Socket{ContextData: cd, Exit: ok, Domain: 2, Type: 1}},
+		{Payload: &pb.Connect{ContextData: cd, Exit: &pb.Exit{Errorno: 115}, Address: addr}},
+		{Payload: &pb.Connect{ContextData: cd, Exit: fail, Address: unix}},
+		{Payload: &pb.Bind{ContextData: cd, Exit: ok, Address: addr}},
+		{Payload: &pb.Listen{ContextData: cd, Exit: ok}},
+		{Payload: &pb.Accept{ContextData: cd, Exit: ok, Sysno: 288, Address: addr}},
+	} {
+		r := ToRecord(m, nopScrubber{})
+		if r == nil {
+			t.Fatalf("%T: no record", m.Payload)
+		}
+		recs = append(recs, r)
+	}
+	recs = append(recs, end...)
+	defer func(n string) { Node = n }(Node)
+	Node = "node-1"
+	var c Chain
+	var out []byte
+	for i, r := range recs {
+		if strings.HasPrefix(r.Event, "agentbox/") {
+			r.at = at.Add(time.Duration(i) * time.Millisecond)
+		}
+		r.Sandbox, r.Container, r.PodNamespace, r.PodName, r.Role, r.PolicyDigest = "sb1", "c1", "agents", "coder-7", "coder", "sha256:feed"
+		var h string
+		out, h = c.SealAppend(out, r)
+		c.Commit(h)
+	}
+	return out
+}
+
+type nopScrubber struct{}
+
+func (nopScrubber) Env(e []string) []string  { return e }
+func (nopScrubber) Args(a []string) []string { return a }
+
+func schema(t *testing.T) *ocsf.Schema {
+	t.Helper()
+	s, err := ocsf.Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Version != SchemaVersion {
+		t.Fatalf("records say OCSF %s, the schema copy is %s", SchemaVersion, s.Version)
+	}
+	return s
+}
+
+// validateLines checks every line against the schema and returns the
+// number that conform.
+func validateLines(t *testing.T, s *ocsf.Schema, name string, b []byte) int {
+	t.Helper()
+	n := 0
+	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if probs := s.ValidateJSON(line); len(probs) > 0 {
+			for _, p := range probs {
+				t.Errorf("%s:%d: %v", name, i+1, p)
+			}
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+// The golden corpus conforms to OCSF, and the encoder still writes it.
+func TestGoldenCorpusIsOCSF(t *testing.T) {
+	s := schema(t)
+	got := corpus(t)
+	const golden = "testdata/ocsf-golden.jsonl"
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := validateLines(t, s, golden, want)
+	t.Logf("%d records of %s conform to OCSF %s", n, golden, s.Version)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the encoder no longer writes %s (run go test -run TestGoldenCorpusIsOCSF -update after checking the change)", golden)
+	}
+	var v Verifier
+	for _, l := range bytes.SplitAfter(want, []byte("\n")) {
+		if len(l) > 0 {
+			v.Line(golden, l)
+		}
+	}
+	if res := v.Finish(true); res.Problem != nil {
+		t.Fatalf("golden chain: %v", res.Problem)
+	}
+}
+
+// The validator is not a rubber stamp: each way a record can go wrong is
+// caught, naming the field.
+func TestValidatorRejects(t *testing.T) {
+	s := schema(t)
+	line := bytes.SplitN(corpus(t), []byte("\n"), 2)[0]
+	for _, tc := range []struct{ name, from, to, want string }{
+		{"string time", `{"time":`, `{"time":"2026","x":`, "time: must be an integer"},
+		{"wrong type_uid", `"type_uid":300303`, `"type_uid":300304`, "type_uid"},
+		{"unknown attribute", `"severity_id":1`, `"severity_id":1,"sandbox_id":"x"`, "sandbox_id: not an attribute"},
+		{"bad enum", `"severity_id":1`, `"severity_id":42`, "severity_id: 42 is not one of"},
+		{"caption mismatch", `"severity":"Informational"`, `"severity":"High"`, "severity"},
+		{"no profile", `"ai_operation",`, ``, "ai_agent: belongs to profile"},
+		{"missing required", `"device":{"type_id":1,"type":"Server",`, `"device":{`, "device.type_id: required"},
+		{"wrong class name", `"class_name":"Authorize Session"`, `"class_name":"Base Event"`, "class_name"},
+	} {
+		bad := bytes.Replace(line, []byte(tc.from), []byte(tc.to), 1)
+		if bytes.Equal(bad, line) {
+			t.Fatalf("%s: %q not in the line", tc.name, tc.from)
+		}
+		probs := s.ValidateJSON(bad)
+		if !bytes.Contains([]byte(fmt.Sprint(probs)), []byte(tc.want)) {
+			t.Errorf("%s: want a problem with %q, got %v", tc.name, tc.want, probs)
+		}
+	}
+	if probs := s.ValidateJSON(line); len(probs) != 0 {
+		t.Fatalf("the untouched line must conform: %v", probs)
+	}
+}
+
+// A trail written before the OCSF records still verifies, and one that
+// goes on in the new format after it does too.
+func TestLegacyTrailVerifies(t *testing.T) {
+	const legacy = "testdata/legacy.jsonl"
+	res := VerifyTrail(TrailFiles{Files: []string{legacy}}, false)
+	if res.Problem != nil || res.Records != 4 || !res.Ended || res.Gaps != 1 || res.Unrecorded != 2 {
+		t.Fatalf("legacy trail: %+v", res)
+	}
+	b, _ := os.ReadFile(legacy)
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	for _, l := range lines[:len(lines)-1] {
+		r, err := ParseLine(l)
+		if err != nil || r.Sandbox != "legacy" || r.Event == "" {
+			t.Fatalf("legacy line does not parse: %v %+v", err, r)
+		}
+	}
+	// The first three legacy records, then OCSF ones chained to them.
+	var v Verifier
+	var c Chain
+	for _, l := range lines[:3] {
+		v.Line(legacy, l)
+		cf := splitChain(bytes.TrimRight(l, "\n"))
+		c.Commit(cf.hash)
+	}
+	r := TypeSandboxEnd.New("Success", "end", nil)
+	r.Sandbox = "legacy"
+	line, _ := c.SealAppend(nil, r)
+	v.Line("new", line)
+	if res := v.Finish(false); res.Problem != nil || res.Records != 4 || !res.Ended {
+		t.Fatalf("mixed trail: %+v", res)
+	}
+}

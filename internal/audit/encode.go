@@ -470,10 +470,11 @@ func (f *File) encode(e *enc, event string) {
 	e.str("name", path.Base(f.Path))
 	e.str("path", f.Path)
 	id, name := 0, "Unknown"
-	switch event {
-	case "syscall/mkdir", "syscall/mkdirat", "syscall/rmdir", "syscall/chdir", "syscall/fchdir":
+	switch {
+	case event == "syscall/mkdir" || event == "syscall/mkdirat" || event == "syscall/rmdir" || event == "syscall/chdir" ||
+		event == "syscall/fchdir" || f.Flags == "AT_REMOVEDIR":
 		id, name = 2, "Folder"
-	case "syscall/symlink", "syscall/symlinkat":
+	case event == "syscall/symlink" || event == "syscall/symlinkat":
 		id, name = 7, "Symbolic Link"
 	}
 	e.int("type_id", int64(id))

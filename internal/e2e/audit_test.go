@@ -42,8 +42,13 @@ type record struct {
 	File *struct {
 		Path  string `json:"path"`
 		Flags string `json:"flags"`
+		Mode  uint32 `json:"mode"`
 	} `json:"file"`
-	Dst *struct {
+	Target *struct {
+		Path string `json:"path"`
+	} `json:"target"`
+	Activity string `json:"activity_name"`
+	Dst      *struct {
 		IP   string `json:"ip"`
 		Port int    `json:"port"`
 	} `json:"dst_endpoint"`
@@ -367,5 +372,62 @@ func TestAuditFailClosed(t *testing.T) {
 				t.Fatalf("want the container refused (%q): %v", tc.want, r)
 			}
 		})
+	}
+}
+
+// TestAuditFileMutations: what an agent destroys is in its trail. A
+// busybox shell creates a tree, renames a config over another, links,
+// chmods, truncates and deletes it all; each change is a File System
+// Activity record with its resolved path(s) and result, and a refused one
+// (rmdir of a full directory) is there with its errno.
+func TestAuditFileMutations(t *testing.T) {
+	requireEnv(t)
+	id := uniqueID("mutate")
+	script := `cd /tmp && mkdir repo && echo a > repo/config && echo b > repo/config.new && ` +
+		`mv repo/config.new repo/config && ln -s /etc/passwd repo/pw && ln repo/config repo/hard && ` +
+		`chmod 600 repo/config && : > repo/config && rmdir repo 2>/dev/null; rm -rf /tmp/repo; ls /tmp/repo 2>/dev/null; exit 0`
+	r := dev.runAgent(t, id, []string{"--annotation", "agentbox.dev/role=baseline"}, "sh", "-c", script)
+	if r.code != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	recs := readTrail(t, id)
+	has := func(activity, path, target, status string) *record {
+		for i, rec := range recs {
+			if rec.ClassUID == 1001 && rec.Activity == activity && rec.File != nil && rec.File.Path == path && rec.Status == status &&
+				(target == "" || rec.Target != nil && rec.Target.Path == target) {
+				return &recs[i]
+			}
+		}
+		return nil
+	}
+	for _, want := range []struct{ activity, path, target, status string }{
+		{"Create", "/tmp/repo", "", "Success"},                            // mkdir
+		{"Rename", "/tmp/repo/config.new", "/tmp/repo/config", "Success"}, // mv over another
+		{"Create", "/tmp/repo/pw", "/etc/passwd", "Success"},              // symlink: the link, its target
+		{"Create", "/tmp/repo/config", "/tmp/repo/hard", "Success"},       // hard link
+		{"Set Security", "/tmp/repo/config", "", "Success"},               // chmod
+		{"Delete", "/tmp/repo", "", "Failure"},                            // rmdir of a full directory
+		{"Delete", "/tmp/repo/config", "", "Success"},                     // rm -rf: each file
+		{"Delete", "/tmp/repo/pw", "", "Success"},
+		{"Delete", "/tmp/repo", "", "Success"}, // and the directory
+	} {
+		if has(want.activity, want.path, want.target, want.status) == nil {
+			var files []string
+			for _, rec := range recs {
+				if rec.ClassUID == 1001 && rec.Activity != "Open" {
+					files = append(files, fmt.Sprintf("%s %s %+v %+v %s", rec.Event, rec.Activity, rec.File, rec.Target, rec.Status))
+				}
+			}
+			t.Fatalf("no %s of %s (-> %q) with %s in the trail; file changes recorded:\n%s", want.activity, want.path, want.target, want.status, strings.Join(files, "\n"))
+		}
+	}
+	if rec := has("Set Security", "/tmp/repo/config", "", "Success"); rec.File.Mode != 0o600 {
+		t.Fatalf("chmod mode: %o", rec.File.Mode)
+	}
+	if rec := has("Delete", "/tmp/repo", "", "Failure"); rec.Errno != 39 { // ENOTEMPTY
+		t.Fatalf("rmdir of a full directory: errno %d", rec.Errno)
+	}
+	if v := agentbox("audit", "verify", filepath.Join(dev.dir, "audit", id+".jsonl")); v.code != 0 {
+		t.Fatalf("verify: %v", v)
 	}
 }

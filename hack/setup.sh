@@ -16,7 +16,10 @@ case "$setup_mode" in full|quickstart) ;; *) die "usage: $0 [quickstart]" ;; esa
 mkdir -p "$TOOLS_BIN" "$AGENTBOX_CACHE/logs" "$OUT_BIN"
 
 missing=()
-for p in "${APT_PACKAGES[@]}"; do
+packages=("${APT_PACKAGES[@]}")
+# The full setup adds the browser the audit report's test renders in.
+[ "$setup_mode" = quickstart ] || packages+=("${TEST_APT_PACKAGES[@]}")
+for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -99,6 +102,17 @@ go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSI
 if [ "$setup_mode" = full ]; then
   build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
   build_in_module containerd22 github.com/containerd/containerd/v2 "$CONTAINERD22_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD22_VERSION"
+  # The OpenTelemetry Collector the OTLP sink's test ships to: its own
+  # module (internal/e2e/otelcol), so its dependencies stay out of ours.
+  otelcol_stamp="$(cat "$REPO_ROOT"/internal/e2e/otelcol/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
+  if [ -x "$TOOLS_BIN/abx-otelcol" ] && [ "$(cat "$TOOLS_BIN/.abx-otelcol.stamp" 2>/dev/null)" = "$otelcol_stamp" ]; then
+    step "abx-otelcol cached"
+  else
+    step "building abx-otelcol (collector v0.165.0; log: $AGENTBOX_CACHE/logs/otelcol.log)"
+    (cd "$REPO_ROOT/internal/e2e/otelcol" && CGO_ENABLED=0 go build -o "$TOOLS_BIN/abx-otelcol" .) >"$AGENTBOX_CACHE/logs/otelcol.log" 2>&1 \
+      || { tail -n 20 "$AGENTBOX_CACHE/logs/otelcol.log" >&2; die "building abx-otelcol failed"; }
+    echo "$otelcol_stamp" >"$TOOLS_BIN/.abx-otelcol.stamp"
+  fi
 fi
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \

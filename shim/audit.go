@@ -147,7 +147,7 @@ func webhookConfig(cfg *config.Config) audit.WebhookConfig {
 	if spool == "" {
 		spool = filepath.Join(cfg.Audit.Dir, "spool")
 	}
-	return audit.WebhookConfig{URL: w.URL, SpoolDir: spool, MaxSpoolBytes: w.MaxSpoolBytes, BatchRecords: w.BatchRecords}
+	return audit.WebhookConfig{URL: w.URL, SpoolDir: spool, MaxSpoolBytes: w.MaxSpoolBytes, BatchRecords: w.BatchRecords, Format: w.Format}
 }
 
 // socketPath is a sandbox's audit socket: short, since unix socket paths

@@ -24,6 +24,8 @@ type WebhookConfig struct {
 	SpoolDir      string
 	MaxSpoolBytes int64
 	BatchRecords  int
+	// Format is "ndjson" (default) or "otlp" (OTLP/HTTP JSON logs).
+	Format string
 	// Client is the HTTP client (default: 10s timeout).
 	Client *http.Client
 }
@@ -235,11 +237,15 @@ func (w *Webhook) readBatch(off int64) ([]byte, int, error) {
 }
 
 func (w *Webhook) post(body []byte) error {
+	contentType := "application/x-ndjson"
+	if w.cfg.Format == "otlp" {
+		body, contentType = OTLPLogs(body), "application/json"
+	}
 	req, err := http.NewRequest(http.MethodPost, w.cfg.URL, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/x-ndjson")
+	req.Header.Set("Content-Type", contentType)
 	resp, err := w.cfg.Client.Do(req)
 	if err != nil {
 		return err

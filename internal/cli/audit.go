@@ -18,6 +18,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/ocsf"
+	trailreport "agentbox.dev/agentbox/internal/report"
 )
 
 func auditCommand() *cli.Command {
@@ -48,6 +49,17 @@ func auditCommand() *cli.Command {
 					&cli.BoolFlag{Name: "open", Usage: "accept trails without an end record (sandboxes still running)"},
 				},
 				Action: auditVerify,
+			},
+			{
+				Name:      "report",
+				Usage:     "one sandbox's story: process tree, files changed, network by host, refusals, limits, gaps, the chain's check",
+				ArgsUsage: "PATH... (trail files, or directories of them)",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "sandbox", Usage: "the sandbox (its trail's id)"},
+					&cli.StringFlag{Name: "pod", Usage: "NAMESPACE/NAME: the pod's latest sandbox"},
+					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text, html (one self-contained page) or json"},
+				},
+				Action: auditReport,
 			},
 			{
 				Name:      "validate",
@@ -370,4 +382,84 @@ func ValidateTrails(paths ...string) (ValidateResult, error) {
 		}
 	}
 	return res, nil
+}
+
+func auditReport(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return cli.Exit("usage: agentbox audit report [--sandbox ID | --pod NS/NAME] [-o text|html|json] PATH...", 2)
+	}
+	out := c.String("output")
+	if out != "text" && out != "html" && out != "json" {
+		return cli.Exit(fmt.Sprintf("--output %q: want text, html or json", out), 2)
+	}
+	sandbox, pod := c.String("sandbox"), c.String("pod")
+	if (sandbox == "") == (pod == "") {
+		return cli.Exit("name one sandbox: --sandbox ID or --pod NAMESPACE/NAME", 2)
+	}
+	if pod != "" && strings.Count(pod, "/") != 1 {
+		return cli.Exit(fmt.Sprintf("--pod %q: want NAMESPACE/NAME", pod), 2)
+	}
+	trails, err := audit.FindTrails(c.Args().Slice()...)
+	if err != nil {
+		return cli.Exit(err, 2)
+	}
+	var chosen *audit.TrailFiles
+	var recs []*audit.Record
+	var latest string
+	for i := range trails {
+		t := &trails[i]
+		if sandbox != "" && t.Sandbox != sandbox {
+			continue
+		}
+		rs, err := readTrailRecords(t.Files)
+		if err != nil {
+			return cli.Exit(err, 2)
+		}
+		if pod != "" {
+			if len(rs) == 0 || rs[0].PodNamespace+"/"+rs[0].PodName != pod || rs[0].Time < latest {
+				continue
+			}
+			latest = rs[0].Time
+		}
+		chosen, recs = t, rs
+	}
+	if chosen == nil {
+		return cli.Exit(fmt.Sprintf("no trail for %s in %s", esc(sandbox+pod), strings.Join(c.Args().Slice(), " ")), 1)
+	}
+	rep := trailreport.Build(recs, audit.VerifyTrail(*chosen, false))
+	switch out {
+	case "html":
+		err = trailreport.HTML(c.App.Writer, rep)
+	case "json":
+		err = trailreport.JSON(c.App.Writer, rep)
+	default:
+		err = trailreport.Text(c.App.Writer, rep)
+	}
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	return nil
+}
+
+// readTrailRecords parses a trail's files; a line that is not a record
+// is an error naming it (verify says what happened to it).
+func readTrailRecords(files []string) ([]*audit.Record, error) {
+	var out []*audit.Record
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		for i, line := range bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n")) {
+			if len(line) == 0 {
+				continue
+			}
+			r, err := audit.ParseLine(line)
+			if err != nil {
+				return nil, fmt.Errorf("%s:%d: not a record: %v", f, i+1, err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }

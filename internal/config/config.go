@@ -156,6 +156,10 @@ type Webhook struct {
 	MaxSpoolBytes int64 `toml:"max_spool_bytes"`
 	// BatchRecords is the most records one POST carries.
 	BatchRecords int `toml:"batch_records"`
+	// Format is how a batch is sent: "ndjson" (the records as lines, the
+	// default) or "otlp" (OTLP/HTTP JSON logs to a collector's /v1/logs,
+	// each record a log record whose body is the record's line).
+	Format string `toml:"format"`
 }
 
 // CRI locates what containerd's CRI and the kubelet make for a pod, so
@@ -525,6 +529,9 @@ func (c *Config) Validate() error {
 		}
 		if w.BatchRecords < 1 || w.BatchRecords > 100000 {
 			errs = append(errs, fmt.Errorf("audit.webhook.batch_records: %d is not between 1 and 100000", w.BatchRecords))
+		}
+		if w.Format != "" && w.Format != "ndjson" && w.Format != "otlp" {
+			errs = append(errs, fmt.Errorf("audit.webhook.format: %q is neither \"ndjson\" nor \"otlp\"", w.Format))
 		}
 	}
 	if _, _, err := c.Network.ResolverAddrs(); err != nil {

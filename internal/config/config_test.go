@@ -43,6 +43,11 @@ log_level = "debug"
 			},
 		},
 		{
+			name:    "webhook format",
+			in:      "version = 1\n[audit.webhook]\nurl = \"http://127.0.0.1:4318/v1/logs\"\nformat = \"otel\"\n",
+			wantErr: []string{`audit.webhook.format: "otel" is neither "ndjson" nor "otlp"`},
+		},
+		{
 			name: "network",
 			in:   "version = 1\n[network]\nresolver_address = \"10.254.0.53\"\nupstreams = [\"127.0.0.1:5353\", \"192.0.2.1\", \"[2001:db8::1]:53\"]\nmin_ttl_seconds = 5\nmax_ttl_seconds = 60\n",
 			check: func(t *testing.T, c *Config) {

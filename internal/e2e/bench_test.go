@@ -107,6 +107,8 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microse
 // listed (static glibc), an event storm.
 var auditWorkloads = []struct{ name, script string }{
 	{"find-stat", `i=0; while [ $i -lt 60 ]; do find / -xdev >/dev/null 2>&1; find /bin /etc -name 'p*' -exec stat {} + >/dev/null; i=$((i+1)); done`},
+	// mutate: the file operations agentbox's runsc patch adds points for.
+	{"mutate", `i=0; while [ $i -lt 200 ]; do mkdir -p /tmp/w/d; echo x > /tmp/w/d/f; mv /tmp/w/d/f /tmp/w/d/g; ln -s g /tmp/w/d/l; chmod 600 /tmp/w/d/g; rm -rf /tmp/w; i=$((i+1)); done`},
 	{"mixed", `i=0; while [ $i -lt 100 ]; do find /bin /etc -name 'p*' >/dev/null; stat /etc/passwd /bin/sh >/dev/null; cat /etc/passwd /etc/group >/dev/null; ls -la /bin >/dev/null; i=$((i+1)); done`},
 }
 

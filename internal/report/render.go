@@ -1,0 +1,198 @@
+package report
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// JSON writes the report as indented JSON.
+func JSON(w io.Writer, rep *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// q quotes a value from the sandbox for a terminal: anything but graphic
+// characters is shown with Go escapes, so a file name with a newline or
+// an escape sequence cannot pass for another line or repaint the screen.
+func q(s string) string {
+	for _, r := range s {
+		if !unicode.IsGraphic(r) || r == '"' || r == '\\' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+func qs(l []string) string {
+	out := make([]string, len(l))
+	for i, s := range l {
+		out[i] = q(s)
+	}
+	return strings.Join(out, " ")
+}
+
+func rel(start, t time.Time) string {
+	if t.IsZero() || start.IsZero() {
+		return "?"
+	}
+	return fmt.Sprintf("+%.3fs", t.Sub(start).Seconds())
+}
+
+// Text writes the report for a terminal.
+func Text(w io.Writer, rep *Report) error {
+	ew := &errWriter{w: w}
+	p := func(format string, args ...any) { fmt.Fprintf(ew, format, args...) }
+	p("sandbox %s", q(rep.Sandbox))
+	if rep.Pod != "" {
+		p("  pod %s", q(rep.Pod))
+	}
+	p("  role %s (%s)\n", q(rep.Role), q(rep.PolicyDigest))
+	p("%s .. %s (%s), %d records\n", rep.Start.UTC().Format(time.RFC3339Nano), rep.End.UTC().Format(time.RFC3339Nano), rep.End.Sub(rep.Start).Round(time.Millisecond), rep.Records)
+	p("\nCHAIN  %s\n", verifyLine(rep.Verify))
+	if rep.Exit != nil {
+		p("EXIT   %s\n", q(rep.Exit.Message))
+	}
+	p("\nPROCESSES\n")
+	var tree func(ps []*Process, indent string)
+	tree = func(ps []*Process, indent string) {
+		for _, pr := range ps {
+			p("%s%s\n", indent, procLine(pr))
+			for _, e := range pr.Execs {
+				p("%s    then exec %s\n", indent, q(e))
+			}
+			tree(pr.Children, indent+"  ")
+		}
+	}
+	tree(rep.Processes, "  ")
+	p("\nFILES CREATED, CHANGED AND DELETED\n")
+	if len(rep.Files) == 0 {
+		p("  none\n")
+	}
+	for _, d := range rep.Files {
+		p("  %s/\n", q(d.Dir))
+		for _, f := range d.Files {
+			p("    %-8s %s%s  (%s pid %d %s)\n", f.Op, q(f.Path), changeTarget(f, q), rel(rep.Start, f.Time), f.PID, q(f.Comm))
+		}
+	}
+	p("\nNETWORK BY HOST\n")
+	if len(rep.Network) == 0 {
+		p("  none\n")
+	}
+	for _, h := range rep.Network {
+		p("  %s  lookups %d, allowed %d, denied %d  %s\n", q(h.Host), h.Lookups, h.Allowed, h.Denied, qs(h.Addresses))
+		for _, r := range h.Requests {
+			p("    %s\n", q(r))
+		}
+	}
+	section := func(title string, items []Item) {
+		p("\n%s\n", title)
+		if len(items) == 0 {
+			p("  none\n")
+		}
+		for _, it := range items {
+			p("  %s #%d %s %s\n", rel(rep.Start, it.Time), it.Seq, it.Event, q(it.Message))
+		}
+	}
+	section("REFUSALS AND DENIALS", rep.Refusals)
+	section("LIMITS HIT", rep.Limits)
+	section("GAPS", rep.Gaps)
+	return ew.err
+}
+
+func changeTarget(f FileChange, quote func(string) string) string {
+	switch {
+	case f.Op == "renamed" && f.Target != "":
+		return " -> " + quote(f.Target)
+	case f.Op == "linked" && f.Target != "":
+		return " -> " + quote(f.Target)
+	case f.Op == "mode":
+		return " " + f.Mode
+	}
+	return ""
+}
+
+func procLine(pr *Process) string {
+	s := fmt.Sprintf("[%d] %s", pr.PID, q(pr.Name))
+	if len(pr.Argv) > 0 {
+		s += ": " + qs(pr.Argv)
+	}
+	switch {
+	case pr.ExitCode != nil:
+		s += fmt.Sprintf("  -> exit %d", *pr.ExitCode)
+	case pr.Signal != nil:
+		s += fmt.Sprintf("  -> killed by signal %d", *pr.Signal)
+	default:
+		s += "  (no exit recorded)"
+	}
+	return s
+}
+
+func verifyLine(v Verification) string {
+	switch {
+	case !v.Intact:
+		return "BROKEN: " + v.Problem
+	case v.Gaps > 0:
+		return fmt.Sprintf("intact, %d event(s) not recorded in %d gap record(s)", v.Unrecorded, v.Gaps)
+	case !v.Ended:
+		return "intact so far (no end record: still running, or cut)"
+	}
+	return "intact, ended"
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
+//go:embed report.html.tmpl
+var tmplFS embed.FS
+
+var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap{
+	"rel":    rel,
+	"join":   func(l []string) string { return strings.Join(l, " ") },
+	"verify": verifyLine,
+	"target": func(f FileChange) string { return changeTarget(f, func(s string) string { return s }) },
+	"utc":    func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
+	"dur":    func(a, b time.Time) string { return b.Sub(a).Round(time.Millisecond).String() },
+	// pct places t on the timeline, 0..100.
+	"pct": func(start, end, t time.Time) string {
+		total := end.Sub(start)
+		if total <= 0 {
+			return "0"
+		}
+		return strconv.FormatFloat(100*float64(t.Sub(start))/float64(total), 'f', 2, 64)
+	},
+	"exit": func(p *Process) string {
+		switch {
+		case p.ExitCode != nil:
+			return fmt.Sprintf("exit %d", *p.ExitCode)
+		case p.Signal != nil:
+			return fmt.Sprintf("signal %d", *p.Signal)
+		}
+		return "no exit recorded"
+	},
+	"failed": func(p *Process) bool { return p.Signal != nil || p.ExitCode != nil && *p.ExitCode != 0 },
+}).ParseFS(tmplFS, "report.html.tmpl"))
+
+// HTML writes the report as one self-contained page: no script, style or
+// font from anywhere else, every value escaped by html/template.
+func HTML(w io.Writer, rep *Report) error {
+	return page.Execute(w, rep)
+}

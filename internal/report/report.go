@@ -1,0 +1,396 @@
+// Package report turns one sandbox's audit trail into its story for a
+// person: the process tree with argv and exit codes, the files it
+// created, changed and deleted (by directory), its network activity by
+// host, what was refused or denied, the limits it hit, the gaps, and the
+// chain's verification. It is pure: records in, a Report out; the
+// renderers (text, HTML, JSON) only format it. Everything in a trail came
+// from the sandbox or names the agent chose: the renderers escape it.
+package report
+
+import (
+	"net/netip"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
+)
+
+// Report is one sandbox's story.
+type Report struct {
+	Sandbox      string    `json:"sandbox_id"`
+	Pod          string    `json:"pod,omitempty"`
+	Namespace    string    `json:"namespace,omitempty"`
+	Role         string    `json:"role,omitempty"`
+	PolicyDigest string    `json:"policy_digest,omitempty"`
+	Start        time.Time `json:"start"`
+	End          time.Time `json:"end"`
+	Records      int       `json:"records"`
+
+	Verify    Verification  `json:"verification"`
+	Processes []*Process    `json:"processes"`
+	Files     []Directory   `json:"files"`
+	Network   []Host        `json:"network"`
+	Refusals  []Item        `json:"refusals"`
+	Limits    []Item        `json:"limits"`
+	Gaps      []Item        `json:"gaps"`
+	Timeline  []Item        `json:"timeline"`
+	Exit      *ContainerEnd `json:"exit,omitempty"`
+}
+
+// Verification is the chain's check.
+type Verification struct {
+	Intact     bool   `json:"intact"`
+	Ended      bool   `json:"ended"`
+	Problem    string `json:"problem,omitempty"`
+	Gaps       int    `json:"gaps"`
+	Unrecorded uint64 `json:"unrecorded"`
+	Files      int    `json:"files"`
+}
+
+// Process is a node of the process tree.
+type Process struct {
+	PID       int32      `json:"pid"`
+	Name      string     `json:"name,omitempty"`
+	Argv      []string   `json:"argv,omitempty"`
+	Exe       string     `json:"exe,omitempty"`
+	Container string     `json:"container_id,omitempty"`
+	Start     time.Time  `json:"start"`
+	ExitCode  *int32     `json:"exit_code,omitempty"`
+	Signal    *int32     `json:"signal,omitempty"`
+	Children  []*Process `json:"children,omitempty"`
+	// Execs are the images the process ran after its first (exec without
+	// fork), oldest first.
+	Execs []string `json:"execs,omitempty"`
+}
+
+// Directory groups the changed files under one directory.
+type Directory struct {
+	Dir   string       `json:"dir"`
+	Files []FileChange `json:"files"`
+}
+
+// FileChange is one thing done to a file.
+type FileChange struct {
+	Time   time.Time `json:"time"`
+	Op     string    `json:"op"` // created, changed, deleted, renamed, linked, mode
+	Path   string    `json:"path"`
+	Target string    `json:"target,omitempty"`
+	Mode   string    `json:"mode,omitempty"`
+	PID    int32     `json:"pid,omitempty"`
+	Comm   string    `json:"comm,omitempty"`
+}
+
+// Host is the network activity toward one name (or address).
+type Host struct {
+	Host      string   `json:"host"`
+	Addresses []string `json:"addresses,omitempty"`
+	Lookups   int      `json:"lookups"`
+	Allowed   int      `json:"allowed"`
+	Denied    int      `json:"denied"`
+	Requests  []string `json:"requests,omitempty"`
+}
+
+// Item is one notable record.
+type Item struct {
+	Time    time.Time `json:"time"`
+	Kind    string    `json:"kind"`
+	Event   string    `json:"event"`
+	Message string    `json:"message"`
+	PID     int32     `json:"pid,omitempty"`
+	Seq     uint64    `json:"seq"`
+}
+
+// ContainerEnd is how the sandbox's root ended.
+type ContainerEnd struct {
+	Message string `json:"message"`
+	Status  string `json:"status,omitempty"`
+}
+
+const maxRequests = 20
+
+// Build makes the report of one sandbox's records (in chain order) and
+// the trail's verification.
+func Build(recs []*audit.Record, v audit.VerifyResult) *Report {
+	rep := &Report{Records: len(recs), Verify: Verification{Intact: v.Problem == nil, Ended: v.Ended, Gaps: v.Gaps, Unrecorded: v.Unrecorded, Files: len(v.Files)}}
+	if v.Problem != nil {
+		rep.Verify.Problem = v.Problem.Error()
+	}
+	b := builder{rep: rep, procs: map[int32]*Process{}, hosts: map[string]*Host{}, byAddr: map[string]string{}}
+	for _, r := range recs {
+		b.add(r)
+	}
+	b.finish()
+	return rep
+}
+
+type builder struct {
+	rep    *Report
+	procs  map[int32]*Process // the live process of each pid
+	roots  []*Process
+	files  []FileChange
+	hosts  map[string]*Host
+	byAddr map[string]string // address -> the name it answered
+}
+
+func recTime(r *audit.Record) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, r.Time)
+	return t
+}
+
+func (b *builder) add(r *audit.Record) {
+	rep := b.rep
+	t := recTime(r)
+	if rep.Sandbox == "" {
+		rep.Sandbox = r.Sandbox
+	}
+	if rep.Start.IsZero() || t.Before(rep.Start) {
+		rep.Start = t
+	}
+	if t.After(rep.End) {
+		rep.End = t
+	}
+	if r.Role != "" {
+		rep.Role, rep.PolicyDigest = r.Role, r.PolicyDigest
+	}
+	if r.PodName != "" {
+		rep.Pod = r.PodNamespace + "/" + r.PodName
+	}
+	if r.Namespace != "" {
+		rep.Namespace = r.Namespace
+	}
+	item := Item{Time: t, Event: r.Event, Message: r.Message, Seq: r.Seq}
+	if r.Process != nil {
+		item.PID = r.Process.PID
+	}
+	switch {
+	case r.Event == "container/start":
+		p := b.spawn(r.Process.PID, 0, t)
+		p.Name, p.Argv, p.Container = r.Process.Name, r.Process.Argv, r.Container
+		b.timeline(item, "start", "container "+r.Container+" started: "+strings.Join(r.Process.Argv, " "))
+	case r.Event == "sentry/clone":
+		c := b.spawn(r.Process.ChildPID, r.Process.PID, t)
+		if parent := b.procs[r.Process.PID]; parent != nil {
+			c.Name, c.Argv, c.Exe, c.Container = parent.Name, parent.Argv, parent.Exe, parent.Container
+		}
+	case r.Event == "sentry/execve":
+		p := b.procs[r.Process.PID]
+		if p == nil {
+			p = b.spawn(r.Process.PID, r.Process.PPID, t)
+		}
+		if p.Exe != "" && p.Exe != r.Process.Exe || len(p.Execs) > 0 {
+			p.Execs = append(p.Execs, strings.Join(r.Process.Argv, " "))
+		}
+		p.Name, p.Argv, p.Exe = r.Process.Name, r.Process.Argv, r.Process.Exe
+		if p.Exe != "" {
+			p.Name = path.Base(p.Exe) // the new image, not the comm before it
+		}
+	case r.Event == "sentry/task_exit":
+		if p := b.procs[r.Process.PID]; p != nil {
+			p.ExitCode, p.Signal = r.Process.ExitSts, r.Process.ExitSignal
+			delete(b.procs, r.Process.PID)
+		}
+	case r.ClassUID == audit.ClassFileSystem:
+		b.file(r, t)
+	case r.Event == "agentbox/dns_answered":
+		h := b.host(r.Detail["name"])
+		h.Lookups++
+		for _, a := range strings.Split(r.Detail["addresses"], ", ") {
+			if a != "" {
+				h.Addresses = appendUnique(h.Addresses, a)
+				b.byAddr[a] = h.Host
+			}
+		}
+	case r.Event == "agentbox/egress_request":
+		h := b.host(r.Detail["host"])
+		h.Allowed++
+		if len(h.Requests) < maxRequests {
+			h.Requests = append(h.Requests, r.Detail["method"]+" "+r.Detail["path"]+" -> "+r.Detail["http_status"])
+		}
+	case r.Event == "agentbox/egress_connection":
+		h := b.host(r.Detail["sni"])
+		h.Allowed++
+	case r.Event == "syscall/connect" && r.Dst != nil && r.Dst.IP != "":
+		name := r.Dst.IP
+		if n, ok := b.byAddr[r.Dst.IP]; ok {
+			name = n
+		}
+		h := b.host(name)
+		addr := netip.AddrPortFrom(mustAddr(r.Dst.IP), uint16(r.Dst.Port)).String()
+		h.Addresses = appendUnique(h.Addresses, addr)
+		if r.Detail["egress"] == "deny" {
+			h.Denied++
+			b.refusal(item, "connect to "+addr+" ("+name+") denied by the egress rules")
+		} else {
+			h.Allowed++
+		}
+	}
+	switch r.Event {
+	case "agentbox/refused", "agentbox/exec_refused", "agentbox/dns_refused", "agentbox/dns_address_withheld",
+		"agentbox/egress_refused", "agentbox/egress_denied", "agentbox/sandbox_failed", "agentbox/container_failed", "agentbox/policy_refused":
+		b.refusal(item, r.Message)
+		if name := r.Detail["name"]; name != "" {
+			b.host(name).Denied++
+		} else if sni := r.Detail["sni"]; sni != "" {
+			b.host(sni).Denied++
+		}
+	case "agentbox/limit", "agentbox/audit_full":
+		item.Kind = "limit"
+		rep.Limits = append(rep.Limits, item)
+		rep.Timeline = append(rep.Timeline, item)
+	case audit.EventGap:
+		item.Kind = "gap"
+		rep.Gaps = append(rep.Gaps, item)
+		rep.Timeline = append(rep.Timeline, item)
+	case "agentbox/anomaly":
+		item.Kind = "gap"
+		rep.Gaps = append(rep.Gaps, item)
+	case "agentbox/role_resolved", "agentbox/profile_applied", "agentbox/exec":
+		b.timeline(item, "decision", r.Message)
+	case "agentbox/container_exit":
+		rep.Exit = &ContainerEnd{Message: r.Message, Status: r.Detail["exit_status"]}
+		b.timeline(item, "exit", r.Message)
+	case audit.EventSandboxEnd:
+		b.timeline(item, "end", r.Message)
+	}
+	if r.ClassUID == audit.ClassProcess && r.Status == "Failure" && r.Event == "syscall/execve" && r.File != nil {
+		b.refusal(item, "exec of "+r.File.Path+" failed: "+errnoText(r.Errno))
+	}
+}
+
+func (b *builder) timeline(it Item, kind, msg string) {
+	it.Kind, it.Message = kind, msg
+	b.rep.Timeline = append(b.rep.Timeline, it)
+}
+
+func (b *builder) refusal(it Item, msg string) {
+	it.Kind, it.Message = "refusal", msg
+	b.rep.Refusals = append(b.rep.Refusals, it)
+	b.rep.Timeline = append(b.rep.Timeline, it)
+}
+
+func (b *builder) spawn(pid, ppid int32, t time.Time) *Process {
+	p := &Process{PID: pid, Start: t}
+	if parent := b.procs[ppid]; ppid != 0 && parent != nil {
+		parent.Children = append(parent.Children, p)
+	} else {
+		b.roots = append(b.roots, p)
+	}
+	b.procs[pid] = p
+	return p
+}
+
+// denied are the errnos by which the sandbox's boundary refuses a file
+// operation: permission, a read-only mount.
+var denied = map[int64]bool{1: true, 13: true, 30: true}
+
+func (b *builder) file(r *audit.Record, t time.Time) {
+	if r.File == nil {
+		return
+	}
+	item := Item{Time: t, Event: r.Event, Seq: r.Seq, PID: pidOf(r)}
+	if r.Status == "Failure" {
+		if denied[r.Errno] {
+			b.refusal(item, strings.TrimPrefix(r.Event, "syscall/")+" "+r.File.Path+": "+errnoText(r.Errno))
+		}
+		return
+	}
+	fc := FileChange{Time: t, Path: r.File.Path, PID: item.PID}
+	if r.Process != nil {
+		fc.Comm = r.Process.Name
+	}
+	switch r.ActivityName {
+	case "Open":
+		switch {
+		case strings.Contains(r.File.Flags, "O_CREAT"):
+			fc.Op = "created"
+		case strings.Contains(r.File.Flags, "O_TRUNC"), strings.Contains(r.File.Flags, "O_WRONLY"), strings.Contains(r.File.Flags, "O_RDWR"), strings.Contains(r.File.Flags, "O_APPEND"):
+			fc.Op = "changed"
+		default:
+			return // a read changes nothing
+		}
+	case "Create":
+		fc.Op = "created"
+		if r.Target != nil {
+			fc.Op, fc.Target = "linked", r.Target.Path
+		}
+	case "Delete":
+		fc.Op = "deleted"
+	case "Rename":
+		fc.Op = "renamed"
+		if r.Target != nil {
+			fc.Target = r.Target.Path
+		}
+	case "Set Security":
+		fc.Op, fc.Mode = "mode", "0"+strconv.FormatUint(uint64(r.File.Mode), 8)
+	case "Update":
+		fc.Op = "changed"
+	default:
+		return
+	}
+	b.files = append(b.files, fc)
+}
+
+func (b *builder) host(name string) *Host {
+	if name == "" {
+		name = "(no name)"
+	}
+	h := b.hosts[name]
+	if h == nil {
+		h = &Host{Host: name}
+		b.hosts[name] = h
+	}
+	return h
+}
+
+func (b *builder) finish() {
+	rep := b.rep
+	rep.Processes = b.roots
+	byDir := map[string][]FileChange{}
+	for _, f := range b.files {
+		d := path.Dir(f.Path)
+		byDir[d] = append(byDir[d], f)
+	}
+	for d, fs := range byDir {
+		rep.Files = append(rep.Files, Directory{Dir: d, Files: fs})
+	}
+	sort.Slice(rep.Files, func(i, j int) bool { return rep.Files[i].Dir < rep.Files[j].Dir })
+	for _, h := range b.hosts {
+		rep.Network = append(rep.Network, *h)
+	}
+	sort.Slice(rep.Network, func(i, j int) bool { return rep.Network[i].Host < rep.Network[j].Host })
+	sort.SliceStable(rep.Timeline, func(i, j int) bool { return rep.Timeline[i].Seq < rep.Timeline[j].Seq })
+}
+
+func pidOf(r *audit.Record) int32 {
+	if r.Process == nil {
+		return 0
+	}
+	return r.Process.PID
+}
+
+func mustAddr(s string) netip.Addr {
+	a, _ := netip.ParseAddr(s)
+	return a
+}
+
+func appendUnique(l []string, s string) []string {
+	for _, x := range l {
+		if x == s {
+			return l
+		}
+	}
+	return append(l, s)
+}
+
+var errnoNames = map[int64]string{1: "EPERM (not permitted)", 2: "ENOENT", 13: "EACCES (permission denied)", 30: "EROFS (read-only file system)",
+	39: "ENOTEMPTY", 17: "EEXIST", 111: "ECONNREFUSED", 101: "ENETUNREACH"}
+
+func errnoText(n int64) string {
+	if s, ok := errnoNames[n]; ok {
+		return s
+	}
+	return "errno " + strconv.FormatInt(n, 10)
+}

@@ -1,0 +1,132 @@
+package report
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	gproto "google.golang.org/protobuf/proto"
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
+)
+
+type nop struct{}
+
+func (nop) Env(e []string) []string  { return e }
+func (nop) Args(a []string) []string { return a }
+
+// story: an agent's shell forks rm and curl; rm deletes a repository
+// file and is refused another, curl's name is refused; the root exits 3.
+func story(t *testing.T) []*audit.Record {
+	t.Helper()
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	cd := func(pid int32, name string, ms int) *pb.ContextData {
+		return &pb.ContextData{TimeNs: at.Add(time.Duration(ms) * time.Millisecond).UnixNano(), ThreadId: pid, ThreadGroupId: pid, Cwd: "/work", ProcessName: name}
+	}
+	var recs []*audit.Record
+	add := func(r *audit.Record) {
+		r.Sandbox, r.Role, r.PodNamespace, r.PodName, r.Seq = "sb", "coder", "agents", "c-1", uint64(len(recs)+1)
+		if r.Time == "" {
+			// Through the encoder and back, as the CLI reads them.
+			var c audit.Chain
+			line, _ := c.SealAppend(nil, r)
+			var err error
+			if r, err = audit.ParseLine(line); err != nil {
+				t.Fatal(err)
+			}
+			r.Seq = uint64(len(recs) + 1)
+		}
+		recs = append(recs, r)
+	}
+	msg := func(m gproto.Message) { add(audit.ToRecord(audit.Message{Payload: m}, nop{})) }
+	own := func(rt audit.RecordType, status, m string, d map[string]string, ms int) {
+		r := rt.New(status, m, d)
+		r.Time = at.Add(time.Duration(ms) * time.Millisecond).Format(time.RFC3339Nano)
+		add(r)
+	}
+	own(audit.TypeRoleResolved, "Success", "role coder", nil, 0)
+	msg(&pb.Start{ContextData: cd(1, "sh", 1), Id: "c", Args: []string{"sh", "-c", "work"}})
+	msg(&pb.CloneInfo{ContextData: cd(1, "sh", 2), CreatedThreadGroupId: 5})
+	msg(&pb.ExecveInfo{ContextData: cd(5, "sh", 3), BinaryPath: "/bin/rm", Argv: []string{"rm", "-rf", "repo"}})
+	msg(&pb.Open{ContextData: cd(5, "rm", 4), Exit: &pb.Exit{}, Sysno: 87, Pathname: "repo/<script>alert(1)"})
+	msg(&pb.Open{ContextData: cd(5, "rm", 5), Exit: &pb.Exit{Errorno: 30}, Sysno: 87, Pathname: "/etc/hosts"})
+	msg(&pb.TaskExit{ContextData: cd(5, "rm", 6), ExitStatus: 0})
+	msg(&pb.CloneInfo{ContextData: cd(1, "sh", 7), CreatedThreadGroupId: 6})
+	msg(&pb.ExecveInfo{ContextData: cd(6, "sh", 8), BinaryPath: "/bin/curl", Argv: []string{"curl", "https://evil.example/"}})
+	own(audit.TypeDNSRefused, "Failure", "A evil.example refused: no rule", map[string]string{"name": "evil.example", "type": "A"}, 9)
+	msg(&pb.TaskExit{ContextData: cd(6, "curl", 10), ExitStatus: 6 << 8})
+	msg(&pb.TaskExit{ContextData: cd(1, "sh", 11), ExitStatus: 3 << 8})
+	own(audit.TypeLimit, "Failure", "wall-clock limit reached", map[string]string{"limit": "wall_clock"}, 12)
+	own(audit.TypeContainerExit, "Success", "container exited with status 3", map[string]string{"exit_status": "3"}, 13)
+	own(audit.TypeSandboxEnd, "Success", "sandbox ended", nil, 14)
+	return recs
+}
+
+func TestBuild(t *testing.T) {
+	rep := Build(story(t), audit.VerifyResult{Ended: true, Records: 15})
+	if rep.Pod != "agents/c-1" || rep.Role != "coder" || !rep.Verify.Intact || rep.Records != 15 {
+		t.Fatalf("header: %+v", rep)
+	}
+	if len(rep.Processes) != 1 {
+		t.Fatalf("roots: %+v", rep.Processes)
+	}
+	root := rep.Processes[0]
+	if root.PID != 1 || len(root.Children) != 2 || root.ExitCode == nil || *root.ExitCode != 3 {
+		t.Fatalf("root: %+v", root)
+	}
+	rm, curl := root.Children[0], root.Children[1]
+	if strings.Join(rm.Argv, " ") != "rm -rf repo" || *rm.ExitCode != 0 || strings.Join(curl.Argv, " ") != "curl https://evil.example/" || *curl.ExitCode != 6 {
+		t.Fatalf("children: %+v %+v", rm, curl)
+	}
+	if len(rep.Files) != 1 || rep.Files[0].Dir != "/work/repo" || rep.Files[0].Files[0].Op != "deleted" {
+		t.Fatalf("files: %+v", rep.Files)
+	}
+	var refusals []string
+	for _, r := range rep.Refusals {
+		refusals = append(refusals, r.Message)
+	}
+	if len(refusals) != 2 || !strings.Contains(refusals[0], "/etc/hosts: EROFS") || !strings.Contains(refusals[1], "evil.example") {
+		t.Fatalf("refusals: %q", refusals)
+	}
+	if len(rep.Network) != 1 || rep.Network[0].Host != "evil.example" || rep.Network[0].Denied != 1 {
+		t.Fatalf("network: %+v", rep.Network)
+	}
+	if len(rep.Limits) != 1 || rep.Exit == nil || rep.Exit.Status != "3" {
+		t.Fatalf("limits %+v exit %+v", rep.Limits, rep.Exit)
+	}
+}
+
+func TestRenderersEscape(t *testing.T) {
+	rep := Build(story(t), audit.VerifyResult{Ended: true})
+	var h bytes.Buffer
+	if err := HTML(&h, rep); err != nil {
+		t.Fatal(err)
+	}
+	page := h.String()
+	if strings.Contains(page, "<script>") || !strings.Contains(page, "&lt;script&gt;alert(1)") {
+		t.Fatal("a file name from the sandbox must be escaped in the page")
+	}
+	for _, id := range []string{`id="process-tree"`, `id="refusals"`, `id="timeline"`, `id="files"`, `id="network"`} {
+		if !strings.Contains(page, id) {
+			t.Fatalf("page lacks %s", id)
+		}
+	}
+	if strings.Contains(page, "http://") || strings.Contains(page, "src=") {
+		t.Fatal("the page must load nothing")
+	}
+	var txt bytes.Buffer
+	if err := Text(&txt, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"[1] sh: sh -c work  -> exit 3", "    [5] rm: rm -rf repo  -> exit 0", "deleted", "REFUSALS AND DENIALS", "wall-clock limit reached"} {
+		if !strings.Contains(txt.String(), want) {
+			t.Fatalf("text lacks %q:\n%s", want, txt.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := JSON(&js, rep); err != nil || !strings.Contains(js.String(), `"processes"`) {
+		t.Fatalf("json: %v", err)
+	}
+}

@@ -21,6 +21,11 @@ echo "----- agent exited with status $rc -----"
 step "its audit trail ($AGENTBOX_DEV/audit/$id.jsonl):"
 agentbox audit tail --sandbox "$id" "$AGENTBOX_DEV/audit" | cut -c1-160
 agentbox audit verify "$AGENTBOX_DEV/audit/$id.jsonl"
+agentbox audit validate "$AGENTBOX_DEV/audit/$id.jsonl"
+step "the agent's story (agentbox audit report --sandbox $id):"
+agentbox audit report --sandbox "$id" "$AGENTBOX_DEV/audit"
+agentbox audit report --sandbox "$id" -o html "$AGENTBOX_DEV/audit" >"$AGENTBOX_DEV/audit/$id.html"
+echo "As one page (open it in a browser): $AGENTBOX_DEV/audit/$id.html"
 cat <<EOT
 
 The private containerd keeps running. Use it with:

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -30,6 +31,53 @@ var aiOperationCategories = map[int]bool{1: true, 3: true, 4: true, 6: true}
 
 // Node is the device every record names: the node the shim runs on.
 var Node = func() string { h, _ := os.Hostname(); return h }()
+
+// The parts of a record that do not change with it, encoded once.
+var (
+	metadataHead = `,"metadata":{"version":"` + SchemaVersion + `","product":{"name":"agentbox","vendor_name":"agentbox","version":` +
+		string(appendString(nil, version.Version)) + `},"uid":`
+	metadataTail = func() string {
+		b := []byte(`,"log_name":"agentbox audit trail","profiles":[`)
+		for i, p := range ocsfProfiles {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, p)
+		}
+		return string(b) + "]}"
+	}()
+	classHeaders = func() map[int]string {
+		m := map[int]string{}
+		for uid, ci := range classes {
+			b := []byte(`,"class_uid":` + strconv.Itoa(uid) + `,"class_name":`)
+			b = appendString(b, ci.name)
+			b = append(b, `,"category_uid":`+strconv.Itoa(ci.categoryUID)+`,"category_name":`...)
+			b = appendString(b, ci.category)
+			m[uid] = string(b)
+		}
+		return m
+	}()
+	deviceMu              sync.Mutex
+	deviceFor, deviceJSON string
+)
+
+func classHeader(uid int) string {
+	if h, ok := classHeaders[uid]; ok {
+		return h
+	}
+	return `,"class_uid":` + strconv.Itoa(uid)
+}
+
+// deviceBlock is the device object for Node (which tests may change).
+func deviceBlock() string {
+	deviceMu.Lock()
+	defer deviceMu.Unlock()
+	if deviceJSON == "" || deviceFor != Node {
+		deviceFor = Node
+		deviceJSON = `,"device":{"type_id":1,"type":"Server","hostname":` + string(appendString(nil, orUnknown(Node))) + `}`
+	}
+	return deviceJSON
+}
 
 // enc writes one JSON object field by field; a field is preceded by a
 // comma unless it opens its object or array.
@@ -62,6 +110,16 @@ func (e *enc) str(k, v string) {
 	e.key(k)
 	e.b = appendString(e.b, v)
 }
+func (e *enc) strs(k string, v []string) {
+	e.openArr(k)
+	for i, s := range v {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = appendString(e.b, s)
+	}
+	e.b = append(e.b, ']')
+}
 func (e *enc) optStr(k, v string) {
 	if v != "" {
 		e.str(k, v)
@@ -78,6 +136,9 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	if t.IsZero() && r.Time != "" {
 		t, _ = time.Parse(time.RFC3339Nano, r.Time)
 	}
+	if t.IsZero() {
+		t = time.Now() // a record made without a time is written now
+	}
 	t = t.UTC()
 	ci := classes[r.ClassUID]
 	e.int("time", t.UnixMilli())
@@ -89,10 +150,7 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	if r.ClassUID == ClassHTTP {
 		activity, activityName = httpActivity(r.Detail["method"])
 	}
-	e.int("class_uid", int64(r.ClassUID))
-	e.str("class_name", ci.name)
-	e.int("category_uid", int64(ci.categoryUID))
-	e.str("category_name", ci.category)
+	e.b = append(e.b, classHeader(r.ClassUID)...)
 	e.int("activity_id", int64(activity))
 	e.str("activity_name", activityName)
 	e.int("type_uid", int64(r.ClassUID)*100+int64(activity))
@@ -106,46 +164,23 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	case r.ClassUID == ClassDetectionFinding:
 		// A finding's status is its own (New...); the record's outcome
 		// is kept under unmapped.
-		e.int("status_id", 1)
-		e.str("status", "New")
+		e.b = append(e.b, `,"status_id":1,"status":"New"`...)
 	case r.Status == "Success":
-		e.int("status_id", 1)
-		e.str("status", "Success")
+		e.b = append(e.b, `,"status_id":1,"status":"Success"`...)
 	case r.Status == "Failure":
-		e.int("status_id", 2)
-		e.str("status", "Failure")
+		e.b = append(e.b, `,"status_id":2,"status":"Failure"`...)
 	}
 	if r.Errno != 0 {
 		e.str("status_code", errnoName(r.Errno))
 	}
 	e.optStr("message", r.Message)
 
-	e.open("metadata")
-	e.str("version", SchemaVersion)
-	e.open("product")
-	e.str("name", "agentbox")
-	e.str("vendor_name", "agentbox")
-	e.str("version", version.Version)
-	e.close()
-	e.str("uid", eventUID(r.Sandbox, r.Seq))
+	e.b = append(e.b, metadataHead...)
+	e.b = appendString(e.b, eventUID(r.Sandbox, r.Seq))
 	e.int("sequence", int64(r.Seq))
 	e.str("event_code", r.Event)
-	e.str("log_name", "agentbox audit trail")
-	e.openArr("profiles")
-	for i, p := range ocsfProfiles {
-		if i > 0 {
-			e.b = append(e.b, ',')
-		}
-		e.b = appendString(e.b, p)
-	}
-	e.b = append(e.b, ']')
-	e.close()
-
-	e.open("device")
-	e.int("type_id", 1)
-	e.str("type", "Server")
-	e.str("hostname", orUnknown(Node))
-	e.close()
+	e.b = append(e.b, metadataTail...)
+	e.b = append(e.b, deviceBlock()...)
 
 	e.open("actor")
 	if r.Process != nil && !strings.HasPrefix(r.Event, "agentbox/") {
@@ -175,14 +210,13 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	}
 	r.encodeClass(&e)
 
+	// The sandbox is the attestation's chain_uid, the role and its digest
+	// the policy's name and uid: not repeated here.
 	e.open("unmapped")
-	e.str("sandbox_id", r.Sandbox)
 	e.optStr("container_id", r.Container)
 	e.optStr("namespace", r.Namespace)
 	e.optStr("pod_namespace", r.PodNamespace)
 	e.optStr("pod_name", r.PodName)
-	e.optStr("role", r.Role)
-	e.optStr("policy_digest", r.PolicyDigest)
 	if r.ClassUID == ClassDetectionFinding {
 		e.optStr("status", r.Status)
 	}
@@ -203,7 +237,7 @@ func (r *Record) appendOCSF(b []byte) []byte {
 		}
 		if len(p.Argv) > 0 {
 			// cmd_line joins argv with spaces; the list itself, exact:
-			e.b = optStrings(e.b, 0, "argv", p.Argv)
+			e.strs("argv", p.Argv)
 		}
 	}
 	if f := r.File; f != nil {
@@ -520,7 +554,10 @@ func appendMap[V any](b []byte, name string, m map[string]V, appendValue func([]
 	if len(m) == 0 {
 		return b
 	}
-	b = append(b, ',', '"')
+	if b[len(b)-1] != '{' {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
 	b = append(b, name...)
 	b = append(b, '"', ':', '{')
 	for i, k := range sortedKeys(m) {
@@ -541,30 +578,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// key starts a field of an object whose body began at start.
-func key(b []byte, start int, k string) []byte {
-	if len(b) > start {
-		b = append(b, ',')
-	}
-	b = append(b, '"')
-	b = append(b, k...)
-	return append(b, '"', ':')
-}
-
-func optStrings(b []byte, start int, k string, v []string) []byte {
-	if len(v) == 0 {
-		return b
-	}
-	b = append(key(b, start, k), '[')
-	for i, s := range v {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendString(b, s)
-	}
-	return append(b, ']')
 }
 
 const hexDigits = "0123456789abcdef"

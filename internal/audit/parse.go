@@ -24,6 +24,10 @@ type wireRecord struct {
 		Sequence  uint64 `json:"sequence"`
 		EventCode string `json:"event_code"`
 	} `json:"metadata"`
+	Policy struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"policy"`
 	Actor struct {
 		Process *wireProcess `json:"process"`
 	} `json:"actor"`
@@ -118,8 +122,8 @@ func ParseLine(line []byte) (*Record, error) {
 	r := &Record{
 		Time: w.TimeDT, ClassUID: w.ClassUID, ClassName: w.ClassName, ActivityID: w.ActivityID, ActivityName: w.ActivityName,
 		Status: w.Status, Errno: u.Errno, Result: u.Result, Message: w.Message, Event: w.Metadata.EventCode,
-		Counts: u.Counts, Detail: u.Detail, Sandbox: u.Sandbox, Container: u.Container, Namespace: u.Namespace,
-		PodNamespace: u.PodNamespace, PodName: u.PodName, Role: u.Role, PolicyDigest: u.PolicyDigest, Seq: w.Metadata.Sequence,
+		Counts: u.Counts, Detail: u.Detail, Container: u.Container, Namespace: u.Namespace,
+		PodNamespace: u.PodNamespace, PodName: u.PodName, Role: w.Policy.Name, PolicyDigest: w.Policy.UID, Seq: w.Metadata.Sequence,
 		Dst: u.Dst,
 	}
 	if w.ClassUID == ClassDetectionFinding {
@@ -133,6 +137,7 @@ func ParseLine(line []byte) (*Record, error) {
 		r.ActivityID, r.ActivityName = 99, typeByName[r.Event].Activity
 	}
 	if len(w.Attestations) == 1 {
+		r.Sandbox = w.Attestations[0].ChainUID
 		if pe := w.Attestations[0].PrevEvent; pe != nil {
 			r.PrevHash = pe.Fingerprint.Value
 		}

@@ -282,6 +282,12 @@ func formatRecord(r *audit.Record) string {
 		if r.File.Flags != "" {
 			fmt.Fprintf(&b, " flags=%s", esc(r.File.Flags))
 		}
+		if r.File.Mode != 0 && r.ClassUID == audit.ClassFileSystem && r.ActivityName != "Open" {
+			fmt.Fprintf(&b, " mode=%#o", r.File.Mode)
+		}
+	}
+	if r.Target != nil {
+		fmt.Fprintf(&b, " to=%s", esc(r.Target.Path))
 	}
 	if d := r.Dst; d != nil {
 		switch {

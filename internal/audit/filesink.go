@@ -132,6 +132,11 @@ func (s *FileSink) rotate() error {
 // Sync fsyncs the file.
 func (s *FileSink) Sync() error { return s.f.Sync() }
 
+// syncer is the active file, for an fsync outside the trail's lock (a
+// rotation after it syncs and closes that file itself; a Sync on a closed
+// file fails harmlessly).
+func (s *FileSink) syncer() *os.File { return s.f }
+
 // Close syncs and closes the file, and gives the reserve back.
 func (s *FileSink) Close() error {
 	s.closeReserve()

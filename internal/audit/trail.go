@@ -115,10 +115,14 @@ func (t *Trail) loop() {
 			t.retryFullLocked()
 			t.mu.Unlock()
 		case <-sync.C:
+			// The fsync runs outside the lock: a slow disk must not stall
+			// the receiver (it would stop reading the sandbox's socket, and
+			// gVisor drops what it cannot write after its retries).
 			t.mu.Lock()
 			t.flushLocked()
-			t.file.Sync()
+			f := t.file.syncer()
 			t.mu.Unlock()
+			f.Sync()
 		}
 	}
 }

@@ -190,6 +190,15 @@ func (b *builder) add(r *audit.Record) {
 	case r.Event == "sentry/task_exit":
 		if p := b.procs[r.Process.PID]; p != nil {
 			p.ExitCode, p.Signal = r.Process.ExitSts, r.Process.ExitSignal
+			if n := r.Process.Name; n != "" && n != p.Name {
+				// Its name at exit says what it was: for a fork that ran
+				// without exec (a shell's applet or subshell), whose argv
+				// is its parent's, and for a multi-call binary.
+				p.Name = n
+				if p.Exe == "" {
+					p.Argv = nil
+				}
+			}
 			delete(b.procs, r.Process.PID)
 		}
 	case r.ClassUID == audit.ClassFileSystem:
@@ -296,6 +305,9 @@ func (b *builder) file(r *audit.Record, t time.Time) {
 			b.refusal(item, strings.TrimPrefix(r.Event, "syscall/")+" "+r.File.Path+": "+errnoText(r.Errno))
 		}
 		return
+	}
+	if strings.HasPrefix(r.File.Path, "/dev/") || strings.HasPrefix(r.File.Path, "/proc/") {
+		return // a redirect to /dev/null or a write to /proc changes no file
 	}
 	fc := FileChange{Time: t, Path: r.File.Path, PID: item.PID}
 	if r.Process != nil {

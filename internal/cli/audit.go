@@ -411,7 +411,7 @@ func auditReport(c *cli.Context) error {
 	}
 	var chosen *audit.TrailFiles
 	var recs []*audit.Record
-	var latest string
+	var latest time.Time
 	for i := range trails {
 		t := &trails[i]
 		if sandbox != "" && t.Sandbox != sandbox {
@@ -422,10 +422,15 @@ func auditReport(c *cli.Context) error {
 			return cli.Exit(err, 2)
 		}
 		if pod != "" {
-			if len(rs) == 0 || rs[0].PodNamespace+"/"+rs[0].PodName != pod || rs[0].Time < latest {
+			if len(rs) == 0 || rs[0].PodNamespace+"/"+rs[0].PodName != pod {
 				continue
 			}
-			latest = rs[0].Time
+			// The pod's latest sandbox: the one whose trail began last.
+			began, _ := time.Parse(time.RFC3339Nano, rs[0].Time)
+			if chosen != nil && began.Before(latest) {
+				continue
+			}
+			latest = began
 		}
 		chosen, recs = t, rs
 	}

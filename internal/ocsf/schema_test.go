@@ -73,9 +73,9 @@ func TestValidateBasics(t *testing.T) {
 		`[]`:                  "not a JSON object",
 		`{"class_uid":"0"}`:   "class_uid: missing or not an integer",
 		`{"class_uid":77777}`: "not a class",
-		strings.Replace(ok, `"time":1`, `"time":1.5`, 1):                  "time: must be an integer",
-		strings.Replace(ok, `"product":{"name":"x"}`, `"product":{}`, 1): "metadata.product",
-		strings.Replace(ok, `"version":"1.9.0-dev"`, `"version":"1.0.0"`, 1): "metadata.version",
+		strings.Replace(ok, `"time":1`, `"time":1.5`, 1):                                                     "time: must be an integer",
+		strings.Replace(ok, `"product":{"name":"x"}`, `"product":{}`, 1):                                     "metadata.product",
+		strings.Replace(ok, `"version":"1.9.0-dev"`, `"version":"1.0.0"`, 1):                                 "metadata.version",
 		strings.Replace(ok, `"severity_id":1`, `"severity_id":1,"device":{"type_id":1,"ip":"not-an-ip"}`, 1): "profile",
 	} {
 		p := s.ValidateJSON([]byte(in))

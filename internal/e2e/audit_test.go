@@ -347,6 +347,7 @@ spool_dir = %q
 			t.Fatalf("%s: the endpoint got %d of %d records (or out of order)", id, len(have), len(want))
 		}
 	}
+	checkOCSF(t, filepath.Join(dir, "audit"))
 }
 
 // TestAuditFailClosed: when the audit trail cannot be written or the

@@ -159,6 +159,7 @@ func TestHostileAuditFlood(t *testing.T) {
 	if strings.HasPrefix(fr.stdout, "FAIL") {
 		t.Errorf("the flooder's chain must stay intact: %v", fr)
 	}
+	checkOCSF(t, fsDir)
 
 	// Filled by something else, the filesystem cannot hold a new trail's
 	// reserve beyond what is kept free: the sandbox does not start.

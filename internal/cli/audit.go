@@ -130,9 +130,9 @@ func parseClass(s string) (int, error) {
 	case "process":
 		return audit.ClassProcess, nil
 	case "network":
-		return audit.ClassNetwork, nil
+		return classNetworkAny, nil
 	case "agentbox", "base":
-		return audit.ClassBase, nil
+		return classAgentbox, nil
 	}
 	var n int
 	if _, err := fmt.Sscanf(s, "%d", &n); err != nil {
@@ -141,8 +141,25 @@ func parseClass(s string) (int, error) {
 	return n, nil
 }
 
+// Filters wider than one class: network is the Network Activity
+// category (connections, HTTP, DNS); agentbox is every record the shim
+// writes of its own, whatever its class.
+const (
+	classNetworkAny = -2
+	classAgentbox   = -3
+)
+
 func (f tailFilter) match(r *audit.Record) bool {
-	if f.class >= 0 && r.ClassUID != f.class {
+	switch {
+	case f.class == classNetworkAny:
+		if r.ClassUID/1000 != 4 {
+			return false
+		}
+	case f.class == classAgentbox:
+		if !strings.HasPrefix(r.Event, "agentbox/") {
+			return false
+		}
+	case f.class >= 0 && r.ClassUID != f.class:
 		return false
 	}
 	if f.role != "" && r.Role != f.role {

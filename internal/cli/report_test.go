@@ -95,3 +95,31 @@ func writeTrailAt(t *testing.T, dir, sandbox, ns, pod string, at time.Time) {
 	lines[0] = bytes.Replace(lines[0], old, []byte(`"time_dt":"`+at.UTC().Format(time.RFC3339Nano)+`"`), 1)
 	os.WriteFile(p, bytes.Join(lines, nil), 0o640)
 }
+
+// --class agentbox is every record of the shim's own, whatever its OCSF
+// class; network is the whole Network Activity category.
+func TestTailClassFilter(t *testing.T) {
+	own := audit.TypeDNSRefused.New("Failure", "x", nil)
+	conn := audit.NewRecord(time.Now(), audit.ClassNetwork, 1, "Open", "syscall/connect")
+	open := audit.NewRecord(time.Now(), audit.ClassFileSystem, 14, "Open", "syscall/openat")
+	for _, tc := range []struct {
+		class string
+		want  [3]bool // own, conn, open
+	}{
+		{"agentbox", [3]bool{true, false, false}},
+		{"network", [3]bool{true, true, false}},
+		{"file", [3]bool{false, false, true}},
+		{"4003", [3]bool{true, false, false}},
+		{"", [3]bool{true, true, true}},
+	} {
+		c, err := parseClass(tc.class)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := tailFilter{class: c}
+		got := [3]bool{f.match(own), f.match(conn), f.match(open)}
+		if got != tc.want {
+			t.Errorf("--class %q: %v, want %v", tc.class, got, tc.want)
+		}
+	}
+}

@@ -58,17 +58,19 @@ type wireRecord struct {
 		Counts       map[string]uint64 `json:"counts"`
 		Detail       map[string]string `json:"detail"`
 	} `json:"unmapped"`
-	Attestations []struct {
-		ChainUID  string `json:"chain_uid"`
-		PrevEvent *struct {
-			Fingerprint struct {
-				Value string `json:"value"`
-			} `json:"fingerprint"`
-		} `json:"prev_event"`
+	Attestations []wireAttestation `json:"attestation_list"`
+}
+
+// wireAttestation is what a record's attestation says of the chain: the
+// chain and the previous record's fingerprint (a record's own fingerprint
+// is split off the line before it is parsed).
+type wireAttestation struct {
+	ChainUID  string `json:"chain_uid"`
+	PrevEvent *struct {
 		Fingerprint struct {
 			Value string `json:"value"`
 		} `json:"fingerprint"`
-	} `json:"attestation_list"`
+	} `json:"prev_event"`
 }
 
 type wireProcess struct {
@@ -195,7 +197,6 @@ type chainFields struct {
 	body     []byte
 	hash     string
 	seq      uint64
-	hasSeq   bool
 	prev     string
 	sandbox  string
 	event    string
@@ -223,20 +224,13 @@ func splitChain(line []byte) chainFields {
 			Unmapped struct {
 				Counts map[string]uint64 `json:"counts"`
 			} `json:"unmapped"`
-			Attestations []struct {
-				ChainUID  string `json:"chain_uid"`
-				PrevEvent *struct {
-					Fingerprint struct {
-						Value string `json:"value"`
-					} `json:"fingerprint"`
-				} `json:"prev_event"`
-			} `json:"attestation_list"`
+			Attestations []wireAttestation `json:"attestation_list"`
 		}
 		if err := json.Unmarshal(c.body, &w); err != nil || w.Metadata.Sequence == nil || len(w.Attestations) != 1 {
 			c.badShape = "not an audit record: the record was modified"
 			return c
 		}
-		c.seq, c.hasSeq = *w.Metadata.Sequence, true
+		c.seq = *w.Metadata.Sequence
 		c.sandbox, c.event, c.counts = w.Attestations[0].ChainUID, w.Metadata.EventCode, w.Unmapped.Counts
 		if pe := w.Attestations[0].PrevEvent; pe != nil {
 			c.prev = pe.Fingerprint.Value
@@ -261,6 +255,6 @@ func splitChain(line []byte) chainFields {
 		c.badShape = "not an audit record: the record was modified"
 		return c
 	}
-	c.seq, c.hasSeq, c.prev, c.sandbox, c.event, c.counts = *r.Seq, true, *r.PrevHash, r.Sandbox, r.Event, r.Counts
+	c.seq, c.prev, c.sandbox, c.event, c.counts = *r.Seq, *r.PrevHash, r.Sandbox, r.Event, r.Counts
 	return c
 }

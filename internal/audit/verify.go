@@ -77,47 +77,40 @@ func (v *Verifier) Line(file string, line []byte) {
 		v.fail(c.seq, "%s:%d: seq %d: content does not match its hash: the record was modified", file, v.lineNo, c.seq)
 		return
 	}
-	r := struct {
-		Seq      *uint64
-		PrevHash *string
-		Sandbox  string
-		Event    string
-		Counts   map[string]uint64
-	}{&c.seq, &c.prev, c.sandbox, c.event, c.counts}
 	if v.res.Sandbox == "" {
-		v.res.Sandbox = r.Sandbox
-	} else if r.Sandbox != v.res.Sandbox {
-		v.fail(*r.Seq, "%s:%d: seq %d belongs to sandbox %q, not %q: records were inserted", file, v.lineNo, *r.Seq, r.Sandbox, v.res.Sandbox)
+		v.res.Sandbox = c.sandbox
+	} else if c.sandbox != v.res.Sandbox {
+		v.fail(c.seq, "%s:%d: seq %d belongs to sandbox %q, not %q: records were inserted", file, v.lineNo, c.seq, c.sandbox, v.res.Sandbox)
 		return
 	}
 	want := v.seq + 1
 	switch {
 	case v.res.Ended:
-		v.fail(*r.Seq, "%s:%d: seq %d follows the sandbox's end record: records were appended", file, v.lineNo, *r.Seq)
+		v.fail(c.seq, "%s:%d: seq %d follows the sandbox's end record: records were appended", file, v.lineNo, c.seq)
 		return
-	case *r.Seq > want:
+	case c.seq > want:
 		what := "deleted"
 		if want == 1 {
 			what = "deleted from the start (or the first segments are missing)"
 		}
-		v.fail(want, "%s:%d: seq %d where %d was expected: records %d..%d were %s", file, v.lineNo, *r.Seq, want, want, *r.Seq-1, what)
+		v.fail(want, "%s:%d: seq %d where %d was expected: records %d..%d were %s", file, v.lineNo, c.seq, want, want, c.seq-1, what)
 		return
-	case *r.Seq < want:
-		v.fail(*r.Seq, "%s:%d: seq %d where %d was expected: records were reordered or inserted", file, v.lineNo, *r.Seq, want)
+	case c.seq < want:
+		v.fail(c.seq, "%s:%d: seq %d where %d was expected: records were reordered or inserted", file, v.lineNo, c.seq, want)
 		return
-	case *r.PrevHash != v.prev:
-		v.fail(*r.Seq, "%s:%d: seq %d does not link to the record before it: records were inserted or replaced", file, v.lineNo, *r.Seq)
+	case c.prev != v.prev:
+		v.fail(c.seq, "%s:%d: seq %d does not link to the record before it: records were inserted or replaced", file, v.lineNo, c.seq)
 		return
 	}
-	v.seq, v.prev = *r.Seq, c.hash
+	v.seq, v.prev = c.seq, c.hash
 	v.res.Records++
-	if r.Event == EventGap {
+	if c.event == EventGap {
 		v.res.Gaps++
-		for _, n := range r.Counts {
+		for _, n := range c.counts {
 			v.res.Unrecorded += n
 		}
 	}
-	if r.Event == EventSandboxEnd {
+	if c.event == EventSandboxEnd {
 		v.res.Ended = true
 	}
 }

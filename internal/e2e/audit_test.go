@@ -265,23 +265,22 @@ func TestAuditRefusalRecorded(t *testing.T) {
 	}
 }
 
-// TestAuditWebhookOutage: with a webhook configured, the shim ships every
-// record. The endpoint is down while a first container runs (its shim
-// exits with the records still spooled), then comes back; the next shim
-// delivers the spool left behind along with its own records. Every record
-// of both trails arrives, in order.
-func TestAuditWebhookOutage(t *testing.T) {
-	requireEnv(t)
-	expectNoLeaks(t, dev)
-	// Reserve a loopback port, and leave it closed: the endpoint is down.
+// webhookDown reserves a loopback port and leaves it closed (the endpoint
+// is down), and writes a shim config in dir whose webhook sink (format
+// "" or "otlp") posts to that port's path, auditing to dir/audit and
+// spooling to dir/spool.
+func webhookDown(t *testing.T, dir, path, format string) (addr, cfg string) {
+	t.Helper()
 	probe, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := probe.Addr().String()
+	addr = probe.Addr().String()
 	probe.Close()
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.toml")
+	if format != "" {
+		format = fmt.Sprintf("format = %q\n", format)
+	}
+	cfg = filepath.Join(dir, "config.toml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`version = 1
 [runsc]
 binary = %q
@@ -291,9 +290,22 @@ handler = "agentbox"
 [audit]
 dir = %q
 [audit.webhook]
-url = "http://%s/ingest"
-spool_dir = %q
-`, filepath.Join(cacheDir(), "bin", "runsc"), filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"), addr, filepath.Join(dir, "spool"))), 0o644)
+url = "http://%s%s"
+%sspool_dir = %q
+`, filepath.Join(cacheDir(), "bin", "runsc"), filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"), addr, path, format, filepath.Join(dir, "spool"))), 0o644)
+	return addr, cfg
+}
+
+// TestAuditWebhookOutage: with a webhook configured, the shim ships every
+// record. The endpoint is down while a first container runs (its shim
+// exits with the records still spooled), then comes back; the next shim
+// delivers the spool left behind along with its own records. Every record
+// of both trails arrives, in order.
+func TestAuditWebhookOutage(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	dir := t.TempDir()
+	addr, cfg := webhookDown(t, dir, "/ingest", "")
 
 	first := uniqueID("hook1")
 	if r := dev.runAgent(t, first, []string{"--runtime-config-path", cfg}, "cat", "/etc/passwd"); r.code != 0 {

@@ -5,7 +5,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,27 +30,8 @@ func TestAuditOTLPCollector(t *testing.T) {
 	if _, err := os.Stat(col); err != nil {
 		t.Fatalf("%s: %v (hack/setup.sh builds it)", col, err)
 	}
-	probe, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := probe.Addr().String()
-	probe.Close()
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.toml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`version = 1
-[runsc]
-binary = %q
-[policy]
-dir = %q
-handler = "agentbox"
-[audit]
-dir = %q
-[audit.webhook]
-url = "http://%s/v1/logs"
-format = "otlp"
-spool_dir = %q
-`, filepath.Join(cacheDir(), "bin", "runsc"), filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"), addr, filepath.Join(dir, "spool"))), 0o644)
+	addr, cfg := webhookDown(t, dir, "/v1/logs", "otlp")
 
 	first := uniqueID("otlp1")
 	if r := dev.runAgent(t, first, []string{"--runtime-config-path", cfg}, "cat", "/etc/passwd"); r.code != 0 {

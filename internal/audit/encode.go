@@ -189,6 +189,12 @@ func (r *Record) appendOCSF(b []byte) []byte {
 		e.close()
 	} else {
 		e.str("app_name", "agentbox")
+		if uid := r.Detail["requested_by_uid"]; uid != "" && r.ClassUID == ClassRemediation {
+			// The admin who asked, as the kernel named the peer.
+			e.open("user")
+			e.str("uid", uid)
+			e.close()
+		}
 	}
 	e.close()
 	if aiOperationCategories[ci.categoryUID] {
@@ -491,6 +497,9 @@ func (r *Record) encodeClass(e *enc) {
 		e.str("uid", eventUID(r.Sandbox, r.Seq))
 		e.str("title", orUnknown(r.Message))
 		e.close()
+	case ClassRemediation:
+		// The request's id, as the shim that applied it numbered it.
+		e.str("command_uid", orUnknown(r.Detail["command_uid"]))
 	case ClassAppLifecycle:
 		e.open("app")
 		e.str("name", "agentbox sandbox")

@@ -31,6 +31,7 @@ func corpus(t *testing.T) []byte {
 		"agentbox/egress_refused":       {"sni": "evil.example", "reason": "no rule allows evil.example", "egress": "deny"},
 		"agentbox/exec":                 {"exec_id": "e1"},
 		"agentbox/limit":                {"limit": "wall_clock"},
+		"agentbox/quarantined":          {"command_uid": "sb1/q1", "reason": "exfiltration", "requested_by_uid": "0"},
 	}
 	var recs, end []*Record
 	for _, rt := range Catalog {

@@ -30,6 +30,7 @@ const (
 	ClassHTTP             = 4002 // HTTP Activity: the egress gateway's requests
 	ClassDNS              = 4003 // DNS Activity: the pod resolver's decisions
 	ClassAppLifecycle     = 6002 // Application Lifecycle: the sandbox and its containers
+	ClassRemediation      = 7001 // Remediation Activity: an admin's quarantine, freeze or stop
 )
 
 type classInfo struct {
@@ -48,6 +49,7 @@ var classes = map[int]classInfo{
 	ClassHTTP:             {"HTTP Activity", "Network Activity", 4},
 	ClassDNS:              {"DNS Activity", "Network Activity", 4},
 	ClassAppLifecycle:     {"Application Lifecycle", "Application Activity", 6},
+	ClassRemediation:      {"Remediation Activity", "Remediation", 7},
 }
 
 // Severities (severity_id) agentbox uses.

@@ -64,6 +64,11 @@ var (
 	TypeAnomaly          = RecordType{"agentbox/anomaly", ClassDetectionFinding, 1, "Create", medium, "a malformed, oversized or out-of-order message from the sandbox"}
 	TypePolicySnapshot   = RecordType{"agentbox/policy_snapshot", ClassAppLifecycle, 8, "Update", info, "a node's trail: the cluster's policy objects became the node's snapshot, with the old and new digest and what changed"}
 	TypePolicyRefused    = RecordType{"agentbox/policy_refused", ClassAppLifecycle, 8, "Update", low, "a node's trail: the newest set of policy objects does not load, and the node keeps its snapshot"}
+	TypeQuarantined      = RecordType{"agentbox/quarantined", ClassRemediation, 1, "Isolate", medium, "an admin cut the sandbox's egress (agentbox sandbox quarantine): the reason, who asked, the egress before and after, what was cut"}
+	TypeReleased         = RecordType{"agentbox/released", ClassRemediation, 3, "Restore", info, "a quarantine lifted: the role's egress rules back, who asked"}
+	TypeFrozen           = RecordType{"agentbox/frozen", ClassRemediation, 1, "Isolate", medium, "an admin paused the whole sandbox (agentbox sandbox freeze), or a failed quarantine froze it: the reason, who asked"}
+	TypeThawed           = RecordType{"agentbox/thawed", ClassRemediation, 3, "Restore", info, "a frozen sandbox resumed, with how long it was frozen"}
+	TypeStopped          = RecordType{"agentbox/stopped", ClassRemediation, 2, "Evict", medium, "an admin stopped the sandbox (agentbox sandbox stop), or a failed quarantine did: every container killed, the reason, who asked"}
 	TypeGap              = RecordType{EventGap, ClassEventLog, 99, "Gap", medium, "events that were not recorded, by reason"}
 	TypeSandboxEnd       = RecordType{EventSandboxEnd, ClassEventLog, 7, "Stop", info, "the trail's last record, with its totals"}
 )
@@ -74,7 +79,8 @@ var Catalog = []RecordType{
 	TypeContainerCreated, TypeContainerFailed, TypeContainerStart, TypeExec, TypeExecRefused, TypeExecStart,
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
-	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused, TypeGap, TypeSandboxEnd,
+	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
+	TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeStopped, TypeGap, TypeSandboxEnd,
 }
 
 // typeByName finds a record type by its name.

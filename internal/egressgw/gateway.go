@@ -136,6 +136,9 @@ type Gateway struct {
 	conns  map[net.Conn]struct{}
 	fronts []*httpFront
 	closed bool
+	// suspended, when set, is why every connection is refused
+	// (Suspend).
+	suspended string
 }
 
 // fronts of one port: plain HTTP, and HTTPS the gateway terminated.
@@ -292,6 +295,33 @@ func (g *Gateway) Close() error {
 	return nil
 }
 
+// Suspend refuses every connection from now on, for reason, and closes
+// those open (a download through the gateway stops at once), until Resume.
+// It returns how many it closed.
+func (g *Gateway) Suspend(reason string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.suspended = reason
+	for c := range g.conns {
+		c.Close()
+	}
+	return len(g.conns)
+}
+
+// Resume decides connections by the rules again.
+func (g *Gateway) Resume() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.suspended = ""
+}
+
+// suspendedFor is why connections are refused ("" when they are not).
+func (g *Gateway) suspendedFor() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.suspended
+}
+
 func addrPort(a net.Addr) netip.AddrPort {
 	if t, ok := a.(*net.TCPAddr); ok {
 		return t.AddrPort()
@@ -306,6 +336,10 @@ func addrPort(a net.Addr) netip.AddrPort {
 func (g *Gateway) handle(c net.Conn, port int, front portFronts) {
 	ev := Event{Client: addrPort(c.RemoteAddr()), Port: port}
 	start := time.Now()
+	if why := g.suspendedFor(); why != "" {
+		g.refuse(c, &ev, start, "the gateway is suspended: "+why)
+		return
+	}
 	br := bufio.NewReaderSize(c, MaxHello+64)
 	c.SetReadDeadline(start.Add(g.cfg.HelloTimeout))
 	first, err := br.Peek(1)

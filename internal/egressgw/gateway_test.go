@@ -386,3 +386,50 @@ func TestHTTPHalfClose(t *testing.T) {
 		t.Fatalf("response: %q", b)
 	}
 }
+
+// Suspended, the gateway closes a download in progress and refuses new
+// connections, with the reason; resumed, the rules decide again.
+func TestSuspendAndResume(t *testing.T) {
+	f := newFixture(t, false, Config{})
+	// A kept-alive connection that has made one request.
+	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /1 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	f.event(t)
+	if n := f.gw.Suspend("quarantined: exfiltration"); n != 1 {
+		t.Fatalf("suspend closed %d connections, want 1", n)
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	io.WriteString(c, "GET /2 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	if _, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatal("the open connection still carries requests")
+	}
+	got := f.rawHTTP(t, "GET /3 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	if len(got) != 1 || !strings.HasPrefix(got[0], "read:") && !strings.HasPrefix(got[0], "write:") {
+		t.Fatalf("a new connection while suspended: %q", got)
+	}
+	for e := f.event(t); ; e = f.event(t) {
+		if e.Kind == Refused {
+			if !strings.Contains(e.Reason, "suspended: quarantined: exfiltration") {
+				t.Fatalf("refusal %+v", e)
+			}
+			break
+		}
+	}
+	if f.site.count("a.test") != 1 {
+		t.Fatalf("the site saw %d requests, want 1", f.site.count("a.test"))
+	}
+	f.gw.Resume()
+	if got := f.rawHTTP(t, "GET /4 HTTP/1.1\r\nHost: a.test\r\n\r\n"); len(got) != 1 || !strings.HasPrefix(got[0], "200 site=a.test") {
+		t.Fatalf("after resume: %q", got)
+	}
+}

@@ -83,3 +83,21 @@ func Counters(netns string) (map[string]Counter, error) {
 	}
 	return ParseCounters(out), nil
 }
+
+// Quarantine replaces the rules in netns with QuarantineRuleset(ifaces),
+// in one transaction.
+func Quarantine(netns string, ifaces ...string) error {
+	if _, err := hostexec.InNetns(netns, QuarantineRuleset(ifaces), "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("quarantine %s: %w", netns, err)
+	}
+	return nil
+}
+
+// Restore loads the plan's rules on iface again, replacing a quarantine in
+// one transaction.
+func Restore(netns string, pl *Plan, iface string) error {
+	if _, err := hostexec.InNetns(netns, pl.Ruleset(iface), "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("restore egress rules in %s: %w", netns, err)
+	}
+	return nil
+}

@@ -297,8 +297,28 @@ func (pl *Plan) Ruleset(iface string) string {
 	return b.String()
 }
 
+// QuarantineRuleset renders what a quarantined pod's namespace holds: on
+// each of ifaces (the pod's interface, and the resolver's link when it has
+// one) every packet the sandbox sends is dropped, counted and logged, ARP
+// included. Like Ruleset it replaces the table in one transaction, so there
+// is no moment with neither the role's rules nor these.
+func QuarantineRuleset(ifaces []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table netdev %s\ndelete table netdev %s\n", Table, Table)
+	fmt.Fprintf(&b, "table netdev %s {\n", Table)
+	for i, iface := range ifaces {
+		fmt.Fprintf(&b, "\tchain quarantine%d {\n", i)
+		fmt.Fprintf(&b, "\t\ttype filter hook egress device %q priority 0; policy drop;\n", iface)
+		writeDrop(&b, "", RuleQuarantine, RuleQuarantine)
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
 // Rule names Decide reports besides allow rules.
 const (
+	RuleQuarantine    = "quarantine"
 	RuleDefaultDeny   = "default deny"
 	RuleMetadata      = "metadata address"
 	RuleOtherResolver = "dns to another resolver"

@@ -253,3 +253,20 @@ func TestCompileInspected(t *testing.T) {
 		t.Fatalf("an inject no rule allows: %v", err)
 	}
 }
+
+func TestQuarantineRuleset(t *testing.T) {
+	rs := QuarantineRuleset([]string{"eth0", "agentbox-dns"})
+	for _, want := range []string{
+		"table netdev agentbox\ndelete table netdev agentbox\n",
+		"chain quarantine0 {\n\t\ttype filter hook egress device \"eth0\" priority 0; policy drop;",
+		"chain quarantine1 {\n\t\ttype filter hook egress device \"agentbox-dns\" priority 0; policy drop;",
+		"counter drop comment \"quarantine\"",
+	} {
+		if !strings.Contains(rs, want) {
+			t.Errorf("ruleset lacks %q:\n%s", want, rs)
+		}
+	}
+	if strings.Contains(rs, "accept") {
+		t.Errorf("a quarantine accepts something:\n%s", rs)
+	}
+}

@@ -119,6 +119,44 @@ func TestDenialLogInANamespace(t *testing.T) {
 	if err != nil || counters["default deny"].Packets == 0 || counters["metadata"].Packets == 0 || counters[RuleOtherResolver].Packets == 0 {
 		t.Errorf("counters %v %v", counters, err)
 	}
+
+	// Quarantined, the allowed destination is dropped too, and logged as
+	// the quarantine; restored, it passes again and the log is quiet.
+	if err := Quarantine(path, "d0"); err != nil {
+		t.Fatal(err)
+	}
+	log, err = OpenDenialLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	quarantined := make(chan Denial, 16)
+	log.Start(func(d Denial) { quarantined <- d }, func(int) {})
+	send("udp", "10.99.0.2:443")
+	select {
+	case d := <-quarantined:
+		if d.Rule != RuleQuarantine || d.Dst.Port() != 443 {
+			t.Errorf("quarantine logged %v", d)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a packet to the allowed destination was not dropped under quarantine")
+	}
+	if c, err := Counters(path); err != nil || c[RuleQuarantine].Packets == 0 || c["default deny"].Packets != 0 {
+		t.Errorf("quarantine counters %v %v", c, err)
+	}
+	if err := Restore(path, pl, "d0"); err != nil {
+		t.Fatal(err)
+	}
+	send("udp", "10.99.0.2:443")
+	send("udp", "10.99.0.2:9")
+	select {
+	case d := <-quarantined:
+		if d.Rule != RuleDefaultDeny || d.Dst.Port() != 9 {
+			t.Errorf("after restore, logged %v; want only the default deny of port 9", d)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the restored rules log nothing")
+	}
 }
 
 func TestDeduper(t *testing.T) {

@@ -1,0 +1,122 @@
+// Package control is the node-local control path to running sandboxes: each
+// sandbox's shim serves a unix socket (mode 0600, in a directory of mode
+// 0700) on which root, and only root, asks it what it runs and tells it to
+// quarantine, release, freeze, thaw or stop the sandbox. The peer is
+// checked with SO_PEERCRED on every connection, whatever the file modes
+// say. A sandbox cannot reach the socket: runsc gives it no host unix
+// sockets (host-uds is refused in the shim config) and no mount of the
+// node's /run.
+//
+// One request per connection: a JSON object on one line, answered by one.
+package control
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// The operations a request names.
+const (
+	OpInfo       = "info"
+	OpQuarantine = "quarantine"
+	OpRelease    = "release"
+	OpFreeze     = "freeze"
+	OpThaw       = "thaw"
+	OpStop       = "stop"
+)
+
+// MaxReason bounds a request's reason (it goes into the trail).
+const MaxReason = 1024
+
+// maxRequest bounds what a server reads of a request.
+const maxRequest = 16 << 10
+
+// Request is what an admin asks of a sandbox.
+type Request struct {
+	Op string `json:"op"`
+	// Reason is why (required for quarantine, freeze and stop).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Validate names the field a request gets wrong.
+func (r Request) Validate() error {
+	switch r.Op {
+	case OpInfo, OpRelease, OpThaw:
+	case OpQuarantine, OpFreeze, OpStop:
+		if strings.TrimSpace(r.Reason) == "" {
+			return fmt.Errorf("reason: %s needs a reason (it goes into the sandbox's trail)", r.Op)
+		}
+	case "":
+		return errors.New("op: missing")
+	default:
+		return fmt.Errorf("op: %q is not one of info, quarantine, release, freeze, thaw, stop", r.Op)
+	}
+	if len(r.Reason) > MaxReason {
+		return fmt.Errorf("reason: %d bytes, at most %d", len(r.Reason), MaxReason)
+	}
+	for _, c := range r.Reason {
+		if unicode.IsControl(c) {
+			return fmt.Errorf("reason: control character %q", c)
+		}
+	}
+	return nil
+}
+
+// Peer is who connected, as the kernel says (SO_PEERCRED).
+type Peer struct {
+	UID uint32 `json:"uid"`
+	PID int32  `json:"pid"`
+}
+
+// Sandbox is what a shim says of one sandbox.
+type Sandbox struct {
+	ID string `json:"id"`
+	// Namespace is the containerd namespace; Pod is NAMESPACE/NAME for a
+	// Kubernetes pod ("" otherwise).
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod,omitempty"`
+	Role      string `json:"role"`
+	// StartDigest is the policy digest the sandbox started under;
+	// LiveDigest the one it runs under now.
+	StartDigest string `json:"start_digest"`
+	LiveDigest  string `json:"live_digest"`
+	// Egress is the role's egress mode; EgressNow what holds now ("none
+	// (quarantined)" while quarantined).
+	Egress    string `json:"egress"`
+	EgressNow string `json:"egress_now"`
+	// State is running, frozen or stopping; Quarantined says whether its
+	// egress is cut, and why.
+	State            string    `json:"state"`
+	Quarantined      bool      `json:"quarantined"`
+	QuarantineReason string    `json:"quarantine_reason,omitempty"`
+	Containers       []string  `json:"containers"`
+	Trail            string    `json:"trail"`
+	Started          time.Time `json:"started"`
+	// WallClockLeft is what is left of the role's wall-clock limit
+	// ("" without one).
+	WallClockLeft string `json:"wall_clock_left,omitempty"`
+}
+
+// Response answers a request.
+type Response struct {
+	OK      bool     `json:"ok"`
+	Error   string   `json:"error,omitempty"`
+	Message string   `json:"message,omitempty"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	// Micros is how long the shim took to apply the request.
+	Micros int64 `json:"micros,omitempty"`
+}
+
+// SocketPath is the control socket of sandbox id under the containerd
+// instance at containerdAddress: short, since unix socket paths are, and
+// distinct per instance.
+func SocketPath(dir, containerdAddress, id string) string {
+	sum := sha256.Sum256([]byte(containerdAddress + "\x00" + id))
+	return filepath.Join(dir, hex.EncodeToString(sum[:8])+".sock")
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 	"sync"
 
 	"github.com/BurntSushi/toml"
@@ -175,7 +176,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 			return err
 		}
 		plan.phases.mark("resolve_trail")
-		plan.sandbox = &sandboxState{id: r.ID, claims: plan.claims, audit: &sandboxAudit{trail: trail}}
+		plan.sandbox = &sandboxState{id: r.ID, claims: plan.claims, audit: &sandboxAudit{trail: trail}, started: time.Now()}
 		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status) })
 		if plan.policies, err = s.policies.Load(cfg.Policy.Dir); err != nil {
 			return errkind.InvalidArgument(err)

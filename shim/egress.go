@@ -40,7 +40,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 	if iface == "" {
 		return nil
 	}
-	if err := sb.setEgress(ns); err != nil {
+	if err := sb.setEgress(ns, iface, pl); err != nil {
 		netpolicy.Remove(ns)
 		return err
 	}

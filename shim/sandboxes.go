@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
@@ -28,7 +29,18 @@ type sandboxState struct {
 	inCRI      bool
 	podUID     string
 	containers []string
-	timer      *time.Timer
+	// started is when the sandbox was created.
+	started time.Time
+	// timer fires at deadline, the wall-clock limit; while the sandbox
+	// is frozen it is stopped and left holds what remained. Protected by
+	// the registry's mu.
+	timer    *time.Timer
+	deadline time.Time
+	left     time.Duration
+	// ctl is the sandbox's control socket; resp what an admin's
+	// responses (quarantine, freeze) hold now.
+	ctl  *control.Server
+	resp response
 	// expired is set when the wall-clock limit stopped the sandbox;
 	// oomKills counts the OOM kills gVisor reported for its cgroup.
 	// Protected by the registry's mu.
@@ -46,6 +58,10 @@ type sandboxState struct {
 	// removes them. Guarded by egressMu.
 	netns     string
 	netnsFile *os.File
+	// iface is the pod's interface the rules are on, plan the rules
+	// (a release loads them again). Guarded by egressMu.
+	iface string
+	plan  *netpolicy.Plan
 	// resolver is the pod's DNS resolver (allowlist egress). Guarded by
 	// egressMu.
 	resolver *dnsproxy.Resolver
@@ -83,16 +99,16 @@ func (sb *sandboxState) heldNetnsLocked() string {
 	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), sb.netnsFile.Fd())
 }
 
-// setEgress records the namespace the egress rules were loaded into and
-// holds it open.
-func (sb *sandboxState) setEgress(ns string) error {
+// setEgress records the namespace the plan's rules were loaded into, on
+// iface, and holds it open.
+func (sb *sandboxState) setEgress(ns, iface string, pl *netpolicy.Plan) error {
 	f, err := os.Open(ns)
 	if err != nil {
 		return fmt.Errorf("hold the pod's network namespace %s: %w", ns, err)
 	}
 	sb.egressMu.Lock()
 	defer sb.egressMu.Unlock()
-	sb.netns, sb.netnsFile = ns, f
+	sb.netns, sb.netnsFile, sb.iface, sb.plan = ns, f, iface, pl
 	return nil
 }
 
@@ -275,8 +291,48 @@ func (r *sandboxRegistry) armTimer(sandboxID string, fire func(string)) (time.Du
 		return 0, false
 	}
 	d := sb.profile.Limits.WallClock
+	sb.deadline = time.Now().Add(d)
 	sb.timer = time.AfterFunc(d, func() { fire(sandboxID) })
 	return d, true
+}
+
+// holdTimer stops a sandbox's wall clock while it is frozen: what remains
+// of it is kept for thawTimer. A clock that has run out stays run out.
+func (r *sandboxRegistry) holdTimer(sb *sandboxState) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb.timer == nil || sb.left > 0 {
+		return
+	}
+	if sb.timer.Stop() {
+		sb.left = max(time.Until(sb.deadline), time.Millisecond)
+	}
+}
+
+// thawTimer starts the wall clock again with what it had left.
+func (r *sandboxRegistry) thawTimer(sb *sandboxState, fire func(string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb.left <= 0 {
+		return
+	}
+	d := sb.left
+	sb.left, sb.deadline = 0, time.Now().Add(d)
+	sb.timer = time.AfterFunc(d, func() { fire(sb.id) })
+}
+
+// wallClockLeft is what remains of a sandbox's wall-clock limit (false:
+// it has none).
+func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case sb.timer == nil:
+		return 0, false
+	case sb.left > 0:
+		return sb.left, true
+	}
+	return max(time.Until(sb.deadline), 0), true
 }
 
 // containersOf lists a sandbox's containers.

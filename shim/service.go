@@ -174,6 +174,15 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			plan.unwind("audit session failed")
 			return nil, errgrpc.ToGRPC(err)
 		}
+		if err := s.startControl(plan.cfg, plan.sandbox); err != nil {
+			// A sandbox an admin could not respond to does not run.
+			err = fmt.Errorf("agentbox: container %s refused: %w", r.ID, err)
+			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
+			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
+			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
+			plan.unwind("control socket failed")
+			return nil, errgrpc.ToGRPC(err)
+		}
 		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
 		s.watchFull(plan.cfg, plan.sandbox)
@@ -299,7 +308,10 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 		}
 		ph.mark("release_mounts")
 		if sb, ok := s.sandboxes.sandbox(r.ID); ok {
-			// The sandbox root is gone: its rules go, its trail ends.
+			// The sandbox root is gone: its control socket, its rules go,
+			// its trail ends.
+			stopControl(sb)
+			ph.mark("stop_control")
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
@@ -338,8 +350,15 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 	return resp, errgrpc.ToGRPC(err)
 }
 
+// Kill forwards; a kill sent into a frozen sandbox thaws it, or no task
+// of it would run to die (containerd stopping a frozen pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
 	resp, err := s.next.Kill(ctx, r)
+	if err == nil && r.Signal == uint32(unix.SIGKILL) {
+		if sb, ok := s.sandboxes.of(r.ID); ok {
+			s.thawForKill(ctx, sb)
+		}
+	}
 	return resp, errgrpc.ToGRPC(err)
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
 func TestReadSmallFile(t *testing.T) {
@@ -91,7 +92,7 @@ func TestDeleteRacesExitPublication(t *testing.T) {
 	sb := &sandboxState{id: "sb", audit: &sandboxAudit{trail: trail}}
 	ns := filepath.Join(dir, "netns") // stands in for the pod's namespace
 	os.WriteFile(ns, nil, 0o644)
-	if err := sb.setEgress(ns); err != nil {
+	if err := sb.setEgress(ns, "eth0", &netpolicy.Plan{}); err != nil {
 		t.Fatal(err)
 	}
 	drops := 0

@@ -134,6 +134,13 @@ func (t *Trail) SetMeta(m Meta) {
 	t.meta = m
 }
 
+// Meta is what records are joined with.
+func (t *Trail) Meta() Meta {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.meta
+}
+
 // Emit joins r with the sandbox's metadata, seals it into the chain and
 // queues it. Records of the shim's own (urgent) are written at once, from
 // the reserve if need be. While the trail is full, Emit of a sandbox record

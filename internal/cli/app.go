@@ -32,6 +32,7 @@ func App() *cli.App {
 			policyCommand(),
 			auditCommand(),
 			syncCommand(),
+			sandboxCommand(),
 		}, installCommands()...),
 	}
 }

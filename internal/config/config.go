@@ -90,7 +90,14 @@ type Runsc struct {
 type Shim struct {
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
+	// ControlDir holds each running sandbox's control socket (agentbox
+	// sandbox list, quarantine, freeze, thaw, stop): root only.
+	ControlDir string `toml:"control_dir"`
 }
+
+// DefaultControlDir is where the sandboxes' control sockets are when the
+// config names no shim.control_dir.
+const DefaultControlDir = "/run/agentbox/control"
 
 // Policy configures where roles come from and which one applies when a
 // container claims none.
@@ -306,7 +313,7 @@ func Default() *Config {
 	return &Config{
 		Version: 1,
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
-		Shim:    Shim{LogLevel: "info"},
+		Shim:    Shim{LogLevel: "info", ControlDir: DefaultControlDir},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
 			Webhook:         Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512},
@@ -482,6 +489,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Policy.Handler != "" && !handlerName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
+	}
+	if d := c.Shim.ControlDir; !filepath.IsAbs(d) || filepath.Clean(d) != d || len(d) > 80 {
+		errs = append(errs, fmt.Errorf("shim.control_dir: %q must be a clean absolute path of at most 80 characters (unix socket paths are short)", d))
 	}
 	for k, v := range map[string]string{"audit.dir": c.Audit.Dir, "audit.socket_dir": c.Audit.SocketDir} {
 		if !filepath.IsAbs(v) {

@@ -30,11 +30,14 @@ func Call(path string, req Request, timeout time.Duration) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	if _, err := c.Write(append(b, '\n')); err != nil {
-		return Response{}, err
-	}
+	// A shim that refuses the peer answers before it reads: its answer,
+	// not the failed write, is what the caller needs.
+	_, werr := c.Write(append(b, '\n'))
 	line, err := bufio.NewReaderSize(c, 64<<10).ReadBytes('\n')
 	if err != nil && len(line) == 0 {
+		if werr != nil {
+			err = werr
+		}
 		return Response{}, fmt.Errorf("%s: no answer: %w", path, err)
 	}
 	var resp Response

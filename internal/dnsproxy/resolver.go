@@ -79,7 +79,29 @@ type Resolver struct {
 	conns map[net.Conn]bool
 	// rejected counts TCP connections closed for MaxTCPConns.
 	rejected atomic.Int64
+	// suspended: every question is dropped unanswered (Suspend).
+	suspended atomic.Bool
+	// dropped counts questions dropped while suspended.
+	dropped atomic.Int64
 }
+
+// Suspend makes the resolver answer nothing (a quarantined pod): every
+// question is dropped, counted, and open TCP connections are closed. Resume
+// undoes it.
+func (r *Resolver) Suspend() {
+	r.suspended.Store(true)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		c.Close()
+	}
+}
+
+// Resume answers questions again.
+func (r *Resolver) Resume() { r.suspended.Store(false) }
+
+// Dropped is how many questions were dropped while suspended.
+func (r *Resolver) Dropped() int64 { return r.dropped.Load() }
 
 // Rejected is how many TCP connections were closed at once because the
 // pod held MaxTCPConns already.
@@ -268,6 +290,10 @@ func (r *Resolver) serveUDP() {
 			}
 			continue
 		}
+		if r.suspended.Load() {
+			r.dropped.Add(1)
+			continue
+		}
 		q := append([]byte(nil), buf[:n]...)
 		select {
 		case r.slots <- struct{}{}:
@@ -330,6 +356,10 @@ func (r *Resolver) serveTCP() {
 				c.SetReadDeadline(time.Now().Add(tcpIdle))
 				q, err := readFrame(c, func() { c.SetReadDeadline(time.Now().Add(tcpFrame)) })
 				if err != nil {
+					return
+				}
+				if r.suspended.Load() {
+					r.dropped.Add(1)
 					return
 				}
 				var resp []byte

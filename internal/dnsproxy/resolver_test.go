@@ -204,6 +204,40 @@ func TestResolverBetweenNamespaces(t *testing.T) {
 	}
 	up.mu.Unlock()
 
+	// Suspended (a quarantined pod), it answers nothing, over UDP or TCP,
+	// and asks upstream nothing; resumed, it answers again.
+	r.Suspend()
+	nsthread.Run(nsthread.Path(path), func() error {
+		for _, network := range []string{"udp", "tcp"} {
+			c, err := net.DialTimeout(network, "169.254.53.53:53", time.Second)
+			if err != nil {
+				continue // refused is answering nothing too
+			}
+			c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+			q := query(t, 78, "api.example.com.", dnsmessage.TypeA, 0)
+			if network == "tcp" {
+				writeFrame(c, q)
+			} else {
+				c.Write(q)
+			}
+			if n, err := c.Read(make([]byte, 512)); n > 0 {
+				t.Errorf("suspended, %s got %d bytes back (%v)", network, n, err)
+			}
+			c.Close()
+		}
+		return nil
+	})
+	if r.Dropped() != 2 {
+		t.Errorf("suspended, dropped %d questions, want 2", r.Dropped())
+	}
+	r.Resume()
+	nsthread.Run(nsthread.Path(path), func() error {
+		if m, err := ask(t, "udp", "api.example.com."); err != nil || m.RCode != dnsmessage.RCodeSuccess {
+			t.Errorf("resumed: %v %v", m, err)
+		}
+		return nil
+	})
+
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -351,8 +351,8 @@ func (s *service) stopByAdmin(ctx context.Context, sb *sandboxState, detail map[
 	return msg, nil
 }
 
-// kill kills every container of the sandbox, the root last, and thaws a
-// frozen sandbox so that the kill is delivered.
+// kill kills every container of the sandbox, the root last, thawing a
+// frozen sandbox first so that the kill is delivered.
 func (s *service) kill(ctx context.Context, sb *sandboxState) {
 	sb.resp.mu.Lock()
 	sb.resp.stopped = true
@@ -364,12 +364,13 @@ func (s *service) kill(ctx context.Context, sb *sandboxState) {
 			break
 		}
 	}
-	s.killAll(ctx, ids)
 	s.thawForKill(ctx, sb)
+	s.killAll(ctx, ids)
 }
 
-// thawForKill resumes a frozen sandbox after a kill was sent to it: a
-// paused kernel runs no task, so none would die.
+// thawForKill resumes a frozen sandbox that is to be killed: runsc signals
+// no container of a paused sandbox. Its tasks run between the thaw and the
+// kill (milliseconds).
 func (s *service) thawForKill(ctx context.Context, sb *sandboxState) {
 	if !sb.resp.isFrozen() {
 		return
@@ -377,6 +378,6 @@ func (s *service) thawForKill(ctx context.Context, sb *sandboxState) {
 	if d, err := s.unpause(ctx, sb); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: thawing a frozen sandbox to deliver a kill")
 	} else {
-		sb.audit.trail.Emit(audit.TypeThawed.New("Success", fmt.Sprintf("thawed after %v frozen, to deliver a kill", d.Round(time.Millisecond)), nil), true)
+		sb.audit.trail.Emit(audit.TypeThawed.New("Success", fmt.Sprintf("thawed after %v frozen, to be killed", d.Round(time.Millisecond)), nil), true)
 	}
 }

@@ -350,15 +350,16 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 	return resp, errgrpc.ToGRPC(err)
 }
 
-// Kill forwards; a kill sent into a frozen sandbox thaws it, or no task
-// of it would run to die (containerd stopping a frozen pod).
+// Kill forwards. A SIGKILL for a frozen sandbox thaws it first: runsc
+// signals no container of a paused sandbox (containerd stopping a frozen
+// pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
-	resp, err := s.next.Kill(ctx, r)
-	if err == nil && r.Signal == uint32(unix.SIGKILL) {
+	if r.Signal == uint32(unix.SIGKILL) {
 		if sb, ok := s.sandboxes.of(r.ID); ok {
 			s.thawForKill(ctx, sb)
 		}
 	}
+	resp, err := s.next.Kill(ctx, r)
 	return resp, errgrpc.ToGRPC(err)
 }
 

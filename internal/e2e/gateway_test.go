@@ -165,7 +165,23 @@ func startWebHost() error {
 			rw.Write(b)
 			return
 		}
-		if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
+		if i := strings.Index(r.URL.Path, "/slow/"); i >= 0 {
+			// A slow download for n seconds: 64 KiB every 25 ms (quarantine
+			// tests watch it stop).
+			secs, _ := strconv.Atoi(r.URL.Path[i+len("/slow/"):])
+			f, _ := rw.(http.Flusher)
+			chunk := make([]byte, 64<<10)
+			for end := time.Now().Add(time.Duration(secs) * time.Second); time.Now().Before(end); time.Sleep(25 * time.Millisecond) {
+				if _, err := rw.Write(chunk); err != nil {
+					return
+				}
+				if f != nil {
+					f.Flush()
+				}
+			}
+			return
+		}
+				if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
 			n := r.URL.Path[i+len("/bytes/"):]
 			// A download of n bytes (benchmarks).
 			k, _ := strconv.ParseInt(n, 10, 64)

@@ -541,10 +541,13 @@ func (d *daemon) leaks(netnsBefore, cgroupsBefore, socketsBefore map[string]bool
 	return out
 }
 
-// socketSet lists the audit sockets (shared by all daemons on the node).
+// socketSet lists the audit and control sockets (shared by all daemons on
+// the node).
 func socketSet() map[string]bool {
 	m := map[string]bool{}
 	socks, _ := filepath.Glob("/run/agentbox/audit/*.sock")
+	ctl, _ := filepath.Glob("/run/agentbox/control/*.sock")
+	socks = append(socks, ctl...)
 	for _, s := range socks {
 		m[s] = true
 	}

@@ -4,11 +4,15 @@
 // with the knobs an attacker would turn: another Host, another SNI, and the
 // address to connect to (like curl --resolve).
 //
-//	abx-fetch [-X METHOD] [-H 'Name: value']... [-host H] [-sni S] [-connect HOST:PORT] [-n N] URL
+//	abx-fetch [-X METHOD] [-H 'Name: value']... [-host H] [-sni S] [-connect HOST:PORT] [-n N] [-progress D] URL
 //
 // It prints "status=N body=..." or "error: ...". With -n it makes N
 // requests one after another, each on a new connection, and prints their
 // latency (p50, p90, p99) and the bytes and seconds in all (benchmarks).
+// With -progress it reads the whole body and prints "progress MS BYTES"
+// every D (MS: Unix milliseconds) and "progress-end MS BYTES ERR" when
+// the body ends: a download cut off shows when its bytes stopped (-stall:
+// give up when nothing arrives for that long).
 package main
 
 import (
@@ -23,6 +27,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +37,8 @@ func main() {
 	connect := flag.String("connect", "", "connect here instead of the URL's host and port")
 	n := flag.Int("n", 0, "make n requests and print their latency")
 	method := flag.String("X", "GET", "the request method")
+	progress := flag.Duration("progress", 0, "read the whole body, printing the bytes received this often")
+	stall := flag.Duration("stall", 0, "with -progress: give up when nothing arrives for this long")
 	var headers [][2]string
 	flag.Func("H", "a request header, 'Name: value' (repeatable)", func(v string) error {
 		k, val, ok := strings.Cut(v, ":")
@@ -81,14 +88,60 @@ func main() {
 		repeat(c, req, *n)
 		return
 	}
+	if *progress > 0 {
+		c.Timeout = 0
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
 	}
 	defer resp.Body.Close()
+	if *progress > 0 {
+		os.Exit(follow(resp.Body, *progress, *stall))
+	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	fmt.Printf("status=%d body=%s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// follow reads body to its end, printing how much arrived every tick; it
+// gives up when nothing arrived for stall (0: never).
+func follow(body io.Reader, tick, stall time.Duration) int {
+	var n atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			k, err := body.Read(buf)
+			n.Add(int64(k))
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last, grew := int64(0), time.Now()
+	for {
+		select {
+		case err := <-done:
+			fmt.Printf("progress-end %d %d %v\n", time.Now().UnixMilli(), n.Load(), err)
+			if err == io.EOF {
+				return 0
+			}
+			return 1
+		case <-t.C:
+			k := n.Load()
+			fmt.Printf("progress %d %d\n", time.Now().UnixMilli(), k)
+			if k > last {
+				last, grew = k, time.Now()
+			} else if stall > 0 && time.Since(grew) > stall {
+				fmt.Printf("progress-end %d %d stalled for %v\n", time.Now().UnixMilli(), k, stall)
+				return 1
+			}
+		}
+	}
 }
 
 // repeat makes n requests and prints their latency and volume.

@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 	"sync"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	task "github.com/containerd/containerd/api/runtime/task/v2"

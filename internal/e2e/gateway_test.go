@@ -181,7 +181,7 @@ func startWebHost() error {
 			}
 			return
 		}
-				if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
+		if i := strings.Index(r.URL.Path, "/bytes/"); i >= 0 {
 			n := r.URL.Path[i+len("/bytes/"):]
 			// A download of n bytes (benchmarks).
 			k, _ := strconv.ParseInt(n, 10, 64)

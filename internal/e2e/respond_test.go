@@ -102,10 +102,10 @@ func TestRespondQuarantine(t *testing.T) {
 	expectNoLeaks(t, dev)
 	type agent struct {
 		name, ns, role, url, try string
-		p                         *pod
-		id                        string
-		sandbox                   control.Sandbox
-		quarantined               time.Time
+		p                        *pod
+		id                       string
+		sandbox                  control.Sandbox
+		quarantined              time.Time
 	}
 	agents := []*agent{
 		// Through the gateway by name; the tries dial the gateway's address,

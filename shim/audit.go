@@ -186,7 +186,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	rcv.SetRate(cfg.Audit.MaxEventsPerSecond)
 	rcv.SetSentryRetries(cfg.Audit.SentryRetries)
 	if egress != nil && egress.Enforced {
-		rcv.Annotate = egressDecision(egress, sb.dnsAddr)
+		rcv.Annotate = egressDecision(egress, &sb.live, sb.dnsAddr)
 	}
 	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries)
 	if err == nil {

@@ -218,7 +218,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 // resolved records the role a sandbox root runs under.
 func (s *service) resolved(plan *createPlan, p *policy.Profile) {
 	sb := plan.sandbox
-	sb.profile = p
+	sb.profile, sb.request = p, plan.request
 	trail := sb.audit.trail
 	meta := audit.Meta{Sandbox: sb.id, Namespace: plan.request.ContainerdNamespace, PodNamespace: plan.spec.Annotations[ocispec.SandboxNamespaceAnnotation],
 		PodName: plan.spec.Annotations[ocispec.SandboxNameAnnotation], Role: p.Role, PolicyDigest: p.Digest}

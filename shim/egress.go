@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -29,6 +30,7 @@ import (
 // runsc takes the interfaces over. A sandbox with a new, empty namespace
 // has nothing to filter.
 func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, spec *specs.Spec) error {
+	sb.live.Store(pl)
 	ns := netnsPath(spec)
 	if !pl.Enforced || ns == "" {
 		return nil
@@ -40,7 +42,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 	if iface == "" {
 		return nil
 	}
-	if err := sb.setEgress(ns, iface, pl); err != nil {
+	if err := sb.setEgress(ns, iface); err != nil {
 		netpolicy.Remove(ns)
 		return err
 	}
@@ -107,6 +109,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	trail := sb.audit.trail
 	h := &dnsproxy.Handler{
 		Plan:     pl,
+		Live:     &sb.live,
 		Refuse:   dests.Refuse,
 		Exchange: dnsproxy.Exchange(ups),
 		Allow: func(r netpolicy.Rule, name string, addrs []netip.Addr, ttl time.Duration) error {
@@ -154,7 +157,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	}
 	gw := egressgw.New(egressgw.Config{
 		CA: ca, UpstreamRoots: roots, Secrets: secrets,
-		Plan: pl,
+		Plan: pl, Live: &sb.live,
 		// What the resolver answered the pod, else a lookup of its own
 		// through the same upstreams and withholding.
 		Lookup: func(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error) {
@@ -440,17 +443,22 @@ func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleS
 }
 
 // egressDecision adds to each connect record what the egress rules do with
-// its destination, and which rule decides. The pod's resolver and gateway
+// its destination (the live plan's, once the role tightened), and which
+// rule decides. The pod's resolver and gateway
 // (dnsAddr) do not pass the rules: they have a link of their own, and the
 // gateway decides each connection by name (its own records).
-func egressDecision(pl *netpolicy.Plan, dnsAddr netip.Addr) func(*audit.Record) {
+func egressDecision(start *netpolicy.Plan, live *atomic.Pointer[netpolicy.Plan], dnsAddr netip.Addr) func(*audit.Record) {
 	gwPorts := map[int]bool{}
-	for _, p := range egressgw.Ports(pl) {
+	for _, p := range egressgw.Ports(start) {
 		gwPorts[p] = true
 	}
 	return func(r *audit.Record) {
 		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
 			return
+		}
+		pl := start
+		if p := live.Load(); p != nil {
+			pl = p
 		}
 		addr, err := netip.ParseAddr(r.Dst.IP)
 		if err != nil {

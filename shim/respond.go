@@ -42,6 +42,10 @@ type response struct {
 	stopped bool
 	// commands numbers the requests applied. Protected by mu.
 	commands int
+	// liveDigest is the digest of the role version the sandbox took the
+	// tightenings of (its start digest until its role changes); seen the
+	// newest version it was told of. Protected by mu.
+	liveDigest, seen string
 }
 
 func (r *response) isFrozen() bool {
@@ -127,8 +131,14 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	if d, ok := s.sandboxes.wallClockLeft(sb); ok {
 		in.WallClockLeft = d.Round(time.Second).String()
 	}
+	if pl := sb.live.Load(); pl != nil {
+		in.EgressNow = pl.Mode()
+	}
 	sb.resp.mu.Lock()
 	defer sb.resp.mu.Unlock()
+	if sb.resp.liveDigest != "" {
+		in.LiveDigest = sb.resp.liveDigest
+	}
 	if sb.resp.quarantined != "" {
 		in.Quarantined, in.QuarantineReason, in.EgressNow = true, sb.resp.quarantined, "none (quarantined)"
 	}
@@ -143,13 +153,14 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 
 // egressSummary says what the sandbox's egress is, for records.
 func egressSummary(sb *sandboxState) string {
+	pl := sb.live.Load()
 	sb.egressMu.Lock()
-	pl := sb.plan
+	ns := sb.netns
 	sb.egressMu.Unlock()
-	mode := string(sb.profile.Network.Egress)
-	if pl == nil {
-		return mode + " (no network interface)"
+	if pl == nil || ns == "" {
+		return string(sb.profile.Network.Egress) + " (no network interface)"
 	}
+	mode := pl.Mode()
 	var rules []string
 	for _, r := range pl.Allow {
 		rules = append(rules, r.Name)
@@ -255,11 +266,12 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 		return "", errors.New("the sandbox is not quarantined")
 	}
 	sb.egressMu.Lock()
-	ns, held, iface, pl, res, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.plan, sb.resolver, sb.gateway
+	ns, held, iface, res, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.resolver, sb.gateway
 	sb.egressMu.Unlock()
 	detail["quarantine_reason"] = reason
 	if ns != "" {
-		if err := netpolicy.Restore(held, pl, iface); err != nil {
+		// The live plan: what the role says now, as far as it tightened.
+		if err := netpolicy.Restore(held, sb.live.Load(), iface); err != nil {
 			detail["error"] = err.Error()
 			sb.audit.trail.Emit(audit.TypeReleased.New("Failure", "release failed: the sandbox stays quarantined: "+err.Error(), detail), true)
 			return "", fmt.Errorf("release failed, the sandbox stays quarantined: %w", err)

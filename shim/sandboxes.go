@@ -37,6 +37,11 @@ type sandboxState struct {
 	timer    *time.Timer
 	deadline time.Time
 	left     time.Duration
+	// request is what selected the sandbox's role; live is the egress
+	// plan it runs under now (its role's, or narrowed since: the
+	// resolver, the gateway and connect records read it).
+	request policy.Request
+	live    atomic.Pointer[netpolicy.Plan]
 	// ctl is the sandbox's control socket; resp what an admin's
 	// responses (quarantine, freeze) hold now.
 	ctl  *control.Server
@@ -58,10 +63,8 @@ type sandboxState struct {
 	// removes them. Guarded by egressMu.
 	netns     string
 	netnsFile *os.File
-	// iface is the pod's interface the rules are on, plan the rules
-	// (a release loads them again). Guarded by egressMu.
+	// iface is the pod's interface the rules are on. Guarded by egressMu.
 	iface string
-	plan  *netpolicy.Plan
 	// resolver is the pod's DNS resolver (allowlist egress). Guarded by
 	// egressMu.
 	resolver *dnsproxy.Resolver
@@ -99,16 +102,16 @@ func (sb *sandboxState) heldNetnsLocked() string {
 	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), sb.netnsFile.Fd())
 }
 
-// setEgress records the namespace the plan's rules were loaded into, on
-// iface, and holds it open.
-func (sb *sandboxState) setEgress(ns, iface string, pl *netpolicy.Plan) error {
+// setEgress records the namespace the rules were loaded into, on iface,
+// and holds it open.
+func (sb *sandboxState) setEgress(ns, iface string) error {
 	f, err := os.Open(ns)
 	if err != nil {
 		return fmt.Errorf("hold the pod's network namespace %s: %w", ns, err)
 	}
 	sb.egressMu.Lock()
 	defer sb.egressMu.Unlock()
-	sb.netns, sb.netnsFile, sb.iface, sb.plan = ns, f, iface, pl
+	sb.netns, sb.netnsFile, sb.iface = ns, f, iface
 	return nil
 }
 
@@ -333,6 +336,17 @@ func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) 
 		return sb.left, true
 	}
 	return max(time.Until(sb.deadline), 0), true
+}
+
+// all lists the sandboxes.
+func (r *sandboxRegistry) all() []*sandboxState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*sandboxState, 0, len(r.sandboxes))
+	for _, sb := range r.sandboxes {
+		out = append(out, sb)
+	}
+	return out
 }
 
 // containersOf lists a sandbox's containers.

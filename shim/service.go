@@ -69,6 +69,8 @@ type service struct {
 	// holds its own copies then) and again at Delete, for one that never
 	// started.
 	stagers sync.Map
+	// watchOnce starts following the policy directory (watchPolicies).
+	watchOnce sync.Once
 }
 
 var _ cdshim.TTRPCService = (*service)(nil)
@@ -186,6 +188,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
 		s.watchFull(plan.cfg, plan.sandbox)
+		s.watchPolicies(plan.cfg)
 	} else {
 		s.sandboxes.join(plan.joins, r.ID)
 		s.record(r.ID, audit.TypeContainerCreated.New("Success",

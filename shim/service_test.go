@@ -19,7 +19,6 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/dnsproxy"
-	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
 func TestReadSmallFile(t *testing.T) {
@@ -92,7 +91,7 @@ func TestDeleteRacesExitPublication(t *testing.T) {
 	sb := &sandboxState{id: "sb", audit: &sandboxAudit{trail: trail}}
 	ns := filepath.Join(dir, "netns") // stands in for the pod's namespace
 	os.WriteFile(ns, nil, 0o644)
-	if err := sb.setEgress(ns, "eth0", &netpolicy.Plan{}); err != nil {
+	if err := sb.setEgress(ns, "eth0"); err != nil {
 		t.Fatal(err)
 	}
 	drops := 0

@@ -64,6 +64,8 @@ var (
 	TypeAnomaly          = RecordType{"agentbox/anomaly", ClassDetectionFinding, 1, "Create", medium, "a malformed, oversized or out-of-order message from the sandbox"}
 	TypePolicySnapshot   = RecordType{"agentbox/policy_snapshot", ClassAppLifecycle, 8, "Update", info, "a node's trail: the cluster's policy objects became the node's snapshot, with the old and new digest and what changed"}
 	TypePolicyRefused    = RecordType{"agentbox/policy_refused", ClassAppLifecycle, 8, "Update", low, "a node's trail: the newest set of policy objects does not load, and the node keeps its snapshot"}
+	TypePolicyTightened  = RecordType{"agentbox/policy_tightened", ClassAppLifecycle, 8, "Update", info, "a running sandbox's role changed and it took what tightens it (egress rules removed or narrowed): the new digest, what was applied, what is pending for new sandboxes"}
+	TypePolicyPending    = RecordType{"agentbox/policy_pending", ClassAppLifecycle, 8, "Update", info, "a running sandbox's role changed in a way that does not tighten it (it loosens, or cannot change live): applies to new sandboxes only"}
 	TypeQuarantined      = RecordType{"agentbox/quarantined", ClassRemediation, 1, "Isolate", medium, "an admin cut the sandbox's egress (agentbox sandbox quarantine): the reason, who asked, the egress before and after, what was cut"}
 	TypeReleased         = RecordType{"agentbox/released", ClassRemediation, 3, "Restore", info, "a quarantine lifted: the role's egress rules back, who asked"}
 	TypeFrozen           = RecordType{"agentbox/frozen", ClassRemediation, 1, "Isolate", medium, "an admin paused the whole sandbox (agentbox sandbox freeze), or a failed quarantine froze it: the reason, who asked"}
@@ -80,7 +82,7 @@ var Catalog = []RecordType{
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
-	TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeStopped, TypeGap, TypeSandboxEnd,
+	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeStopped, TypeGap, TypeSandboxEnd,
 }
 
 // typeByName finds a record type by its name.

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -72,9 +73,22 @@ type Withheld struct {
 	Reason string
 }
 
+// plan is the plan questions are decided by now.
+func (h *Handler) plan() *netpolicy.Plan {
+	if h.Live != nil {
+		if pl := h.Live.Load(); pl != nil {
+			return pl
+		}
+	}
+	return h.Plan
+}
+
 // Handler answers DNS queries for one pod.
 type Handler struct {
 	Plan *netpolicy.Plan
+	// Live, when set and holding a plan, replaces Plan: the plan a running
+	// sandbox was narrowed to (its role tightened while it ran).
+	Live *atomic.Pointer[netpolicy.Plan]
 	// Refuse, if set, says why a rule may not open an answered address
 	// ("" when it may): private, loopback, the node's own (see
 	// netpolicy.Destinations). Such addresses are withheld from the pod.
@@ -153,7 +167,7 @@ func (h *Handler) handle(ctx context.Context, query []byte, d *Decision) []byte 
 		d.Outcome, d.Rule = Refused, "class "+q.Class.String()+" not served"
 		return h.nxdomain(hdr, q, d)
 	}
-	rule, ok := h.Plan.MatchHost(name)
+	rule, ok := h.plan().MatchHost(name)
 	if !ok {
 		d.Outcome, d.Rule = Refused, "no host rule matches"
 		return h.nxdomain(hdr, q, d)

@@ -72,6 +72,9 @@ type Event struct {
 // Config is one pod's gateway.
 type Config struct {
 	Plan *netpolicy.Plan
+	// Live, when set and holding a plan, replaces Plan: the plan a running
+	// sandbox was narrowed to (its role tightened while it ran).
+	Live *atomic.Pointer[netpolicy.Plan]
 	// Lookup resolves name for rule r, without the addresses r may not
 	// reach (the resolver's upstreams and withholding).
 	Lookup func(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error)
@@ -295,6 +298,16 @@ func (g *Gateway) Close() error {
 	return nil
 }
 
+// plan is the plan connections are decided by now.
+func (g *Gateway) plan() *netpolicy.Plan {
+	if g.cfg.Live != nil {
+		if pl := g.cfg.Live.Load(); pl != nil {
+			return pl
+		}
+	}
+	return g.cfg.Plan
+}
+
 // Suspend refuses every connection from now on, for reason, and closes
 // those open (a download through the gateway stops at once), until Resume.
 // It returns how many it closed.
@@ -389,7 +402,7 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 		g.refuse(c, ev, start, "the ClientHello names no server (no SNI)")
 		return
 	}
-	rule, why := Decide(g.cfg.Plan, h.SNI, ev.Port)
+	rule, why := Decide(g.plan(), h.SNI, ev.Port)
 	ev.Rule = rule.Name
 	if why != "" {
 		g.refuse(c, ev, start, why)
@@ -743,7 +756,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		return
 	}
 	ev.Host = name
-	rule, why := Decide(g.cfg.Plan, name, port)
+	rule, why := Decide(g.plan(), name, port)
 	ev.Rule = rule.Name
 	if why != "" {
 		refuse(why)

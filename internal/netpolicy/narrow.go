@@ -1,0 +1,219 @@
+package netpolicy
+
+import (
+	"fmt"
+	"slices"
+
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// Narrow is what a running sandbox whose egress is cur takes of next, its
+// role's new version: whatever tightens it, never what loosens it. A rule
+// next removes is gone; a rule next narrows (fewer ports, a smaller CIDR,
+// an exact name under a pattern) is narrowed; a metadata address next
+// denies is denied. What next would open that cur does not (a new rule,
+// more ports, a wider range, egress open) is not applied: pending lists it,
+// for new sandboxes. applied says what changed; live == cur when nothing
+// did. A sandbox keeps the machinery it started with: a pod without a
+// resolver and gateway (egress open) takes no host rule live.
+func Narrow(cur, next *Plan) (live *Plan, applied, pending []string) {
+	if !cur.Enforced {
+		if next.Enforced {
+			pending = append(pending, "egress "+mode(next)+": the sandbox has no network interface (egress none); applies to new sandboxes")
+		}
+		return cur, nil, pending
+	}
+	live = &Plan{Enforced: true, DefaultAccept: cur.DefaultAccept, Resolver: cur.Resolver}
+	// Denying more is tighter; a metadata address next names is pending.
+	live.Denied = slices.Clone(cur.Denied)
+	for _, a := range next.Denied {
+		if !slices.Contains(live.Denied, a) {
+			live.Denied = append(live.Denied, a)
+			applied = append(applied, "metadata address "+a.String()+" denied")
+		}
+	}
+	for _, a := range cur.Denied {
+		if next.Enforced && !slices.Contains(next.Denied, a) {
+			pending = append(pending, "metadata address "+a.String()+" allowed (loosens)")
+		}
+	}
+	switch {
+	case !next.Enforced:
+		if len(cur.Allow) > 0 || cur.DefaultAccept {
+			applied = append(applied, "egress none: every allow rule removed")
+		}
+		live.DefaultAccept, live.Allow = false, nil
+		return live, applied, pending
+	case cur.DefaultAccept && next.DefaultAccept:
+		return live, applied, pending
+	case !cur.DefaultAccept && next.DefaultAccept:
+		pending = append(pending, "egress open (loosens)")
+		live.Allow, live.Injects = slices.Clone(cur.Allow), slices.Clone(cur.Injects)
+		return live, applied, pending
+	case cur.DefaultAccept:
+		// open -> allowlist: CIDR rules apply at once; host rules need
+		// the resolver and gateway only a pod started under them has.
+		live.DefaultAccept = false
+		applied = append(applied, "egress open -> allowlist: default deny")
+		for _, r := range next.Allow {
+			if r.Host != "" {
+				pending = append(pending, r.Name+": a host rule needs the pod's resolver and gateway; applies to new sandboxes")
+				continue
+			}
+			live.Allow = append(live.Allow, r)
+			applied = append(applied, r.Name+" allowed (within open)")
+		}
+		return live, applied, pending
+	}
+	// allowlist -> allowlist: each current rule keeps what next still
+	// allows of it.
+	for _, c := range cur.Allow {
+		kept := false
+		for _, n := range next.Allow {
+			r, ok := intersect(c, n)
+			if !ok {
+				continue
+			}
+			kept = true
+			live.Allow = append(live.Allow, r)
+			if !sameRule(r, c) {
+				applied = append(applied, fmt.Sprintf("%s narrowed to %s", c.Name, describeRule(r)))
+			}
+		}
+		if !kept {
+			applied = append(applied, c.Name+" removed")
+		}
+	}
+	for _, n := range next.Allow {
+		covered := false
+		for _, c := range cur.Allow {
+			if within(n, c) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			pending = append(pending, n.Name+" (loosens)")
+		}
+	}
+	// The gateway injects a secret only toward a name the live rules
+	// still allow; a new injection is pending (the sandbox may hold no
+	// placeholder for it, nor trust the CA it needs).
+	for _, in := range cur.Injects {
+		if _, ok := live.MatchHost(in.Host); ok {
+			live.Injects = append(live.Injects, in)
+		} else {
+			applied = append(applied, "no secret injected toward "+in.Host)
+		}
+	}
+	for _, in := range next.Injects {
+		if !slices.ContainsFunc(cur.Injects, func(c Inject) bool { return c == in }) {
+			pending = append(pending, "a secret injected toward "+in.Host)
+		}
+	}
+	return live, applied, pending
+}
+
+// Mode is the plan's egress mode: none, allowlist or open.
+func (pl *Plan) Mode() string { return mode(pl) }
+
+func mode(p *Plan) string {
+	switch {
+	case !p.Enforced:
+		return string(policy.EgressNone)
+	case p.DefaultAccept:
+		return string(policy.EgressOpen)
+	}
+	return string(policy.EgressAllowlist)
+}
+
+// intersect is what rule c allows that n allows too, keeping c's
+// inspection (a running sandbox trusts the CA it started with, or none);
+// false when they share nothing.
+func intersect(c, n Rule) (Rule, bool) {
+	ports, ok := intersectPorts(c.Ports, n.Ports)
+	if !ok {
+		return Rule{}, false
+	}
+	r := c
+	r.Ports, r.Name = ports, n.Name
+	r.AllowPrivate = c.AllowPrivate && n.AllowPrivate
+	switch {
+	case c.Host != "" && n.Host != "":
+		switch {
+		case c.Host == n.Host, !isPattern(c.Host) && policy.HostMatches(n.Host, c.Host):
+		case !isPattern(n.Host) && policy.HostMatches(c.Host, n.Host):
+			r.Host = n.Host
+		default:
+			return Rule{}, false
+		}
+		return r, true
+	case c.Host == "" && n.Host == "":
+		switch {
+		case c.Prefix.Bits() >= n.Prefix.Bits() && n.Prefix.Contains(c.Prefix.Addr()):
+		case n.Prefix.Bits() > c.Prefix.Bits() && c.Prefix.Contains(n.Prefix.Addr()):
+			r.Prefix = n.Prefix
+		default:
+			return Rule{}, false
+		}
+		return r, true
+	}
+	return Rule{}, false
+}
+
+// within says whether n allows nothing that c does not.
+func within(n, c Rule) bool {
+	r, ok := intersect(c, n)
+	if !ok {
+		return false
+	}
+	return r.Host == n.Host && r.Prefix == n.Prefix && slices.Equal(r.Ports, n.Ports) && (r.AllowPrivate || !n.AllowPrivate)
+}
+
+// intersectPorts intersects two sorted port lists (empty: any port).
+func intersectPorts(a, b []int) ([]int, bool) {
+	switch {
+	case len(a) == 0:
+		return slices.Clone(b), true
+	case len(b) == 0:
+		return slices.Clone(a), true
+	}
+	var out []int
+	for _, p := range a {
+		if slices.Contains(b, p) {
+			out = append(out, p)
+		}
+	}
+	return out, len(out) > 0
+}
+
+func isPattern(host string) bool { return len(host) > 1 && host[0] == '*' }
+
+func sameRule(a, b Rule) bool {
+	return a.Host == b.Host && a.Prefix == b.Prefix && slices.Equal(a.Ports, b.Ports) && a.AllowPrivate == b.AllowPrivate
+}
+
+func describeRule(r Rule) string {
+	what := r.Host
+	if what == "" {
+		what = r.Prefix.String()
+	}
+	if len(r.Ports) > 0 {
+		what += fmt.Sprintf(" ports %v", r.Ports)
+	}
+	return what
+}
+
+// Equal says whether two plans enforce the same.
+func (pl *Plan) Equal(o *Plan) bool {
+	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver ||
+		!slices.Equal(pl.Denied, o.Denied) || len(pl.Allow) != len(o.Allow) || !slices.Equal(pl.Injects, o.Injects) {
+		return false
+	}
+	for i := range pl.Allow {
+		if !sameRule(pl.Allow[i], o.Allow[i]) {
+			return false
+		}
+	}
+	return true
+}

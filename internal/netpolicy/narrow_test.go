@@ -1,0 +1,107 @@
+package netpolicy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+func plan(t *testing.T, egress string, rules ...policy.EgressRule) *Plan {
+	t.Helper()
+	pl, err := Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: egress, Allow: rules}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+// A running sandbox takes what tightens it and never what loosens it.
+func TestNarrow(t *testing.T) {
+	a := policy.EgressRule{Host: "a.test", Ports: []int{80, 443}}
+	b := policy.EgressRule{Host: "b.test", Ports: []int{443}}
+	star := policy.EgressRule{Host: "*.cdn.test", Ports: []int{443}}
+	net8 := policy.EgressRule{CIDR: "10.0.0.0/8", Ports: []int{443}}
+	allow, open, none := policy.EgressAllowlist, policy.EgressOpen, policy.EgressNone
+	for _, tc := range []struct {
+		name               string
+		cur, next          *Plan
+		hosts, cidrs       []string // the live plan's rules (host ports / cidr ports)
+		applied, pending   []string // substrings, in order
+		deny, accept, same bool
+	}{
+		{name: "host removed", cur: plan(t, allow, a, b), next: plan(t, allow, a),
+			hosts: []string{"a.test [80 443]"}, applied: []string{"allow[1] host b.test ports [443] removed"}},
+		{name: "host added: pending", cur: plan(t, allow, a), next: plan(t, allow, a, b), same: true,
+			hosts: []string{"a.test [80 443]"}, pending: []string{"allow[1] host b.test ports [443] (loosens)"}},
+		{name: "one removed, one added", cur: plan(t, allow, a), next: plan(t, allow, b),
+			applied: []string{"allow[0] host a.test ports [80 443] removed"}, pending: []string{"b.test ports [443] (loosens)"}},
+		{name: "ports narrowed", cur: plan(t, allow, a), next: plan(t, allow, policy.EgressRule{Host: "a.test", Ports: []int{443}}),
+			hosts: []string{"a.test [443]"}, applied: []string{"narrowed to a.test ports [443]"}},
+		{name: "ports widened: pending", cur: plan(t, allow, b), next: plan(t, allow, policy.EgressRule{Host: "b.test", Ports: []int{80, 443}}), same: true,
+			hosts: []string{"b.test [443]"}, pending: []string{"(loosens)"}},
+		{name: "pattern to a name under it", cur: plan(t, allow, star), next: plan(t, allow, policy.EgressRule{Host: "x.cdn.test", Ports: []int{443}}),
+			hosts: []string{"x.cdn.test [443]"}, applied: []string{"narrowed to x.cdn.test"}},
+		{name: "name to a pattern: pending", cur: plan(t, allow, policy.EgressRule{Host: "x.cdn.test", Ports: []int{443}}), next: plan(t, allow, star), same: true,
+			hosts: []string{"x.cdn.test [443]"}, pending: []string{"(loosens)"}},
+		{name: "cidr narrowed", cur: plan(t, allow, net8), next: plan(t, allow, policy.EgressRule{CIDR: "10.1.0.0/16", Ports: []int{443}}),
+			cidrs: []string{"10.1.0.0/16 [443]"}, applied: []string{"narrowed to 10.1.0.0/16"}},
+		{name: "cidr widened: pending", cur: plan(t, allow, policy.EgressRule{CIDR: "10.1.0.0/16", Ports: []int{443}}), next: plan(t, allow, net8), same: true,
+			cidrs: []string{"10.1.0.0/16 [443]"}, pending: []string{"(loosens)"}},
+		{name: "allowlist to none", cur: plan(t, allow, a, net8), next: plan(t, none), deny: true,
+			applied: []string{"egress none: every allow rule removed"}},
+		{name: "allowlist to open: pending", cur: plan(t, allow, net8), next: plan(t, open), same: true,
+			cidrs: []string{"10.0.0.0/8 [443]"}, pending: []string{"egress open (loosens)"}},
+		{name: "open to allowlist: CIDR rules now, host rules pending", cur: plan(t, open), next: plan(t, allow, a, net8), deny: true,
+			cidrs: []string{"10.0.0.0/8 [443]"}, applied: []string{"default deny", "allow[1] 10.0.0.0/8 ports [443] allowed"},
+			pending: []string{"host rule needs the pod's resolver and gateway"}},
+		{name: "none to open: pending", cur: plan(t, none), next: plan(t, open), same: true,
+			pending: []string{"no network interface"}},
+		{name: "metadata named by the role: the new version denies it", cur: plan(t, allow, policy.EgressRule{CIDR: "169.254.169.254/32"}), next: plan(t, allow),
+			applied: []string{"metadata address 169.254.169.254 denied", "removed"}},
+		{name: "unchanged", cur: plan(t, allow, a, net8), next: plan(t, allow, a, net8), same: true,
+			hosts: []string{"a.test [80 443]"}, cidrs: []string{"10.0.0.0/8 [443]"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			live, applied, pending := Narrow(tc.cur, tc.next)
+			if got := live.Equal(tc.cur); got != tc.same {
+				t.Errorf("live equals the current plan: %v, want %v (applied %q)", got, tc.same, applied)
+			}
+			if tc.same != (len(applied) == 0) {
+				t.Errorf("applied %q with same=%v", applied, tc.same)
+			}
+			var hosts, cidrs []string
+			for _, r := range live.Allow {
+				if r.Host != "" {
+					hosts = append(hosts, fmt.Sprint(r.Host, " ", r.Ports))
+				} else {
+					cidrs = append(cidrs, fmt.Sprint(r.Prefix, " ", r.Ports))
+				}
+			}
+			if strings.Join(hosts, ",") != strings.Join(tc.hosts, ",") || strings.Join(cidrs, ",") != strings.Join(tc.cidrs, ",") {
+				t.Errorf("live hosts %q cidrs %q, want %q %q", hosts, cidrs, tc.hosts, tc.cidrs)
+			}
+			check := func(what string, got, want []string) {
+				j := strings.Join(got, " | ")
+				for _, w := range want {
+					if !strings.Contains(j, w) {
+						t.Errorf("%s %q lacks %q", what, got, w)
+					}
+				}
+				if len(want) == 0 && len(got) > 0 {
+					t.Errorf("%s %q, want none", what, got)
+				}
+			}
+			check("applied", applied, tc.applied)
+			check("pending", pending, tc.pending)
+			if tc.deny && live.DefaultAccept {
+				t.Error("the live plan accepts by default")
+			}
+			if live.Resolver != tc.cur.Resolver {
+				t.Error("the live plan changed whether the pod has a resolver")
+			}
+		})
+	}
+}
+

@@ -1,0 +1,181 @@
+package shim
+
+// Live tightening: when a running sandbox's role changes (the node's policy
+// files, which `agentbox sync` also writes from the cluster's objects), the
+// sandbox takes whatever tightens its egress at once, and nothing that
+// loosens it; what cannot change under a running sandbox applies to new
+// ones. Each change is recorded in the sandbox's trail.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// policyPoll is how often a shim looks for a changed policy directory
+// (a stat of its files; parsed only when one changed).
+const policyPoll = time.Second
+
+// watchPolicies starts, once per shim, following the policy directory of
+// the config its first sandbox was created under.
+func (s *service) watchPolicies(cfg *config.Config) {
+	s.watchOnce.Do(func() {
+		go func() {
+			var last *policy.Set
+			var lastErr string
+			for {
+				time.Sleep(policyPoll)
+				set, err := s.policies.Load(cfg.Policy.Dir)
+				if err != nil {
+					// A directory that does not load changes nothing that
+					// runs; the next Create is refused with the reason.
+					if err.Error() != lastErr {
+						log.L.WithError(err).Warn("agentbox: the policy directory does not load: running sandboxes keep their profiles")
+						lastErr = err.Error()
+					}
+					continue
+				}
+				lastErr = ""
+				if set == last {
+					continue
+				}
+				last = set
+				for _, sb := range s.sandboxes.all() {
+					s.retighten(context.Background(), sb, set)
+				}
+			}
+		}()
+	})
+}
+
+// retighten applies to a running sandbox what its role's version in set
+// tightens, and records what it does not apply.
+func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.Set) {
+	if sb.profile == nil {
+		return
+	}
+	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
+	next, err := set.Select(sb.request)
+	sb.resp.mu.Lock()
+	seen, live := sb.resp.seen, sb.resp.liveDigest
+	if live == "" {
+		live = sb.profile.Digest
+	}
+	sb.resp.mu.Unlock()
+	if err != nil {
+		// The role no longer selects for this sandbox: what it runs under
+		// stays, and the trail says so once.
+		if seen != "refused: "+err.Error() {
+			sb.resp.mu.Lock()
+			sb.resp.seen = "refused: " + err.Error()
+			sb.resp.mu.Unlock()
+			sb.audit.trail.Emit(audit.TypePolicyPending.New("Failure",
+				"the role's new version does not select for this sandbox ("+err.Error()+"): it keeps its profile; new sandboxes are refused",
+				map[string]string{"error": err.Error(), "live_digest": live}), true)
+		}
+		return
+	}
+	if next.Digest == seen || (seen == "" && next.Digest == live) {
+		return
+	}
+	sb.resp.mu.Lock()
+	sb.resp.seen = next.Digest
+	sb.resp.mu.Unlock()
+	nextPlan, err := netpolicy.Compile(next)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: the role's new egress does not compile")
+		return
+	}
+	cur := sb.live.Load()
+	if cur == nil {
+		cur = &netpolicy.Plan{}
+	}
+	livePlan, applied, pending := netpolicy.Narrow(cur, nextPlan)
+	pending = append(pending, unchangeable(sb.profile, next)...)
+	detail := map[string]string{"start_digest": sb.profile.Digest, "previous_digest": live, "new_digest": next.Digest,
+		"applied": strings.Join(applied, "; "), "pending": strings.Join(pending, "; ")}
+	if len(applied) == 0 {
+		if len(pending) > 0 {
+			sb.audit.trail.Emit(audit.TypePolicyPending.New("Success",
+				fmt.Sprintf("role %s changed (%s): nothing tightens this sandbox; for new sandboxes only: %s", next.Role, short(next.Digest), detail["pending"]), detail), true)
+		}
+		return
+	}
+	start := time.Now()
+	if err := s.loadLive(sb, livePlan); err != nil {
+		fallback, ferr := failClosed(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
+		detail["error"], detail["fallback"] = err.Error(), fallback
+		if ferr != nil {
+			detail["fallback_error"] = ferr.Error()
+		}
+		sb.audit.trail.Emit(audit.TypePolicyTightened.New("Failure",
+			fmt.Sprintf("role %s tightened, and its rules could not be loaded (%v): the sandbox was %s instead", next.Role, err, fallback), detail), true)
+		return
+	}
+	sb.resp.mu.Lock()
+	sb.resp.liveDigest = next.Digest
+	sb.resp.mu.Unlock()
+	detail["applied_in"] = time.Since(start).Round(time.Microsecond).String()
+	sb.audit.trail.Emit(audit.TypePolicyTightened.New("Success",
+		fmt.Sprintf("role %s tightened to %s: %s", next.Role, short(next.Digest), detail["applied"]), detail), true)
+	log.G(ctx).WithField("policy_digest", next.Digest).Infof("agentbox: role tightened live: %s", detail["applied"])
+}
+
+// loadLive makes pl the sandbox's egress: the resolver and gateway decide
+// by it from now on, and the pod's rules are replaced (unless it is
+// quarantined: its release loads them).
+func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) error {
+	sb.egressMu.Lock()
+	ns, held, iface := sb.netns, sb.heldNetnsLocked(), sb.iface
+	sb.egressMu.Unlock()
+	sb.resp.mu.Lock()
+	quarantined := sb.resp.quarantined != ""
+	sb.resp.mu.Unlock()
+	if ns != "" && !quarantined {
+		if err := netpolicy.Restore(held, pl, iface); err != nil {
+			return err
+		}
+	}
+	sb.live.Store(pl)
+	return nil
+}
+
+// unchangeable lists what differs between a running sandbox's profile and
+// its role's new version, other than egress: it applies to new sandboxes.
+func unchangeable(cur, next *policy.Profile) []string {
+	var out []string
+	for _, part := range []struct {
+		name      string
+		cur, next any
+	}{
+		{"filesystem", cur.Filesystem, next.Filesystem},
+		{"process (user, capabilities, syscalls, maxProcesses)", cur.Process, next.Process},
+		{"credentials", cur.Credentials, next.Credentials},
+		{"limits (cpu, memory, wall clock)", cur.Limits, next.Limits},
+		{"audit", cur.Audit, next.Audit},
+	} {
+		a, _ := json.Marshal(part.cur)
+		b, _ := json.Marshal(part.next)
+		if string(a) != string(b) {
+			out = append(out, part.name+": applies to new sandboxes")
+		}
+	}
+	return out
+}
+
+func short(digest string) string {
+	d := strings.TrimPrefix(digest, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
+}

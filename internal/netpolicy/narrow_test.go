@@ -104,4 +104,3 @@ func TestNarrow(t *testing.T) {
 		})
 	}
 }
-

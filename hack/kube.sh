@@ -348,7 +348,7 @@ EOT
   kubectl label node "$NODE" agentbox.dev/runtime=true --overwrite >/dev/null
   # The policy API first: the installer's sync container watches it.
   kubectl apply -f "$REPO_ROOT/examples/kubernetes/crds/" -f "$REPO_ROOT/examples/kubernetes/sync-rbac.yaml" >/dev/null
-  wait_for "the policy CRDs" 60 kubectl wait --for=condition=Established crd/agentroles.agentbox.dev crd/agentrolebindings.agentbox.dev crd/agentnodepolicies.agentbox.dev --timeout=5s
+  wait_for "the policy CRDs" 60 kubectl wait --for=condition=Established crd/agentroles.agentbox.dev crd/agentrolebindings.agentbox.dev crd/agentnodepolicies.agentbox.dev crd/agentquarantines.agentbox.dev --timeout=5s
   # No kube-proxy here: the sync container (host network) reaches the API
   # server where it listens, not through the kubernetes Service.
   sed 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \

@@ -6,12 +6,14 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/urfave/cli/v2"
 
 	"agentbox.dev/agentbox/internal/compile"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/policy"
@@ -72,6 +74,9 @@ type explanation struct {
 	RunscFlags map[string]string `json:"runscFlags"`
 	// Pod is set with --pod: each container's request and outcome.
 	Pod *podExplanation `json:"pod,omitempty"`
+	// Running are this node's running sandboxes under the role, each with
+	// the digest it started under and the one it runs under now.
+	Running []control.Sandbox `json:"running,omitempty"`
 }
 
 // podExplanation is what `policy explain --pod` says of a pod.
@@ -152,6 +157,9 @@ func explain(c *cli.Context) error {
 		}
 		ex = explanation{Request: req, Profile: res.Profile, SpecChange: withResolver(res), Spec: spec, RunscFlags: res.RunscFlags}
 	}
+	if ex.Profile != nil {
+		ex.Running = runningUnder(cfg.Shim.ControlDir, ex.Profile.Role)
+	}
 	var refused int
 	if ex.Pod != nil {
 		for _, ce := range ex.Pod.Containers {
@@ -173,6 +181,22 @@ func explain(c *cli.Context) error {
 		return cli.Exit(fmt.Sprintf("%d of %d container(s) would not start", refused, len(ex.Pod.Containers)), 1)
 	}
 	return nil
+}
+
+// runningUnder lists this node's running sandboxes under role, where the
+// control sockets can be read (root); nothing otherwise.
+func runningUnder(dir, role string) []control.Sandbox {
+	listed, err := control.List(dir, 2*time.Second)
+	if err != nil {
+		return nil
+	}
+	var out []control.Sandbox
+	for _, l := range listed {
+		if l.Sandbox != nil && l.Sandbox.Role == role {
+			out = append(out, *l.Sandbox)
+		}
+	}
+	return out
 }
 
 // flagOr is the string flag name when it was given, else def (the
@@ -292,6 +316,27 @@ func sampleAnnotations(req policy.Request) map[string]string {
 }
 
 func writeExplanation(w io.Writer, ex explanation) {
+	writeProfileExplanation(w, ex)
+	if len(ex.Running) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nrunning under role %s on this node (start digest -> live digest):\n", ex.Profile.Role)
+	for _, sb := range ex.Running {
+		who := sb.Pod
+		if who == "" {
+			who = "(" + sb.Namespace + ")"
+		}
+		live := short(sb.LiveDigest)
+		if sb.LiveDigest == sb.StartDigest {
+			live += " (as started)"
+		} else {
+			live += " (tightened live: see its policy_tightened record)"
+		}
+		fmt.Fprintf(w, "  %s %s: %s -> %s\n", short(sb.ID), who, short(sb.StartDigest), live)
+	}
+}
+
+func writeProfileExplanation(w io.Writer, ex explanation) {
 	p := ex.Profile
 	if pod := ex.Pod; pod != nil {
 		fmt.Fprintf(w, "pod %s/%s\n", pod.Namespace, pod.Name)

@@ -22,18 +22,24 @@ import (
 func syncCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sync",
-		Usage: "node agent: keep this node's policy snapshot in step with the cluster's AgentRole and AgentRoleBinding objects",
+		Usage: "node agent: keep this node's policy snapshot in step with the cluster's AgentRole and AgentRoleBinding objects, and apply AgentQuarantine objects to its sandboxes",
 		Description: `Watches the cluster's policy objects and writes them into the node's policy
 directory as one file (` + policysync.FileName + `), swapped in atomically, after
 validating it with the shim's loader together with the node's own files there. An
 invalid set is never applied: the node keeps its last good snapshot, and the objects'
 status names the file, line and field. Without the API server, the node keeps what
-it has. Every change is a record in the node's audit trail (node-NODE.jsonl).`,
+it has. Every change is a record in the node's audit trail (node-NODE.jsonl).
+
+It also quarantines this node's pods that an AgentQuarantine object names (by
+namespace/name or label selector) through their sandboxes' control sockets, lifts
+such a quarantine only when its object is deleted, and reports the pods in the
+object's status.nodes.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
 			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
 			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
+			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
 			&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
 		},
@@ -80,7 +86,11 @@ func runSync(c *cli.Context) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync")}
+	controlDir := flagOr(c, "control-dir", cfg.Shim.ControlDir)
+	if controlDir == "none" {
+		controlDir = ""
+	}
+	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir}
 	runErr := agent.Run(ctx)
 	if err := trail.Close(audit.TypeSandboxEnd.New("Success", "agentbox sync stopped", map[string]string{"node": node})); err != nil && runErr == nil {
 		runErr = err

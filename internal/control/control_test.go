@@ -154,3 +154,37 @@ func TestListAndFind(t *testing.T) {
 		t.Fatalf("missing dir: %v %v", l, err)
 	}
 }
+
+// Requests to one sandbox are applied one at a time, whatever the clients
+// do at once.
+func TestRequestsSerialize(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "control")
+	var inside, most atomic.Int32
+	s := serve(t, dir, "sb1", uint32(os.Geteuid()), func(context.Context, Peer, Request) Response {
+		n := inside.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		inside.Add(-1)
+		return Response{OK: true}
+	})
+	errs := make(chan error, 16)
+	for i := 0; i < 16; i++ {
+		go func() {
+			_, err := Call(s.Path(), Request{Op: OpFreeze, Reason: "x"}, 5*time.Second)
+			errs <- err
+		}()
+	}
+	for i := 0; i < 16; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if most.Load() != 1 {
+		t.Fatalf("%d requests were applied at once", most.Load())
+	}
+}

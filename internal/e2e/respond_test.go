@@ -402,12 +402,17 @@ func writePolicy(t *testing.T, name, body string) {
 	}
 }
 
-// triesOf parses the agent's "== try NAME SECONDS: OUTPUT" lines: the
-// output of each try of name at or after since.
+// triesOf parses the agent's "== try NAME SECONDS: OUTPUT" lines ("== try
+// SECONDS: OUTPUT" when name is ""): the output of each try of name at or
+// after since.
 func triesOf(out, name string, since time.Time) []string {
 	var got []string
 	for _, l := range strings.Split(out, "\n") {
-		rest, ok := strings.CutPrefix(l, "== try "+name+" ")
+		prefix := "== try "
+		if name != "" {
+			prefix += name + " "
+		}
+		rest, ok := strings.CutPrefix(l, prefix)
 		if !ok {
 			continue
 		}
@@ -485,6 +490,10 @@ func TestRespondLiveTightening(t *testing.T) {
 	}
 	if tight != nil && (sb.LiveDigest != tight.Detail["new_digest"] || sb.StartDigest == sb.LiveDigest) {
 		t.Errorf("sandbox list: start %s live %s, want live %s", sb.StartDigest, sb.LiveDigest, tight.Detail["new_digest"])
+	}
+	ex := agentbox("policy", "explain", "--config", filepath.Join(dev.dir, "agentbox", "config.toml"), "--role", "e2e-live", "--namespace", "e2e-live")
+	if ex.code != 0 || !strings.Contains(ex.stdout, p.id[:12]+" e2e-live/live: ") || !strings.Contains(ex.stdout, "(tightened live") {
+		t.Errorf("policy explain does not show the running sandbox's live digest: %v", ex)
 	}
 	// Loosened: b and another name back in the role; the running pod does
 	// not take them, and says so.

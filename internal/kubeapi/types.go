@@ -134,3 +134,82 @@ type ObjectRef struct {
 	// Generation is its metadata.generation in the snapshot.
 	Generation int64 `json:"generation"`
 }
+
+// Quarantine resource and kind.
+const (
+	QuarantinesResource = "agentquarantines"
+	KindQuarantine      = "AgentQuarantine"
+)
+
+// AgentQuarantine cuts the egress of the agent pods it names, on every
+// node, as `agentbox sandbox quarantine` does: the agents keep running. It
+// is cluster-scoped, so only whoever RBAC lets write it (cluster admins)
+// can make or lift one; a pod's author cannot, by editing the pod or its
+// labels: a pod once quarantined by this object stays so until the object
+// is deleted. Each node's agent reports in status.nodes.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=aq,categories=agentbox
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.spec.reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="has(self.spec.pods) || has(self.spec.selector)",message="name pods, a selector, or both"
+type AgentQuarantine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   QuarantineSpec   `json:"spec"`
+	Status QuarantineStatus `json:"status,omitempty"`
+}
+
+// QuarantineSpec says which pods and why.
+type QuarantineSpec struct {
+	// Reason goes into each quarantined sandbox's trail.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Reason string `json:"reason"`
+	// Pods by namespace and name.
+	// +optional
+	Pods []PodRef `json:"pods,omitempty"`
+	// Selector picks pods by their labels.
+	// +optional
+	Selector *PodSelector `json:"selector,omitempty"`
+}
+
+// PodRef names one pod.
+type PodRef struct {
+	// +kubebuilder:validation:MinLength=1
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+}
+
+// PodSelector picks pods whose labels hold every one of MatchLabels, in
+// Namespace (every namespace when empty).
+type PodSelector struct {
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// +kubebuilder:validation:MinProperties=1
+	MatchLabels map[string]string `json:"matchLabels"`
+}
+
+// QuarantineStatus is what each node's agent applied.
+type QuarantineStatus struct {
+	// Nodes by node name.
+	// +optional
+	Nodes map[string]NodeQuarantine `json:"nodes,omitempty"`
+}
+
+// NodeQuarantine is one node's part of a quarantine.
+type NodeQuarantine struct {
+	// AppliedAt is when this node's agent last quarantined a pod for it.
+	// +optional
+	AppliedAt *metav1.Time `json:"appliedAt,omitempty"`
+	// Pods are the pods (NAMESPACE/NAME) quarantined on this node.
+	// +optional
+	Pods []string `json:"pods,omitempty"`
+	// Error is the last failure to quarantine one of them (the shim then
+	// froze or stopped it: see its trail).
+	// +optional
+	Error string `json:"error,omitempty"`
+}

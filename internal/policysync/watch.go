@@ -42,7 +42,12 @@ type Agent struct {
 	// files may have).
 	Resync time.Duration
 
+	// ControlDir, when set, holds this node's sandbox control sockets:
+	// the agent applies the AgentQuarantine objects to them.
+	ControlDir string
+
 	roles, bindings, nodes cache.SharedIndexInformer
+	quarantineInf, podInf  cache.SharedIndexInformer
 	kick                   chan struct{}
 	lastRefused            string
 }
@@ -66,6 +71,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	for _, inf := range []cache.SharedIndexInformer{a.roles, a.bindings, a.nodes} {
 		if _, err := inf.AddEventHandler(poke); err != nil {
+			return err
+		}
+	}
+	if a.ControlDir != "" {
+		if err := a.startQuarantines(ctx, factory); err != nil {
 			return err
 		}
 	}
@@ -93,6 +103,44 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		case <-tick.C:
 		}
+	}
+}
+
+// startQuarantines watches the AgentQuarantine objects and this node's
+// pods, and once both are listed applies them in a loop of their own (a
+// cluster without the AgentQuarantine CRD still syncs its policies).
+func (a *Agent) startQuarantines(ctx context.Context, factory dynamicinformer.DynamicSharedInformerFactory) error {
+	a.quarantineInf = factory.ForResource(QuarantinesGVR).Informer()
+	pods := dynamicinformer.NewFilteredDynamicSharedInformerFactory(a.Client, 10*time.Minute, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		o.FieldSelector = "spec.nodeName=" + a.NodeName
+	})
+	a.podInf = pods.ForResource(PodsGVR).Informer()
+	kick := make(chan struct{}, 1)
+	poke := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { pokeChan(kick) },
+		UpdateFunc: func(any, any) { pokeChan(kick) },
+		DeleteFunc: func(any) { pokeChan(kick) },
+	}
+	for _, inf := range []cache.SharedIndexInformer{a.quarantineInf, a.podInf} {
+		if _, err := inf.AddEventHandler(poke); err != nil {
+			return err
+		}
+	}
+	pods.Start(ctx.Done())
+	go func() {
+		if !cache.WaitForCacheSync(ctx.Done(), a.quarantineInf.HasSynced, a.podInf.HasSynced) {
+			return
+		}
+		a.Log.WithField("control_dir", a.ControlDir).Info("AgentQuarantine objects listed; applying them to this node's sandboxes")
+		a.runQuarantines(ctx, kick)
+	}()
+	return nil
+}
+
+func pokeChan(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 

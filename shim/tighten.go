@@ -111,7 +111,8 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		return
 	}
 	start := time.Now()
-	if err := s.loadLive(sb, livePlan); err != nil {
+	closed, err := s.loadLive(sb, livePlan)
+	if err != nil {
 		fallback, ferr := failClosed(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
 		detail["error"], detail["fallback"] = err.Error(), fallback
 		if ferr != nil {
@@ -125,28 +126,36 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	sb.resp.liveDigest = next.Digest
 	sb.resp.mu.Unlock()
 	detail["applied_in"] = time.Since(start).Round(time.Microsecond).String()
+	if closed > 0 {
+		detail["gateway_connections_closed"] = fmt.Sprint(closed)
+	}
 	sb.audit.trail.Emit(audit.TypePolicyTightened.New("Success",
 		fmt.Sprintf("role %s tightened to %s: %s", next.Role, short(next.Digest), detail["applied"]), detail), true)
 	log.G(ctx).WithField("policy_digest", next.Digest).Infof("agentbox: role tightened live: %s", detail["applied"])
 }
 
 // loadLive makes pl the sandbox's egress: the resolver and gateway decide
-// by it from now on, and the pod's rules are replaced (unless it is
-// quarantined: its release loads them).
-func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) error {
+// by it from now on (the gateway's TLS connections to names it no longer
+// allows are closed), and the pod's rules are replaced (unless it is
+// quarantined: its release loads them). It says how many gateway
+// connections it closed.
+func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 	sb.egressMu.Lock()
-	ns, held, iface := sb.netns, sb.heldNetnsLocked(), sb.iface
+	ns, held, iface, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.gateway
 	sb.egressMu.Unlock()
 	sb.resp.mu.Lock()
 	quarantined := sb.resp.quarantined != ""
 	sb.resp.mu.Unlock()
 	if ns != "" && !quarantined {
 		if err := netpolicy.Restore(held, pl, iface); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	sb.live.Store(pl)
-	return nil
+	if gw == nil {
+		return 0, nil
+	}
+	return gw.Revalidate(), nil
 }
 
 // unchangeable lists what differs between a running sandbox's profile and

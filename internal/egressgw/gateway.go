@@ -136,7 +136,9 @@ type Gateway struct {
 
 	mu     sync.Mutex
 	lns    []net.Listener
-	conns  map[net.Conn]struct{}
+	// conns are the open connections, each with the name it was
+	// allowed by (a TLS connection's SNI, once decided).
+	conns  map[net.Conn]decided
 	fronts []*httpFront
 	closed bool
 	// suspended, when set, is why every connection is refused
@@ -168,7 +170,7 @@ func New(cfg Config) *Gateway {
 	if cfg.Record == nil {
 		cfg.Record = func(Event) {}
 	}
-	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
+	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]decided{}}
 	g.ctx, g.stop = context.WithCancel(context.Background())
 	return g
 }
@@ -264,8 +266,43 @@ func (g *Gateway) track(c net.Conn) bool {
 	if g.closed {
 		return false
 	}
-	g.conns[c] = struct{}{}
+	g.conns[c] = decided{}
 	return true
+}
+
+// decided is what a TLS connection was allowed as.
+type decided struct {
+	name string
+	port int
+}
+
+// allowedAs notes the name a connection was allowed by.
+func (g *Gateway) allowedAs(c net.Conn, name string, port int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.conns[c]; ok {
+		g.conns[c] = decided{name, port}
+	}
+}
+
+// Revalidate closes every TLS connection whose name the plan no longer
+// allows on its port (the role dropped the host while it ran), and says
+// how many. An HTTP request is decided on its own, each time.
+func (g *Gateway) Revalidate() int {
+	pl := g.plan()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for c, d := range g.conns {
+		if d.name == "" {
+			continue
+		}
+		if _, why := Decide(pl, d.name, d.port); why != "" {
+			c.Close()
+			n++
+		}
+	}
+	return n
 }
 
 // release forgets c and frees its slot; it runs once per accepted
@@ -408,6 +445,7 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 		g.refuse(c, ev, start, why)
 		return
 	}
+	g.allowedAs(c, h.SNI, ev.Port)
 	if rule.Inspect {
 		g.terminate(c, br, ev, start, h.SNI, front)
 		return

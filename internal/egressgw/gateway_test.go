@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -431,5 +432,52 @@ func TestSuspendAndResume(t *testing.T) {
 	f.gw.Resume()
 	if got := f.rawHTTP(t, "GET /4 HTTP/1.1\r\nHost: a.test\r\n\r\n"); len(got) != 1 || !strings.HasPrefix(got[0], "200 site=a.test") {
 		t.Fatalf("after resume: %q", got)
+	}
+}
+
+// A role that drops a host while the sandbox runs: the gateway closes the
+// TLS connections it allowed by that name, and keeps the others.
+func TestRevalidateClosesDroppedNames(t *testing.T) {
+	var live atomic.Pointer[netpolicy.Plan]
+	f := newFixture(t, true, Config{Live: &live})
+	dial := func(name string) (*tls.Conn, *bufio.Reader) {
+		c, err := tls.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port), &tls.Config{ServerName: name, RootCAs: f.pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", name)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		return c, br
+	}
+	a, abr := dial("a.test")
+	b, bbr := dial("b.test")
+	if n := f.gw.Revalidate(); n != 0 {
+		t.Fatalf("nothing changed, and %d connections were closed", n)
+	}
+	pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+		{Host: "b.test", Ports: []int{f.port}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Store(pl)
+	if n := f.gw.Revalidate(); n != 1 {
+		t.Fatalf("revalidate closed %d connections, want 1 (a.test's)", n)
+	}
+	a.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(a, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+	if _, err := http.ReadResponse(abr, nil); err == nil {
+		t.Fatal("a.test's connection still carries requests")
+	}
+	b.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(b, "GET / HTTP/1.1\r\nHost: b.test\r\n\r\n")
+	if resp, err := http.ReadResponse(bbr, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("b.test's connection: %v %v", resp, err)
 	}
 }

@@ -51,24 +51,22 @@ func sandboxCommand() *cli.Command {
 	}
 }
 
-// controlDir is the control socket directory the flags or the config name.
-func controlDir(c *cli.Context) (string, error) {
-	if d := c.String("control-dir"); d != "" {
-		return d, nil
+// listed asks every sandbox in the control socket directory the flags or
+// the config name.
+func listed(c *cli.Context) ([]control.Listed, error) {
+	dir := c.String("control-dir")
+	if dir == "" {
+		cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+		if err != nil {
+			return nil, err
+		}
+		dir = cfg.Shim.ControlDir
 	}
-	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
-	if err != nil {
-		return "", err
-	}
-	return cfg.Shim.ControlDir, nil
+	return control.List(dir, controlTimeout)
 }
 
 func sandboxList(c *cli.Context) error {
-	dir, err := controlDir(c)
-	if err != nil {
-		return cli.Exit(err, 1)
-	}
-	listed, err := control.List(dir, controlTimeout)
+	listed, err := listed(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
@@ -150,15 +148,11 @@ func sandboxAct(c *cli.Context, op string) error {
 	if err := req.Validate(); err != nil {
 		return cli.Exit(strings.Replace(err.Error(), "reason:", "--reason:", 1), 2)
 	}
-	dir, err := controlDir(c)
+	all, err := listed(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	listed, err := control.List(dir, controlTimeout)
-	if err != nil {
-		return cli.Exit(err, 1)
-	}
-	target, err := control.Find(listed, c.Args().First(), c.String("pod"))
+	target, err := control.Find(all, c.Args().First(), c.String("pod"))
 	if err != nil {
 		return cli.Exit(err, 1)
 	}

@@ -299,6 +299,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 			return err
 		}
 		plan.sandbox.audit.receiver = rcv
+		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
 		flags["pod-init-config"] = podInit
 		plan.phases.mark("audit_receiver")
 		p := plan.profile
@@ -317,6 +318,23 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	r.Options = any
 	plan.phases.mark("runsc_options")
 	return nil
+}
+
+// effectiveLimits are the memory limit (bytes) and CPU limit (millicores)
+// a sandbox root's spec asks runsc for: its role's, or the pod's own when
+// lower (0: none).
+func effectiveLimits(spec *specs.Spec) (memory, cpuMillis int64) {
+	if spec.Linux == nil || spec.Linux.Resources == nil {
+		return 0, 0
+	}
+	r := spec.Linux.Resources
+	if r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 {
+		memory = *r.Memory.Limit
+	}
+	if r.CPU != nil && r.CPU.Quota != nil && r.CPU.Period != nil && *r.CPU.Quota > 0 && *r.CPU.Period > 0 {
+		cpuMillis = *r.CPU.Quota * 1000 / int64(*r.CPU.Period)
+	}
+	return memory, cpuMillis
 }
 
 // resolvConfFor returns the rewrite that writes the container's resolv.conf

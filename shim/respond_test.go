@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // A quarantine that cannot be applied never leaves the sandbox as it was.
@@ -69,5 +71,37 @@ func TestWallClockHeldWhileFrozen(t *testing.T) {
 	r2.thawTimer(sb2, fire)
 	if _, ok := r2.wallClockLeft(sb2); ok {
 		t.Fatal("a sandbox without a wall clock reports one")
+	}
+}
+
+// A role's lower memory or CPU limit is applied to a running sandbox; a
+// higher one is pending; an unchanged one changes nothing, even where the
+// pod asked for less than its role.
+func TestLowerLimits(t *testing.T) {
+	role := policy.LimitsProfile{MemoryBytes: 512 << 20, CPUMillis: 1000}
+	for _, tc := range []struct {
+		name             string
+		memory, cpu      int64
+		next             policy.LimitsProfile
+		memSet, cpuSet   int64
+		applied, pending int
+	}{
+		{name: "lower both", memory: 512 << 20, cpu: 1000, next: policy.LimitsProfile{MemoryBytes: 256 << 20, CPUMillis: 500}, memSet: 256 << 20, cpuSet: 50000, applied: 2},
+		{name: "higher both", memory: 512 << 20, cpu: 1000, next: policy.LimitsProfile{MemoryBytes: 1 << 30, CPUMillis: 2000}, pending: 2},
+		{name: "unchanged, the pod asked for less", memory: 128 << 20, cpu: 250, next: role},
+		{name: "lower than the role, above the pod's own", memory: 128 << 20, cpu: 1000, next: policy.LimitsProfile{MemoryBytes: 256 << 20, CPUMillis: 1000}},
+		{name: "no limit any more", memory: 512 << 20, cpu: 1000, next: policy.LimitsProfile{CPUMillis: 1000}, pending: 1},
+	} {
+		res, applied, pending := lowerLimits(tc.memory, tc.cpu, role, tc.next)
+		var mem, quota int64
+		if res != nil && res.Memory != nil {
+			mem = *res.Memory.Limit
+		}
+		if res != nil && res.CPU != nil {
+			quota = *res.CPU.Quota
+		}
+		if mem != tc.memSet || quota != tc.cpuSet || len(applied) != tc.applied || len(pending) != tc.pending {
+			t.Errorf("%s: memory %d quota %d applied %q pending %q", tc.name, mem, quota, applied, pending)
+		}
 	}
 }

@@ -42,6 +42,10 @@ type sandboxState struct {
 	// resolver, the gateway and connect records read it).
 	request policy.Request
 	live    atomic.Pointer[netpolicy.Plan]
+	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
+	// (0: none); a tightened role lowers them live. Owned by the policy
+	// watcher after Create.
+	memoryLimit, cpuMillis int64
 	// ctl is the sandbox's control socket; resp what an admin's
 	// responses (quarantine, freeze) hold now.
 	ctl  *control.Server

@@ -13,7 +13,10 @@ import (
 	"strings"
 	"time"
 
+	task "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
@@ -101,6 +104,8 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	}
 	livePlan, applied, pending := netpolicy.Narrow(cur, nextPlan)
 	pending = append(pending, unchangeable(sb.profile, next)...)
+	res, limApplied, limPending := lowerLimits(sb.memoryLimit, sb.cpuMillis, sb.profile.Limits, next.Limits)
+	applied, pending = append(applied, limApplied...), append(pending, limPending...)
 	detail := map[string]string{"start_digest": sb.profile.Digest, "previous_digest": live, "new_digest": next.Digest,
 		"applied": strings.Join(applied, "; "), "pending": strings.Join(pending, "; ")}
 	if len(applied) == 0 {
@@ -112,6 +117,9 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	}
 	start := time.Now()
 	closed, err := s.loadLive(sb, livePlan)
+	if err == nil && res != nil {
+		err = s.updateLimits(ctx, sb, res)
+	}
 	if err != nil {
 		fallback, ferr := failClosed(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
 		detail["error"], detail["fallback"] = err.Error(), fallback
@@ -169,7 +177,8 @@ func unchangeable(cur, next *policy.Profile) []string {
 		{"filesystem", cur.Filesystem, next.Filesystem},
 		{"process (user, capabilities, syscalls, maxProcesses)", cur.Process, next.Process},
 		{"credentials", cur.Credentials, next.Credentials},
-		{"limits (cpu, memory, wall clock)", cur.Limits, next.Limits},
+		{"limits (wall clock, CPU time, open files)", []any{cur.Limits.WallClock, cur.Limits.CPUTimeSeconds, cur.Limits.OpenFiles},
+			[]any{next.Limits.WallClock, next.Limits.CPUTimeSeconds, next.Limits.OpenFiles}},
 		{"audit", cur.Audit, next.Audit},
 	} {
 		a, _ := json.Marshal(part.cur)
@@ -179,6 +188,57 @@ func unchangeable(cur, next *policy.Profile) []string {
 		}
 	}
 	return out
+}
+
+// lowerLimits is the cgroup update that takes a running sandbox's memory
+// and CPU limits (memory, cpuMillis: what its cgroup has; 0 none) down to
+// its role's new version's where that is lower (nil: none), what it
+// applies, and what it does not: a role's higher limit loosens. A role
+// limit that did not change changes nothing (the pod may have asked for
+// less).
+func lowerLimits(memory, cpuMillis int64, old, next policy.LimitsProfile) (*specs.LinuxResources, []string, []string) {
+	var res *specs.LinuxResources
+	var applied, pending []string
+	if m := next.MemoryBytes; m != old.MemoryBytes {
+		if m > 0 && (memory == 0 || m < memory) {
+			res = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &m}}
+			applied = append(applied, fmt.Sprintf("memory limit %d -> %d bytes", memory, m))
+		} else if m == 0 || m > old.MemoryBytes {
+			pending = append(pending, fmt.Sprintf("memory limit %d -> %d bytes (loosens)", old.MemoryBytes, m))
+		}
+	}
+	if c := next.CPUMillis; c != old.CPUMillis {
+		if c > 0 && (cpuMillis == 0 || c < cpuMillis) {
+			if res == nil {
+				res = &specs.LinuxResources{}
+			}
+			quota, period := c*100, uint64(100000)
+			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+			applied = append(applied, fmt.Sprintf("cpu limit %dm -> %dm", cpuMillis, c))
+		} else if c == 0 || c > old.CPUMillis {
+			pending = append(pending, fmt.Sprintf("cpu limit %dm -> %dm (loosens)", old.CPUMillis, c))
+		}
+	}
+	return res, applied, pending
+}
+
+// updateLimits applies res to the sandbox's cgroup (runsc update, through
+// gVisor's task service).
+func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs.LinuxResources) error {
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	if _, err := s.next.Update(ctx, &task.UpdateTaskRequest{ID: sb.id, Resources: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: b}}); err != nil {
+		return fmt.Errorf("runsc update: %w", err)
+	}
+	if res.Memory != nil {
+		sb.memoryLimit = *res.Memory.Limit
+	}
+	if res.CPU != nil {
+		sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
+	}
+	return nil
 }
 
 func short(digest string) string {

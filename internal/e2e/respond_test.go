@@ -363,9 +363,9 @@ func TestBenchmarkQuarantineLatency(t *testing.T) {
 	benchOut(t, report)
 }
 
-// liveRole is the e2e-live role with hosts allowed on port 80, and its
-// binding.
-func liveRole(hosts ...string) string {
+// liveRole is the e2e-live role with hosts allowed on port 80 and a
+// memory limit, and its binding.
+func liveRole(memory string, hosts ...string) string {
 	var allow []string
 	for _, h := range hosts {
 		allow = append(allow, fmt.Sprintf("{host: %s, ports: [80]}", h))
@@ -377,6 +377,7 @@ spec:
   inherits: baseline
   credentials:
     env: {allow: [PATH, "AGENT_*"]}
+  limits: {memory: %s}
   network:
     egress: allowlist
     allow: [%s]
@@ -387,7 +388,7 @@ metadata: {name: e2e-live}
 spec:
   role: e2e-live
   subjects: [{namespace: e2e-live}]
-`, strings.Join(allow, ", "))
+`, memory, strings.Join(allow, ", "))
 }
 
 // writePolicy replaces a policy file of the dev daemon's in one rename.
@@ -432,7 +433,7 @@ func TestRespondLiveTightening(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
 	const file = "zz-e2e-live.yaml"
-	writePolicy(t, file, liveRole(gwAllowA, gwAllowB))
+	writePolicy(t, file, liveRole("512Mi", gwAllowA, gwAllowB))
 	t.Cleanup(func() { os.Remove(filepath.Join(dev.dir, "agentbox", "policies", file)) })
 	p := newPodIn(t, "live", "e2e-live", map[string]string{"agentbox.dev/role": "e2e-live"})
 	try := func(name string) string {
@@ -440,13 +441,33 @@ func TestRespondLiveTightening(t *testing.T) {
 	}
 	script := fmt.Sprintf("while :; do %s; %s; sleep 0.3; done", try(gwAllowA), try(gwAllowB))
 	id := p.containerWith(t, "c", map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"sh", "-c", script}})
+	memLimit := func() string {
+		r := dev.crictl(30*time.Second, "inspectp", "-o", "json", p.id)
+		var st struct {
+			Info struct {
+				Pid int `json:"pid"`
+			} `json:"info"`
+		}
+		json.Unmarshal([]byte(r.stdout), &st)
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.Info.Pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(l, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",memory,") {
+				v, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.limit_in_bytes"))
+				return strings.TrimSpace(string(v))
+			}
+		}
+		return "no memory cgroup for pid " + fmt.Sprint(st.Info.Pid)
+	}
+	if got := memLimit(); got != fmt.Sprint(512<<20) {
+		t.Fatalf("the sandbox's memory limit is %s, want 512Mi", got)
+	}
 	if r := waitLogs(t, id, "== try "+gwAllowB); len(triesOf(r.stdout, gwAllowB, time.Time{})) == 0 ||
 		!strings.Contains(triesOf(r.stdout, gwAllowB, time.Time{})[0], "status=200") {
 		t.Fatalf("before the edit, %s: %s", gwAllowB, clip(r.stdout))
 	}
 	// Tightened: b is cut within seconds, a still works.
 	edited := time.Now()
-	writePolicy(t, file, liveRole(gwAllowA))
+	writePolicy(t, file, liveRole("256Mi", gwAllowA))
 	var cut time.Time
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && cut.IsZero(); time.Sleep(200 * time.Millisecond) {
 		for _, r := range trailSoFar(t, p.id) {
@@ -479,8 +500,12 @@ func TestRespondLiveTightening(t *testing.T) {
 	}
 	recs := trailSoFar(t, p.id)
 	tight := findRecord(recs, "agentbox/policy_tightened")
-	if tight == nil || !strings.Contains(tight.Detail["applied"], "host b.gw.e2e.test ports [80] removed") || tight.Detail["new_digest"] == tight.Detail["start_digest"] {
+	if tight == nil || !strings.Contains(tight.Detail["applied"], "host b.gw.e2e.test ports [80] removed") || tight.Detail["new_digest"] == tight.Detail["start_digest"] ||
+		!strings.Contains(tight.Detail["applied"], fmt.Sprintf("memory limit %d -> %d bytes", 512<<20, 256<<20)) {
 		t.Errorf("tightened record %+v", tight)
+	}
+	if got := memLimit(); got != fmt.Sprint(256<<20) {
+		t.Errorf("after the tightening, the sandbox's memory limit is %s, want 256Mi", got)
 	}
 	var sb control.Sandbox
 	for _, s := range listSandboxes(t) {
@@ -497,10 +522,13 @@ func TestRespondLiveTightening(t *testing.T) {
 	}
 	// Loosened: b and another name back in the role; the running pod does
 	// not take them, and says so.
-	writePolicy(t, file, liveRole(gwAllowA, gwAllowB, gwOther))
+	writePolicy(t, file, liveRole("1Gi", gwAllowA, gwAllowB, gwOther))
 	var pending *record
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && pending == nil; time.Sleep(200 * time.Millisecond) {
 		pending = findRecord(trailSoFar(t, p.id), "agentbox/policy_pending")
+	}
+	if got := memLimit(); got != fmt.Sprint(256<<20) {
+		t.Errorf("after the loosening edit, the sandbox's memory limit is %s, want 256Mi still", got)
 	}
 	if pending == nil || !strings.Contains(pending.Detail["pending"], "host b.gw.e2e.test ports [80] (loosens)") ||
 		!strings.Contains(pending.Detail["pending"], "host other.gw.e2e.test ports [80] (loosens)") {

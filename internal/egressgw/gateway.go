@@ -134,8 +134,8 @@ type Gateway struct {
 	ctx      context.Context
 	stop     context.CancelFunc
 
-	mu     sync.Mutex
-	lns    []net.Listener
+	mu  sync.Mutex
+	lns []net.Listener
 	// conns are the open connections, each with the name it was
 	// allowed by (a TLS connection's SNI, once decided).
 	conns  map[net.Conn]decided

@@ -198,6 +198,9 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 		}
 	}
 	plan.mounts.Stage = plan.stager.Stage
+	// What the agent must never reach, whatever a role's host mounts say:
+	// the sandboxes' control and audit sockets, runsc's state, the trails.
+	plan.mounts.Reserved = []string{cfg.Shim.ControlDir, cfg.Audit.SocketDir, cfg.RunscRoot(s.containerdAddress), cfg.Audit.Dir}
 	if plan.mounts.MaskFile, err = mountguard.MaskFile(r.Bundle); err != nil {
 		return err
 	}

@@ -50,6 +50,10 @@ type MountEnv struct {
 	Kind func(root, rel string) (kind PathKind, next string, err error)
 	// MaskFile is an empty read-only file bound over masked files.
 	MaskFile string
+	// Reserved are the node's directories no host mount may reach, even
+	// one a role allows (the sandboxes' control and audit sockets, runsc's
+	// state): a bind of one of them, below one, or above one is refused.
+	Reserved []string
 }
 
 // Bind is an accepted bind mount: its source is Root/Rel.
@@ -240,6 +244,11 @@ func (p *Profile) classifyBind(m specs.Mount, env MountEnv) (Bind, string) {
 	default:
 		for _, hm := range p.Filesystem.HostMounts {
 			if under(src, hm.Path) {
+				for _, r := range env.Reserved {
+					if under(src, r) || under(r, src) {
+						return b, fmt.Sprintf("%s reaches %s, which holds the node's sandbox sockets or runsc's state: no host mount may, whatever the role's hostMounts (%s) allow", src, r, hm.Path)
+					}
+				}
 				b.Root, b.Rel, b.Origin = hm.Path, rel(src, hm.Path), "host mount "+hm.Path
 				b.ReadOnly = b.ReadOnly || *hm.ReadOnly
 				return b, ""

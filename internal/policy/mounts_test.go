@@ -38,6 +38,10 @@ func TestMountClassification(t *testing.T) {
 	set := mustParse(t, mountRoles)
 	pod := testEnv.PodDir
 	sb := testEnv.SandboxRootDir
+	// A node whose sockets lie below a role's host mount (an admin's
+	// broad hostMounts entry).
+	reserved := testEnv
+	reserved.Reserved = []string{"/srv/data/agentbox/control"}
 	cases := []struct {
 		name, role string
 		env        MountEnv
@@ -76,6 +80,10 @@ func TestMountClassification(t *testing.T) {
 		{"projected volume elsewhere", "vols", testEnv, bind(pod+"/volumes/kubernetes.io~projected/kube-api-access-x", "/tok"), nil, nil, "service-account token"},
 		{"projected volume, role allows tokens", "builder", testEnv, bind(pod+"/volumes/kubernetes.io~projected/kube-api-access-x", "/tok", "ro"), []string{"ro"}, nil, ""},
 		{"host mount rw", "vols", testEnv, bind("/srv/data/x", "/data", "rw"), []string{"noexec"}, nil, ""},
+		{"host mount beside the node's sockets", "vols", reserved, bind("/srv/data/x", "/data", "rw"), []string{"noexec"}, nil, ""},
+		{"host mount above the node's sockets", "vols", reserved, bind("/srv/data", "/data"), nil, nil, "reaches /srv/data/agentbox/control, which holds the node's sandbox sockets"},
+		{"host mount of the node's sockets", "vols", reserved, bind("/srv/data/agentbox/control", "/c"), nil, nil, "reaches /srv/data/agentbox/control"},
+		{"host mount below the node's sockets", "vols", reserved, bind("/srv/data/agentbox/control/x.sock", "/c"), nil, nil, "reaches /srv/data/agentbox/control"},
 		{"host mount read-only by role", "vols", testEnv, bind("/srv/models/llama", "/models", "rw"), []string{"ro"}, []string{"rw", "noexec"}, ""},
 		{"prefix text is not a parent", "vols", testEnv, bind("/srv/database", "/db"), nil, nil, "not a mount the runtime made"},
 		{"k3s's containerd root, not the configured one", "vols", testEnv, bind("/var/lib/rancher/k3s/agent/containerd/io.containerd.grpc.v1.cri/sandboxes/x/resolv.conf", "/etc/resolv.conf"), nil, nil, "containerd's CRI files under /var/lib/rancher/k3s/agent/containerd, but the shim config's [cri] containerd_root is /var/lib/containerd"},

@@ -213,6 +213,15 @@ spec:
 ---
 apiVersion: agentbox.dev/v1
 kind: Role
+metadata: {name: e2e-bomb}
+spec:
+  # e2e-tight's process bound, with time for the bomb to grow under load.
+  inherits: baseline
+  process: {maxProcesses: 16}
+  limits: {memory: 256Mi, cpuTime: 20s, wallClock: 30s}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
 metadata: {name: e2e-secret}
 spec:
   inherits: baseline
@@ -349,6 +358,13 @@ kind: RoleBinding
 metadata: {name: e2e-ctr}
 spec:
   role: e2e-tight
+  subjects: [{containerdNamespace: default}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-bomb}
+spec:
+  role: e2e-bomb
   subjects: [{containerdNamespace: default}]
 ---
 apiVersion: agentbox.dev/v1

@@ -29,7 +29,11 @@ import (
 
 // response is what an admin's responses hold on a sandbox now.
 type response struct {
-	mu sync.Mutex
+	// applying serializes what changes the sandbox's enforcement: an
+	// admin's requests and its role's live tightening (a release must not
+	// load rules a tightening is replacing).
+	applying sync.Mutex
+	mu       sync.Mutex
 	// quarantined is the quarantine's reason ("" when there is none).
 	// Protected by mu.
 	quarantined   string
@@ -90,6 +94,10 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 	}
 	var msg string
 	var err error
+	if req.Op != control.OpInfo {
+		sb.resp.applying.Lock()
+		defer sb.resp.applying.Unlock()
+	}
 	switch req.Op {
 	case control.OpInfo:
 	case control.OpQuarantine:

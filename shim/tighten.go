@@ -67,6 +67,8 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		return
 	}
 	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
+	sb.resp.applying.Lock()
+	defer sb.resp.applying.Unlock()
 	next, err := set.Select(sb.request)
 	sb.resp.mu.Lock()
 	seen, live := sb.resp.seen, sb.resp.liveDigest

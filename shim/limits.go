@@ -45,7 +45,14 @@ func (s *service) stopSandbox(sandboxID, limit, why string) {
 	s.killAll(ctx, ids)
 }
 
+// killAll kills the containers ids, of one sandbox. A frozen sandbox is
+// thawed first: runsc signals no container of a paused sandbox.
 func (s *service) killAll(ctx context.Context, ids []string) {
+	if len(ids) > 0 {
+		if sb, ok := s.sandboxes.of(ids[0]); ok {
+			s.thawForKill(ctx, sb)
+		}
+	}
 	for _, id := range ids {
 		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
 			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill")

@@ -162,10 +162,7 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 // egressSummary says what the sandbox's egress is, for records.
 func egressSummary(sb *sandboxState) string {
 	pl := sb.live.Load()
-	sb.egressMu.Lock()
-	ns := sb.netns
-	sb.egressMu.Unlock()
-	if pl == nil || ns == "" {
+	if pl == nil || sb.egress().netns == "" {
 		return string(sb.profile.Network.Egress) + " (no network interface)"
 	}
 	mode := pl.Mode()
@@ -198,9 +195,7 @@ func (s *service) quarantine(ctx context.Context, sb *sandboxState, detail map[s
 	cut, err := cutEgress(sb, "quarantined: "+detail["reason"])
 	detail["cut"] = strings.Join(cut, "; ")
 	if err != nil {
-		fallback, ferr := failClosed(
-			func() error { return s.pause(ctx, sb) },
-			func() error { s.kill(ctx, sb); return nil })
+		fallback, ferr := s.failClosed(ctx, sb)
 		detail["error"], detail["fallback"] = err.Error(), fallback
 		rec := audit.TypeQuarantined.New("Failure", fmt.Sprintf("quarantine failed (%v): the sandbox was %s instead", err, fallback), detail)
 		sb.audit.trail.Emit(rec, true)
@@ -222,26 +217,24 @@ func (s *service) quarantine(ctx context.Context, sb *sandboxState, detail map[s
 // cutEgress does a quarantine's cuts and says what it cut; the error is
 // the first that failed (a cut that failed is not listed).
 func cutEgress(sb *sandboxState, why string) ([]string, error) {
-	sb.egressMu.Lock()
-	ns, held, iface, res, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.resolver, sb.gateway
-	sb.egressMu.Unlock()
+	e := sb.egress()
 	var cut []string
-	if ns != "" {
-		ifaces := []string{iface}
-		if res != nil {
+	if e.netns != "" {
+		ifaces := []string{e.iface}
+		if e.resolver != nil {
 			ifaces = append(ifaces, dnsproxy.PodLink)
 		}
-		if err := netpolicy.Quarantine(held, ifaces...); err != nil {
+		if err := netpolicy.Quarantine(e.held, ifaces...); err != nil {
 			return cut, err
 		}
 		cut = append(cut, "every packet dropped on "+strings.Join(ifaces, " and "))
 	}
-	if res != nil {
-		res.Suspend()
+	if e.resolver != nil {
+		e.resolver.Suspend()
 		cut = append(cut, "resolver answers nothing")
 	}
-	if gw != nil {
-		n := gw.Suspend(why)
+	if e.gateway != nil {
+		n := e.gateway.Suspend(why)
 		cut = append(cut, fmt.Sprintf("gateway refuses every connection (%d open closed)", n))
 	}
 	if len(cut) == 0 {
@@ -250,9 +243,14 @@ func cutEgress(sb *sandboxState, why string) ([]string, error) {
 	return cut, nil
 }
 
-// failClosed is what a failed quarantine falls back to: freezing the
-// sandbox, else stopping it. It says which was done.
-func failClosed(freeze, stop func() error) (string, error) {
+// failClosed freezes a sandbox whose rules could not be loaded (a
+// quarantine, a tightening), else stops it, and says which.
+func (s *service) failClosed(ctx context.Context, sb *sandboxState) (string, error) {
+	return fallBack(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
+}
+
+// fallBack is failClosed's order: freeze, else stop.
+func fallBack(freeze, stop func() error) (string, error) {
 	ferr := freeze()
 	if ferr == nil {
 		return "frozen", nil
@@ -273,24 +271,22 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 	if reason == "" {
 		return "", errors.New("the sandbox is not quarantined")
 	}
-	sb.egressMu.Lock()
-	ns, held, iface, res, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.resolver, sb.gateway
-	sb.egressMu.Unlock()
+	e := sb.egress()
 	detail["quarantine_reason"] = reason
-	if ns != "" {
+	if e.netns != "" {
 		// The live plan: what the role says now, as far as it tightened.
-		if err := netpolicy.Restore(held, sb.live.Load(), iface); err != nil {
+		if err := netpolicy.Restore(e.held, sb.live.Load(), e.iface); err != nil {
 			detail["error"] = err.Error()
 			sb.audit.trail.Emit(audit.TypeReleased.New("Failure", "release failed: the sandbox stays quarantined: "+err.Error(), detail), true)
 			return "", fmt.Errorf("release failed, the sandbox stays quarantined: %w", err)
 		}
 	}
-	if res != nil {
-		res.Resume()
-		detail["dns_questions_dropped"] = fmt.Sprint(res.Dropped())
+	if e.resolver != nil {
+		e.resolver.Resume()
+		detail["dns_questions_dropped"] = fmt.Sprint(e.resolver.Dropped())
 	}
-	if gw != nil {
-		gw.Resume()
+	if e.gateway != nil {
+		e.gateway.Resume()
 	}
 	sb.resp.mu.Lock()
 	sb.resp.quarantined = ""
@@ -371,21 +367,12 @@ func (s *service) stopByAdmin(ctx context.Context, sb *sandboxState, detail map[
 	return msg, nil
 }
 
-// kill kills every container of the sandbox, the root last, thawing a
-// frozen sandbox first so that the kill is delivered.
+// kill kills every container of the sandbox, the root last.
 func (s *service) kill(ctx context.Context, sb *sandboxState) {
 	sb.resp.mu.Lock()
 	sb.resp.stopped = true
 	sb.resp.mu.Unlock()
-	ids := s.sandboxes.containersOf(sb)
-	for i, id := range ids {
-		if id == sb.id && i != len(ids)-1 {
-			ids = append(append(ids[:i:i], ids[i+1:]...), sb.id)
-			break
-		}
-	}
-	s.thawForKill(ctx, sb)
-	s.killAll(ctx, ids)
+	s.killAll(ctx, s.sandboxes.containersRootLast(sb))
 }
 
 // thawForKill resumes a frozen sandbox that is to be killed: runsc signals

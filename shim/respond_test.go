@@ -21,7 +21,7 @@ func TestFailClosed(t *testing.T) {
 		{freeze: boom, stop: boom, want: "neither frozen nor stopped", stopped: true, err: true},
 	} {
 		stopped := false
-		got, err := failClosed(func() error { return tc.freeze }, func() error { stopped = true; return tc.stop })
+		got, err := fallBack(func() error { return tc.freeze }, func() error { stopped = true; return tc.stop })
 		if got != tc.want || stopped != tc.stopped || (err != nil) != tc.err {
 			t.Errorf("freeze %v stop %v: got %q stopped %v err %v", tc.freeze, tc.stop, got, stopped, err)
 		}

@@ -119,14 +119,33 @@ func (sb *sandboxState) setEgress(ns, iface string) error {
 	return nil
 }
 
+// egressNow is what a sandbox's egress holds at one moment: the pod
+// namespace ("" for none) and a path to it that stays valid while the shim
+// holds it, the pod's interface, its resolver and gateway (nil for none).
+type egressNow struct {
+	netns, held, iface string
+	resolver           *dnsproxy.Resolver
+	gateway            *egressgw.Gateway
+}
+
+// egressNowLocked reads it. The caller holds egressMu.
+func (sb *sandboxState) egressNowLocked() egressNow {
+	return egressNow{netns: sb.netns, held: sb.heldNetnsLocked(), iface: sb.iface, resolver: sb.resolver, gateway: sb.gateway}
+}
+
+// egress reads what the sandbox's egress holds now.
+func (sb *sandboxState) egress() egressNow {
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	return sb.egressNowLocked()
+}
+
 // egressRemoval is what removeEgress takes from a sandbox, once.
 type egressRemoval struct {
-	netns, held string
-	file        *os.File
-	resolver    *dnsproxy.Resolver
-	gateway     *egressgw.Gateway
-	denials     *netpolicy.DenialLog
-	dropsDone   chan struct{}
+	egressNow
+	file      *os.File
+	denials   *netpolicy.DenialLog
+	dropsDone chan struct{}
 }
 
 // takeEgress hands the egress state over for removal and clears it; a
@@ -137,8 +156,7 @@ func (sb *sandboxState) takeEgress() (egressRemoval, bool) {
 	if sb.netns == "" {
 		return egressRemoval{}, false
 	}
-	e := egressRemoval{netns: sb.netns, held: sb.heldNetnsLocked(), file: sb.netnsFile, resolver: sb.resolver, gateway: sb.gateway,
-		denials: sb.denials, dropsDone: sb.dropsDone}
+	e := egressRemoval{egressNow: sb.egressNowLocked(), file: sb.netnsFile, denials: sb.denials, dropsDone: sb.dropsDone}
 	sb.netns, sb.netnsFile, sb.resolver, sb.gateway, sb.denials = "", nil, nil, nil, nil
 	return e, true
 }
@@ -351,6 +369,20 @@ func (r *sandboxRegistry) all() []*sandboxState {
 		out = append(out, sb)
 	}
 	return out
+}
+
+// containersRootLast lists a sandbox's containers, its root last (the
+// order to kill them in).
+func (r *sandboxRegistry) containersRootLast(sb *sandboxState) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for _, c := range sb.containers {
+		if c != sb.id {
+			ids = append(ids, c)
+		}
+	}
+	return append(ids, sb.id)
 }
 
 // containersOf lists a sandbox's containers.

@@ -123,7 +123,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		err = s.updateLimits(ctx, sb, res)
 	}
 	if err != nil {
-		fallback, ferr := failClosed(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
+		fallback, ferr := s.failClosed(ctx, sb)
 		detail["error"], detail["fallback"] = err.Error(), fallback
 		if ferr != nil {
 			detail["fallback_error"] = ferr.Error()
@@ -150,22 +150,20 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 // quarantined: its release loads them). It says how many gateway
 // connections it closed.
 func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
-	sb.egressMu.Lock()
-	ns, held, iface, gw := sb.netns, sb.heldNetnsLocked(), sb.iface, sb.gateway
-	sb.egressMu.Unlock()
+	e := sb.egress()
 	sb.resp.mu.Lock()
 	quarantined := sb.resp.quarantined != ""
 	sb.resp.mu.Unlock()
-	if ns != "" && !quarantined {
-		if err := netpolicy.Restore(held, pl, iface); err != nil {
+	if e.netns != "" && !quarantined {
+		if err := netpolicy.Restore(e.held, pl, e.iface); err != nil {
 			return 0, err
 		}
 	}
 	sb.live.Store(pl)
-	if gw == nil {
+	if e.gateway == nil {
 		return 0, nil
 	}
-	return gw.Revalidate(), nil
+	return e.gateway.Revalidate(), nil
 }
 
 // unchangeable lists what differs between a running sandbox's profile and

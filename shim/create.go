@@ -118,6 +118,11 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 		return plan, err
 	}
 	ph.mark("compile")
+	if plan.sandbox != nil && plan.sandbox.restore != nil {
+		if err := checkRestore(plan.sandbox.restore.image, res.Profile); err != nil {
+			return plan, err
+		}
+	}
 	return plan, s.apply(ctx, r, plan, res)
 }
 
@@ -176,8 +181,16 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 			return err
 		}
 		plan.phases.mark("resolve_trail")
-		plan.sandbox = &sandboxState{id: r.ID, claims: plan.claims, audit: &sandboxAudit{trail: trail}, started: time.Now()}
+		plan.sandbox = &sandboxState{id: r.ID, cfg: cfg, claims: plan.claims, audit: &sandboxAudit{trail: trail}, started: time.Now()}
 		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status) })
+		if name, ok := plan.claims[policy.RestoreAnnotation]; ok {
+			// The image is checked, and the trail linked to its
+			// checkpoint's, before anything else is done for the sandbox.
+			if err := openRestore(cfg, plan.sandbox, name); err != nil {
+				return err
+			}
+			plan.phases.mark("resolve_checkpoint")
+		}
 		if plan.policies, err = s.policies.Load(cfg.Policy.Dir); err != nil {
 			return errkind.InvalidArgument(err)
 		}
@@ -200,7 +213,8 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 	plan.mounts.Stage = plan.stager.Stage
 	// What the agent must never reach, whatever a role's host mounts say:
 	// the sandboxes' control and audit sockets, runsc's state, the trails.
-	plan.mounts.Reserved = []string{cfg.Shim.ControlDir, cfg.Audit.SocketDir, cfg.RunscRoot(s.containerdAddress), cfg.Audit.Dir}
+	plan.mounts.Reserved = []string{cfg.Shim.ControlDir, cfg.Audit.SocketDir, cfg.RunscRoot(s.containerdAddress), cfg.Audit.Dir,
+		cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile}
 	if plan.mounts.MaskFile, err = mountguard.MaskFile(r.Bundle); err != nil {
 		return err
 	}

@@ -94,6 +94,7 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 	}
 	var msg string
 	var err error
+	var cp *control.Checkpointed
 	if req.Op != control.OpInfo {
 		sb.resp.applying.Lock()
 		defer sb.resp.applying.Unlock()
@@ -110,6 +111,8 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 		msg, err = s.thaw(ctx, sb, who)
 	case control.OpStop:
 		msg, err = s.stopByAdmin(ctx, sb, who)
+	case control.OpCheckpoint, control.OpSuspend:
+		msg, cp, err = s.checkpointByAdmin(ctx, sb, req, who)
 	}
 	if req.Op != control.OpInfo {
 		l := log.G(ctx).WithFields(log.Fields{"op": req.Op, "uid": peer.UID, "pid": peer.PID})
@@ -119,7 +122,7 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 			l.Info("agentbox: " + msg)
 		}
 	}
-	resp := control.Response{OK: err == nil, Message: msg, Sandbox: s.info(cfg, sb)}
+	resp := control.Response{OK: err == nil, Message: msg, Sandbox: s.info(cfg, sb), Checkpoint: cp}
 	if err != nil {
 		resp.Error = err.Error()
 	}

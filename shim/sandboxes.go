@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
@@ -19,6 +20,7 @@ import (
 // profile it runs under, the containers in it and its wall-clock timer.
 type sandboxState struct {
 	id      string
+	cfg     *config.Config
 	profile *policy.Profile
 	// claims are the agentbox.dev/* annotations the sandbox was created
 	// with; a container joining it must carry the same.
@@ -31,6 +33,11 @@ type sandboxState struct {
 	containers []string
 	// started is when the sandbox was created.
 	started time.Time
+	// restore is set for a sandbox restored from a checkpoint; wallUsed is
+	// what its agent had used of its wall clock before (the clock counts
+	// on from there).
+	restore  *restoring
+	wallUsed time.Duration
 	// timer fires at deadline, the wall-clock limit; while the sandbox
 	// is frozen it is stopped and left holds what remained. Protected by
 	// the registry's mu.
@@ -315,7 +322,10 @@ func (r *sandboxRegistry) armTimer(sandboxID string, fire func(string)) (time.Du
 	if !ok || sb.timer != nil || sb.profile == nil || sb.profile.Limits.WallClock <= 0 {
 		return 0, false
 	}
-	d := sb.profile.Limits.WallClock
+	d := sb.profile.Limits.WallClock - sb.wallUsed
+	if d <= 0 {
+		d = time.Millisecond
+	}
 	sb.deadline = time.Now().Add(d)
 	sb.timer = time.AfterFunc(d, func() { fire(sandboxID) })
 	return d, true
@@ -358,6 +368,44 @@ func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) 
 		return sb.left, true
 	}
 	return max(time.Until(sb.deadline), 0), true
+}
+
+// wallClockUsed is how much of its wall clock the sandbox's agent has used
+// (before a restore too); without a limit, how long it has run.
+func (r *sandboxRegistry) wallClockUsed(sb *sandboxState) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb.timer != nil {
+		left := sb.left
+		if left <= 0 {
+			left = max(time.Until(sb.deadline), 0)
+		}
+		return max(sb.profile.Limits.WallClock-left, 0)
+	}
+	return sb.wallUsed + time.Since(sb.started)
+}
+
+// takeRestore counts a container of a restoring sandbox as restored; false
+// when all were (the container starts as any other).
+func (r *sandboxRegistry) takeRestore(sb *sandboxState) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb.restore == nil || sb.restore.pending <= 0 {
+		return false
+	}
+	sb.restore.pending--
+	return true
+}
+
+// restorePending counts the containers of a restoring sandbox not yet
+// restored.
+func (r *sandboxRegistry) restorePending(sb *sandboxState) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb.restore == nil {
+		return 0
+	}
+	return sb.restore.pending
 }
 
 // all lists the sandboxes.

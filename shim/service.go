@@ -204,7 +204,10 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartResponse, error) {
 	ph := newPhases("start", r.ID)
 	defer ph.done()
-	resp, err := s.next.Start(ctx, r)
+	resp, restored, err := s.restoreStart(ctx, r)
+	if !restored {
+		resp, err = s.next.Start(ctx, r)
+	}
 	ph.mark("runsc_start")
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -218,6 +221,9 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 			releaseMounts(ctx, st.(*mountguard.Stager))
 		}
 		msg := "container started"
+		if restored {
+			msg = "container restored from checkpoint " + s.restoredFrom(r.ID)
+		}
 		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
 			msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
@@ -345,11 +351,6 @@ func (s *service) Pause(ctx context.Context, r *task.PauseRequest) (*types.Empty
 
 func (s *service) Resume(ctx context.Context, r *task.ResumeRequest) (*types.Empty, error) {
 	resp, err := s.next.Resume(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest) (*types.Empty, error) {
-	resp, err := s.next.Checkpoint(ctx, r)
 	return resp, errgrpc.ToGRPC(err)
 }
 

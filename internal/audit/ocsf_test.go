@@ -32,6 +32,9 @@ func corpus(t *testing.T) []byte {
 		"agentbox/exec":                 {"exec_id": "e1"},
 		"agentbox/limit":                {"limit": "wall_clock"},
 		"agentbox/quarantined":          {"command_uid": "sb1/q1", "reason": "exfiltration", "requested_by_uid": "0"},
+		"agentbox/checkpointed":         {"checkpoint": "cp1", "suspended": "true"},
+		"agentbox/restored": {"checkpoint": "cp1", "previous_sandbox": "sb0", "previous_seq": "41",
+			"previous_hash": "5f0c6b7b8d0b5d7e1c2a3f4e5d6c7b8a9f0e1d2c3b4a5968778695a4b3c2d1e0", "image_digest": "sha256:ab"},
 	}
 	var recs, end []*Record
 	for _, rt := range Catalog {

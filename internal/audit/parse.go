@@ -201,6 +201,9 @@ type chainFields struct {
 	sandbox  string
 	event    string
 	counts   map[string]uint64
+	// detail is read for the records that link trails (checkpointed,
+	// restored).
+	detail   map[string]string
 	badShape string // set when the line is not a record of either format
 }
 
@@ -223,6 +226,7 @@ func splitChain(line []byte) chainFields {
 			} `json:"metadata"`
 			Unmapped struct {
 				Counts map[string]uint64 `json:"counts"`
+				Detail map[string]string `json:"detail"`
 			} `json:"unmapped"`
 			Attestations []wireAttestation `json:"attestation_list"`
 		}
@@ -231,7 +235,7 @@ func splitChain(line []byte) chainFields {
 			return c
 		}
 		c.seq = *w.Metadata.Sequence
-		c.sandbox, c.event, c.counts = w.Attestations[0].ChainUID, w.Metadata.EventCode, w.Unmapped.Counts
+		c.sandbox, c.event, c.counts, c.detail = w.Attestations[0].ChainUID, w.Metadata.EventCode, w.Unmapped.Counts, w.Unmapped.Detail
 		if pe := w.Attestations[0].PrevEvent; pe != nil {
 			c.prev = pe.Fingerprint.Value
 		}

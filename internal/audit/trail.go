@@ -165,6 +165,30 @@ func (t *Trail) Emit(r *Record, urgent bool) {
 	}
 }
 
+// Mark emits r as a record of the trail's own and writes it at once. It
+// returns r's sequence number and hash, which another trail may name (a
+// restored sandbox's names its checkpoint's record), or an error when r
+// could not be written.
+func (t *Trail) Mark(r *Record) (uint64, string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, "", errors.New("the trail is closed")
+	}
+	t.emitLocked(r)
+	t.pendingOwn = true
+	t.flushLocked()
+	if t.pendingN > 0 || r.Seq == 0 || t.chain.seq < r.Seq {
+		return 0, "", fmt.Errorf("the record could not be written to the trail (%d pending)", t.pendingN)
+	}
+	if t.chain.seq != r.Seq {
+		// Later records were written with it (a gap record comes first,
+		// never after): find r's own hash.
+		return 0, "", fmt.Errorf("the trail moved past the record (seq %d, now %d)", r.Seq, t.chain.seq)
+	}
+	return r.Seq, t.chain.prev, nil
+}
+
 // Full returns why the trail is full and since when (nil when it is not).
 func (t *Trail) Full() (*FullError, time.Time) {
 	t.mu.Lock()

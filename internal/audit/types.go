@@ -33,6 +33,7 @@ const (
 
 // The record types, in the order a sandbox's life writes them.
 var (
+	TypeRestored         = RecordType{"agentbox/restored", ClassAppLifecycle, 5, "Restart", info, "the first record of a sandbox restored from a checkpoint: the checkpoint, its image digest, the sandbox it was taken of and the last record of that sandbox's trail (agentbox audit verify follows the link)"}
 	TypeRoleResolved     = RecordType{"agentbox/role_resolved", ClassAuthorizeSession, 3, "Assign Roles", info, "the role a sandbox runs under, and the request that claimed it"}
 	TypeRefused          = RecordType{"agentbox/refused", ClassAppLifecycle, 3, "Start", low, "a sandbox refused before it ran, with the reason"}
 	TypeEgressApplied    = RecordType{"agentbox/egress_applied", ClassAppLifecycle, 6, "Enable", info, "the egress rules and resolver a pod got"}
@@ -70,6 +71,8 @@ var (
 	TypeReleased         = RecordType{"agentbox/released", ClassRemediation, 3, "Restore", info, "a quarantine lifted: the role's egress rules back, who asked"}
 	TypeFrozen           = RecordType{"agentbox/frozen", ClassRemediation, 1, "Isolate", medium, "an admin paused the whole sandbox (agentbox sandbox freeze), or a failed quarantine froze it: the reason, who asked"}
 	TypeThawed           = RecordType{"agentbox/thawed", ClassRemediation, 3, "Restore", info, "a frozen sandbox resumed, with how long it was frozen"}
+	TypeCheckpointed     = RecordType{"agentbox/checkpointed", ClassAppLifecycle, 99, "Checkpoint", info, "gVisor wrote the sandbox's memory into the node's checkpoint store (agentbox sandbox checkpoint or suspend, ctr task checkpoint): the checkpoint's name, whether the sandbox was stopped after, who asked; a restored sandbox's trail links to this record"}
+	TypeCheckpointFailed = RecordType{"agentbox/checkpoint_failed", ClassAppLifecycle, 99, "Checkpoint", low, "a checkpoint was asked for and not made, with the reason"}
 	TypeStopped          = RecordType{"agentbox/stopped", ClassRemediation, 2, "Evict", medium, "an admin stopped the sandbox (agentbox sandbox stop), or a failed quarantine did: every container killed, the reason, who asked"}
 	TypeGap              = RecordType{EventGap, ClassEventLog, 99, "Gap", medium, "events that were not recorded, by reason"}
 	TypeSandboxEnd       = RecordType{EventSandboxEnd, ClassEventLog, 7, "Stop", info, "the trail's last record, with its totals"}
@@ -82,7 +85,7 @@ var Catalog = []RecordType{
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
-	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeStopped, TypeGap, TypeSandboxEnd,
+	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeGap, TypeSandboxEnd,
 }
 
 // typeByName finds a record type by its name.

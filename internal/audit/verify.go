@@ -38,6 +38,65 @@ type VerifyResult struct {
 	// account.
 	Gaps       int
 	Unrecorded uint64
+	// RestoredFrom is set when the sandbox was restored from a checkpoint:
+	// the record of the checkpointed sandbox's trail its trail continues.
+	RestoredFrom *Link
+	// Checkpoints are the trail's checkpoint records, which restored
+	// sandboxes' trails name.
+	Checkpoints []Link
+}
+
+// Link is a checkpoint record of a trail, as the trail itself holds it
+// (Checkpointed) or as a restored sandbox's trail names it (RestoredFrom).
+type Link struct {
+	Checkpoint string
+	Sandbox    string
+	Seq        uint64
+	Hash       string
+}
+
+// EventCheckpointed and EventRestored are the records that link one
+// agent's trails across a suspend and resume.
+const (
+	EventCheckpointed = "agentbox/checkpointed"
+	EventRestored     = "agentbox/restored"
+)
+
+// LinkProblem says whether a restored sandbox's trail links to the trail
+// of the sandbox it was checkpointed from, among the results verified
+// together. given is false when that trail is not among them; a non-nil
+// error means it is and does not hold the record named: the link is
+// forged, or the earlier trail was altered.
+func LinkProblem(r VerifyResult, all []VerifyResult) (given bool, err error) {
+	l := r.RestoredFrom
+	if l == nil {
+		return false, nil
+	}
+	for _, o := range all {
+		if o.Sandbox != l.Sandbox {
+			continue
+		}
+		if o.Problem != nil {
+			return true, fmt.Errorf("sandbox %s's trail does not verify", l.Sandbox)
+		}
+		for _, c := range o.Checkpoints {
+			if c.Seq == l.Seq && c.Hash == l.Hash {
+				if c.Checkpoint != l.Checkpoint {
+					return true, fmt.Errorf("record %d of sandbox %s is checkpoint %q, not %q", c.Seq, l.Sandbox, c.Checkpoint, l.Checkpoint)
+				}
+				return true, nil
+			}
+		}
+		return true, fmt.Errorf("sandbox %s's trail has no checkpoint record %d with fingerprint %s", l.Sandbox, l.Seq, short(l.Hash))
+	}
+	return false, nil
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
 }
 
 // Verifier checks a trail line by line. Feed it the lines of a sandbox's
@@ -112,6 +171,21 @@ func (v *Verifier) Line(file string, line []byte) {
 	}
 	if c.event == EventSandboxEnd {
 		v.res.Ended = true
+	}
+	switch c.event {
+	case EventCheckpointed:
+		v.res.Checkpoints = append(v.res.Checkpoints, Link{Checkpoint: c.detail["checkpoint"], Sandbox: c.sandbox, Seq: c.seq, Hash: c.hash})
+	case EventRestored:
+		if v.res.RestoredFrom != nil {
+			v.fail(c.seq, "%s:%d: seq %d: a second restored record: records were inserted", file, v.lineNo, c.seq)
+			return
+		}
+		seq, err := strconv.ParseUint(c.detail["previous_seq"], 10, 64)
+		if err != nil || c.detail["previous_sandbox"] == "" || len(c.detail["previous_hash"]) != 64 {
+			v.fail(c.seq, "%s:%d: seq %d: a restored record that names no checkpoint record", file, v.lineNo, c.seq)
+			return
+		}
+		v.res.RestoredFrom = &Link{Checkpoint: c.detail["checkpoint"], Sandbox: c.detail["previous_sandbox"], Seq: seq, Hash: c.detail["previous_hash"]}
 	}
 }
 

@@ -168,3 +168,41 @@ func tamperHash(line []byte) []byte {
 	out[i] = "10"[bytes.IndexByte([]byte("01"), out[i])&1]
 	return out
 }
+
+// A restored sandbox's trail names the checkpoint record of the trail it
+// continues; verify follows the link, and refuses a forged one.
+func TestVerifyFollowsRestore(t *testing.T) {
+	a := newTestTrail(t, "sbA")
+	a.trail.Emit(TypeContainerStart.New("Success", "started", nil), true)
+	seq, hash, err := a.trail.Mark(TypeCheckpointed.New("Success", "checkpoint cp1", map[string]string{"checkpoint": "cp1"}))
+	if err != nil || seq != 2 || len(hash) != 64 {
+		t.Fatalf("Mark: %d %q %v", seq, hash, err)
+	}
+	a.trail.Close(&Record{Event: EventSandboxEnd, ClassName: "Base Event"})
+	restoredTrail := func(cp, prevSeq, prevHash string) VerifyResult {
+		b := newTestTrail(t, "sbB")
+		b.trail.Emit(TypeRestored.New("Success", "restores "+cp, map[string]string{"checkpoint": cp, "previous_sandbox": "sbA",
+			"previous_seq": prevSeq, "previous_hash": prevHash}), true)
+		b.trail.Close(&Record{Event: EventSandboxEnd, ClassName: "Base Event"})
+		return VerifyTrail(TrailFiles{Files: []string{filepath.Join(b.dir, "sbB.jsonl")}}, false)
+	}
+	resA := VerifyTrail(TrailFiles{Files: []string{filepath.Join(a.dir, "sbA.jsonl")}}, false)
+	if resA.Problem != nil || len(resA.Checkpoints) != 1 || resA.Checkpoints[0].Hash != hash {
+		t.Fatalf("checkpointed trail: %+v", resA)
+	}
+	resB := restoredTrail("cp1", "2", hash)
+	if resB.Problem != nil || resB.RestoredFrom == nil {
+		t.Fatalf("restored trail: %+v", resB)
+	}
+	if given, err := LinkProblem(resB, []VerifyResult{resA, resB}); !given || err != nil {
+		t.Fatalf("link: %v %v", given, err)
+	}
+	if given, err := LinkProblem(resB, []VerifyResult{resB}); given || err != nil {
+		t.Fatalf("link without the earlier trail: %v %v", given, err)
+	}
+	for _, forged := range []VerifyResult{restoredTrail("cp1", "2", strings.Repeat("0", 64)), restoredTrail("cp1", "1", hash), restoredTrail("cp2", "2", hash)} {
+		if _, err := LinkProblem(forged, []VerifyResult{resA, forged}); err == nil {
+			t.Fatalf("a forged link was accepted: %+v", forged.RestoredFrom)
+		}
+	}
+}

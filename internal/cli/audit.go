@@ -83,8 +83,23 @@ func auditVerify(c *cli.Context) error {
 		return cli.Exit("no *.jsonl trail found", 2)
 	}
 	bad, gaps := 0, 0
+	var results []audit.VerifyResult
 	for _, t := range trails {
-		res := audit.VerifyTrail(t, c.Bool("open"))
+		results = append(results, audit.VerifyTrail(t, c.Bool("open")))
+	}
+	for _, res := range results {
+		if given, err := audit.LinkProblem(res, results); err != nil && res.Problem == nil {
+			res.Problem = fmt.Errorf("restored from checkpoint %s, and does not link to it: %v", esc(res.RestoredFrom.Checkpoint), err)
+			res.FirstBad = 1
+		} else if res.RestoredFrom != nil && res.Problem == nil {
+			l := res.RestoredFrom
+			how := "linked: that trail holds the record"
+			if !given {
+				how = "that trail was not given: pass it too to check the link"
+			}
+			fmt.Fprintf(c.App.Writer, "LINK  %s: restored from checkpoint %s, continues sandbox %s after its record %d (%s)\n",
+				esc(res.Sandbox), esc(l.Checkpoint), esc(l.Sandbox), l.Seq, how)
+		}
 		if res.Problem != nil {
 			bad++
 			fmt.Fprintf(c.App.Writer, "FAIL  %s: first bad seq %d: %v\n", esc(res.Sandbox), res.FirstBad, res.Problem)

@@ -10,12 +10,61 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 )
 
 // controlTimeout bounds one request to a sandbox's shim.
 const controlTimeout = 10 * time.Second
+
+// checkpointTimeout bounds a checkpoint or suspend request.
+const checkpointTimeout = 10 * time.Minute
+
+// checkpointList prints the node's checkpoints, each opened as a restore
+// would open it.
+func checkpointList(c *cli.Context) error {
+	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	store, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	list, err := store.List()
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	type row struct {
+		checkpoint.Manifest
+		Digest string `json:"digest,omitempty"`
+		Bytes  int64  `json:"bytes"`
+		Check  string `json:"check"`
+	}
+	var rows []row
+	for _, m := range list {
+		r := row{Manifest: m, Check: "ok"}
+		for _, f := range m.Files {
+			r.Bytes += f.Size
+		}
+		if img, err := store.Open(m.Name); err != nil {
+			r.Check = err.Error()
+		} else {
+			r.Digest = img.Digest
+		}
+		rows = append(rows, r)
+	}
+	if c.String("output") == "json" {
+		return writeJSON(c.App.Writer, rows)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCREATED\tSANDBOX\tPOD\tROLE\tSIZE\tSUSPENDED\tCHECK")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d MiB\t%v\t%s\n", r.Name, r.Created.Format(time.RFC3339), short(r.SandboxID), r.Pod, r.Role, r.Bytes>>20, r.Suspended, r.Check)
+	}
+	return tw.Flush()
+}
 
 func sandboxCommand() *cli.Command {
 	common := []cli.Flag{
@@ -25,6 +74,7 @@ func sandboxCommand() *cli.Command {
 	}
 	target := append([]cli.Flag{&cli.StringFlag{Name: "pod", Usage: "NAMESPACE/NAME: the pod's sandbox (instead of an ID)"}}, common...)
 	reason := &cli.StringFlag{Name: "reason", Usage: "why (it goes into the sandbox's trail)"}
+	cpName := &cli.StringFlag{Name: "name", Usage: "the checkpoint's name in the store (default: the sandbox ID and the time)"}
 	act := func(name, usage, op string, flags ...cli.Flag) *cli.Command {
 		return &cli.Command{
 			Name: name, Usage: usage, ArgsUsage: "(ID | --pod NAMESPACE/NAME)",
@@ -34,7 +84,7 @@ func sandboxCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "sandbox",
-		Usage: "respond to running sandboxes on this node (root): list, quarantine, freeze, thaw, stop",
+		Usage: "respond to running sandboxes on this node (root): list, quarantine, freeze, thaw, stop, checkpoint, suspend",
 		Subcommands: []*cli.Command{
 			{
 				Name:   "list",
@@ -47,6 +97,15 @@ func sandboxCommand() *cli.Command {
 			act("freeze", "pause every process of the sandbox (its wall clock is held)", control.OpFreeze, reason),
 			act("thaw", "resume a frozen sandbox", control.OpThaw, reason),
 			act("stop", "kill every container of the sandbox", control.OpStop, reason),
+			act("checkpoint", "write the sandbox's memory (every container) into the node's checkpoint store, signed; it keeps running", control.OpCheckpoint,
+				cpName, reason),
+			act("suspend", "checkpoint the sandbox, then stop it; a pod annotated agentbox.dev/restore-from: NAME resumes it", control.OpSuspend, cpName, reason),
+			{
+				Name:   "checkpoints",
+				Usage:  "the node's checkpoints, each checked (its signature and files) as a restore would",
+				Flags:  common,
+				Action: checkpointList,
+			},
 		},
 	}
 }
@@ -144,7 +203,7 @@ func sandboxAct(c *cli.Context, op string) error {
 	if c.NArg() > 1 {
 		return cli.Exit(fmt.Sprintf("one sandbox at a time: got %d arguments", c.NArg()), 2)
 	}
-	req := control.Request{Op: op, Reason: c.String("reason")}
+	req := control.Request{Op: op, Reason: c.String("reason"), Name: c.String("name")}
 	if err := req.Validate(); err != nil {
 		return cli.Exit(strings.Replace(err.Error(), "reason:", "--reason:", 1), 2)
 	}
@@ -156,7 +215,12 @@ func sandboxAct(c *cli.Context, op string) error {
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	resp, err := control.Call(target.Socket, req, controlTimeout)
+	timeout := controlTimeout
+	if op == control.OpCheckpoint || op == control.OpSuspend {
+		// gVisor writes the whole memory: seconds per GiB.
+		timeout = checkpointTimeout
+	}
+	resp, err := control.Call(target.Socket, req, timeout)
 	if c.String("output") == "json" {
 		if werr := writeJSON(c.App.Writer, resp); werr != nil {
 			return werr

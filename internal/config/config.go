@@ -68,6 +68,8 @@ type Config struct {
 	// CRI says which containers are Kubernetes pods and where the files
 	// the runtime makes for them live.
 	CRI CRI `toml:"cri"`
+	// Checkpoint configures where sandboxes' memory images are kept.
+	Checkpoint Checkpoint `toml:"checkpoint"`
 
 	// Source is the file the config was read from; empty for built-in defaults.
 	Source string `toml:"-"`
@@ -93,6 +95,18 @@ type Shim struct {
 	// ControlDir holds each running sandbox's control socket (agentbox
 	// sandbox list, quarantine, freeze, thaw, stop): root only.
 	ControlDir string `toml:"control_dir"`
+}
+
+// Checkpoint configures the node's checkpoint store (agentbox sandbox
+// checkpoint, ctr task checkpoint; restored by agentbox.dev/restore-from).
+type Checkpoint struct {
+	// Dir holds one directory per checkpoint: root only (0700). An image
+	// holds the agent's whole memory, secrets included.
+	Dir string `toml:"dir"`
+	// KeyFile is the node's key (32 bytes, 0600, made on first use): it
+	// signs every image's manifest, and a restore refuses an image it did
+	// not sign.
+	KeyFile string `toml:"key_file"`
 }
 
 // DefaultControlDir is where the sandboxes' control sockets are when the
@@ -319,8 +333,9 @@ func Default() *Config {
 			Webhook:         Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512},
 			MaxSandboxBytes: 1 << 30, MinFreeBytes: 256 << 20, ReserveBytes: 1 << 20, MaxTotalBytes: 0,
 			OnFull: "stop", FullGraceSeconds: 5, MaxEventsPerSecond: 0},
-		Network: Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
-		CRI:     CRI{Namespace: "k8s.io", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"},
+		Network:    Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
+		CRI:        CRI{Namespace: "k8s.io", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"},
+		Checkpoint: Checkpoint{Dir: "/var/lib/agentbox/checkpoints", KeyFile: "/var/lib/agentbox/node.key"},
 	}
 }
 
@@ -489,6 +504,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Policy.Handler != "" && !handlerName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
+	}
+	if !filepath.IsAbs(c.Checkpoint.Dir) || filepath.Clean(c.Checkpoint.Dir) != c.Checkpoint.Dir {
+		errs = append(errs, fmt.Errorf("checkpoint.dir: %q must be a clean absolute path", c.Checkpoint.Dir))
+	}
+	if !filepath.IsAbs(c.Checkpoint.KeyFile) || filepath.Clean(c.Checkpoint.KeyFile) != c.Checkpoint.KeyFile {
+		errs = append(errs, fmt.Errorf("checkpoint.key_file: %q must be a clean absolute path", c.Checkpoint.KeyFile))
 	}
 	if d := c.Shim.ControlDir; !filepath.IsAbs(d) || filepath.Clean(d) != d || len(d) > 80 {
 		errs = append(errs, fmt.Errorf("shim.control_dir: %q must be a clean absolute path of at most 80 characters (unix socket paths are short)", d))

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"agentbox.dev/agentbox/internal/checkpoint"
 )
 
 // The operations a request names.
@@ -29,6 +31,10 @@ const (
 	OpFreeze     = "freeze"
 	OpThaw       = "thaw"
 	OpStop       = "stop"
+	// OpCheckpoint writes the sandbox's memory into the node's checkpoint
+	// store and leaves it running; OpSuspend does the same and stops it.
+	OpCheckpoint = "checkpoint"
+	OpSuspend    = "suspend"
 )
 
 // MaxReason bounds a request's reason (it goes into the trail).
@@ -42,20 +48,31 @@ type Request struct {
 	Op string `json:"op"`
 	// Reason is why (required for quarantine, freeze and stop).
 	Reason string `json:"reason,omitempty"`
+	// Name is the checkpoint's name in the node's store (checkpoint and
+	// suspend; optional: the shim names one).
+	Name string `json:"name,omitempty"`
 }
 
 // Validate names the field a request gets wrong.
 func (r Request) Validate() error {
 	switch r.Op {
-	case OpInfo, OpRelease, OpThaw:
-	case OpQuarantine, OpFreeze, OpStop:
+	case OpInfo, OpRelease, OpThaw, OpCheckpoint:
+	case OpQuarantine, OpFreeze, OpStop, OpSuspend:
 		if strings.TrimSpace(r.Reason) == "" {
 			return fmt.Errorf("reason: %s needs a reason (it goes into the sandbox's trail)", r.Op)
 		}
 	case "":
 		return errors.New("op: missing")
 	default:
-		return fmt.Errorf("op: %q is not one of info, quarantine, release, freeze, thaw, stop", r.Op)
+		return fmt.Errorf("op: %q is not one of info, quarantine, release, freeze, thaw, stop, checkpoint, suspend", r.Op)
+	}
+	if r.Name != "" {
+		if r.Op != OpCheckpoint && r.Op != OpSuspend {
+			return fmt.Errorf("name: only checkpoint and suspend take a name, not %s", r.Op)
+		}
+		if err := checkpoint.ValidName(r.Name); err != nil {
+			return fmt.Errorf("name: %w", err)
+		}
 	}
 	if len(r.Reason) > MaxReason {
 		return fmt.Errorf("reason: %d bytes, at most %d", len(r.Reason), MaxReason)
@@ -109,8 +126,22 @@ type Response struct {
 	Error   string   `json:"error,omitempty"`
 	Message string   `json:"message,omitempty"`
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	// Checkpoint is what a checkpoint or suspend wrote.
+	Checkpoint *Checkpointed `json:"checkpoint,omitempty"`
 	// Micros is how long the shim took to apply the request.
 	Micros int64 `json:"micros,omitempty"`
+}
+
+// Checkpointed describes a checkpoint just written.
+type Checkpointed struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	Dir    string `json:"dir"`
+	Bytes  int64  `json:"bytes"`
+	// Millis is how long gVisor took to write it; Suspended says the
+	// sandbox was stopped after.
+	Millis    int64 `json:"millis"`
+	Suspended bool  `json:"suspended"`
 }
 
 // SocketPath is the control socket of sandbox id under the containerd

@@ -246,7 +246,7 @@ func (p *Profile) classifyBind(m specs.Mount, env MountEnv) (Bind, string) {
 			if under(src, hm.Path) {
 				for _, r := range env.Reserved {
 					if under(src, r) || under(r, src) {
-						return b, fmt.Sprintf("%s reaches %s, which holds the node's sandbox sockets or runsc's state: no host mount may, whatever the role's hostMounts (%s) allow", src, r, hm.Path)
+						return b, fmt.Sprintf("%s reaches %s, which holds the node's sandbox sockets, runsc's state, trails or checkpoints: no host mount may, whatever the role's hostMounts (%s) allow", src, r, hm.Path)
 					}
 				}
 				b.Root, b.Rel, b.Origin = hm.Path, rel(src, hm.Path), "host mount "+hm.Path

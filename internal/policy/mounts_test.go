@@ -331,7 +331,7 @@ func TestTighten(t *testing.T) {
 		{map[string]string{MaxProcessesAnnotation: "-1"}, "not a positive number", nil},
 		{map[string]string{EgressAnnotation: "none"}, "", func(p *Profile) bool { return p.Network.Egress == EgressNone && len(p.Network.Allow) == 0 }},
 		{map[string]string{EgressAnnotation: "allowlist"}, "may only narrow egress", nil},
-		{map[string]string{"agentbox.dev/wallclock": "1m"}, "unknown annotation (agentbox reads agentbox.dev/cpu, agentbox.dev/egress, agentbox.dev/max-processes, agentbox.dev/memory, agentbox.dev/role, agentbox.dev/wall-clock)", nil},
+		{map[string]string{"agentbox.dev/wallclock": "1m"}, "unknown annotation (agentbox reads agentbox.dev/cpu, agentbox.dev/egress, agentbox.dev/max-processes, agentbox.dev/memory, agentbox.dev/restore-from, agentbox.dev/role, agentbox.dev/wall-clock)", nil},
 	} {
 		p, _ := set.Profile("full")
 		digest := p.Digest

@@ -13,6 +13,9 @@ const (
 	AnnotationPrefix = "agentbox.dev/"
 	// RoleAnnotation names the role a pod (CRI) or container (ctr) claims.
 	RoleAnnotation = "agentbox.dev/role"
+	// RestoreAnnotation names a checkpoint in the node's store that a
+	// sandbox (a pod, or a ctr container) restores from instead of booting.
+	RestoreAnnotation = "agentbox.dev/restore-from"
 )
 
 // Tightening annotations: a pod may narrow its role with these, never widen
@@ -202,7 +205,7 @@ var tighteners = map[string]func(p *Profile, v string) error{
 func (p *Profile) tighten(ann map[string]string) error {
 	keys := make([]string, 0, len(ann))
 	for k := range ann {
-		if strings.HasPrefix(k, AnnotationPrefix) && k != RoleAnnotation {
+		if strings.HasPrefix(k, AnnotationPrefix) && k != RoleAnnotation && k != RestoreAnnotation {
 			keys = append(keys, k)
 		}
 	}
@@ -211,7 +214,7 @@ func (p *Profile) tighten(ann map[string]string) error {
 		v := ann[k]
 		apply, ok := tighteners[k]
 		if !ok {
-			known := []string{RoleAnnotation}
+			known := []string{RoleAnnotation, RestoreAnnotation}
 			for t := range tighteners {
 				known = append(known, t)
 			}

@@ -1,0 +1,368 @@
+package shim
+
+// Checkpoint and restore: a running sandbox's memory (all its containers)
+// is written by gVisor into the node's checkpoint store, under a manifest the
+// node key signs, and a new sandbox that asks for it by name
+// (agentbox.dev/restore-from) is restored from it instead of booting, under
+// a role no looser than the one it was taken under, with its egress, secrets,
+// gateway and limits applied anew and its wall clock counting on. Its trail
+// begins with a record that names the checkpoint's record in the old trail.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
+	pb "gvisor.dev/gvisor/pkg/shim/v1/taskserver/task_server_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/control"
+	"agentbox.dev/agentbox/internal/errkind"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// PointerFile is what a checkpoint taken through containerd's task API
+// leaves in containerd's checkpoint directory (and so in its checkpoint
+// image): the signed manifest of the image in the node's store. The memory
+// itself stays in the store.
+const PointerFile = "agentbox-checkpoint.json"
+
+// restoring is a sandbox being restored from a checkpoint.
+type restoring struct {
+	image *checkpoint.Image
+	// pending counts the containers not yet restored (runsc restores the
+	// sandbox when its last container is). Protected by the registry's mu.
+	pending int
+}
+
+// Checkpoint is containerd's task API checkpoint (ctr task checkpoint):
+// the whole sandbox of the container, into the node's store. Options are
+// runc's, as containerd's clients send them: exit stops the sandbox after
+// (a suspend); CRIU's own options are refused.
+func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest) (*types.Empty, error) {
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok {
+		return nil, errgrpc.ToGRPC(errkind.NotFound(fmt.Errorf("container %s is not served by this shim", r.ID)))
+	}
+	exit, err := checkpointOptions(r)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(errkind.InvalidArgument(err))
+	}
+	if r.Path == "" {
+		return nil, errgrpc.ToGRPC(errkind.InvalidArgument(errors.New("checkpoint request carries no path")))
+	}
+	name := defaultCheckpointName(sb.id)
+	who := map[string]string{"requested_by": "containerd task API (ctr task checkpoint)"}
+	sb.resp.applying.Lock()
+	cp, err := s.checkpoint(ctx, sb, name, !exit, who)
+	sb.resp.applying.Unlock()
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	// containerd archives this directory into its checkpoint image: it
+	// gets the signed manifest, which names the image in the store.
+	ptr, err := s.checkpointStore(sb)
+	if err == nil {
+		var b []byte
+		if b, err = ptr.Pointer(cp.Name); err == nil {
+			err = os.WriteFile(filepath.Join(r.Path, PointerFile), b, 0o600)
+		}
+	}
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s was made, but its pointer could not be written into %s: %w", cp.Name, r.Path, err))
+	}
+	log.G(ctx).WithField("checkpoint", cp.Name).Info("agentbox: checkpointed through the task API")
+	return &types.Empty{}, nil
+}
+
+// checkpointOptions reads containerd's checkpoint options: whether to stop
+// the sandbox after. What gVisor's checkpoint cannot honour is refused.
+func checkpointOptions(r *task.CheckpointTaskRequest) (exit bool, err error) {
+	if r.Options == nil || len(r.Options.GetValue()) == 0 && r.Options.GetTypeUrl() == "" {
+		return false, nil
+	}
+	v, err := typeurl.UnmarshalAny(r.Options)
+	if err != nil {
+		return false, fmt.Errorf("checkpoint options: %w", err)
+	}
+	o, ok := v.(*runcoptions.CheckpointOptions)
+	if !ok {
+		return false, fmt.Errorf("checkpoint options of type %T: agentbox takes runc's CheckpointOptions (exit, image_path, work_path)", v)
+	}
+	for _, f := range []struct {
+		set  bool
+		name string
+	}{
+		{o.OpenTcp, "open_tcp"}, {o.ExternalUnixSockets, "external_unix_sockets"}, {o.Terminal, "terminal"},
+		{o.FileLocks, "file_locks"}, {len(o.EmptyNamespaces) > 0, "empty_namespaces"}, {o.CgroupsMode != "", "cgroups_mode"},
+	} {
+		if f.set {
+			return false, fmt.Errorf("checkpoint options: %s is CRIU's; gVisor's checkpoint does not take it (open TCP connections are reset at restore)", f.name)
+		}
+	}
+	return o.Exit, nil
+}
+
+// defaultCheckpointName names a checkpoint by its sandbox and time.
+func defaultCheckpointName(id string) string {
+	if len(id) > 24 {
+		id = id[:24]
+	}
+	id = strings.ToLower(id)
+	var b strings.Builder
+	for _, c := range id {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteRune(c)
+		}
+	}
+	if b.Len() == 0 {
+		b.WriteString("sandbox")
+	}
+	return b.String() + "-" + time.Now().UTC().Format("20060102t150405.000z")
+}
+
+func (s *service) checkpointStore(sb *sandboxState) (*checkpoint.Store, error) {
+	return checkpoint.OpenStore(sb.cfg.Checkpoint.Dir, sb.cfg.Checkpoint.KeyFile)
+}
+
+// checkpoint has gVisor write the sandbox's memory into the store under
+// name, records it in the trail, and signs the image with that record's
+// hash. leaveRunning: a snapshot; otherwise the sandbox stops (a suspend).
+// The caller holds sb.resp.applying.
+func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string, leaveRunning bool, detail map[string]string) (*control.Checkpointed, error) {
+	fail := func(err error) (*control.Checkpointed, error) {
+		d := map[string]string{"checkpoint": name, "error": err.Error()}
+		for k, v := range detail {
+			d[k] = v
+		}
+		sb.audit.trail.Emit(audit.TypeCheckpointFailed.New("Failure", fmt.Sprintf("checkpoint %s not made: %v", name, err), d), true)
+		return nil, err
+	}
+	if sb.restore != nil && s.sandboxes.restorePending(sb) > 0 {
+		return fail(errkind.FailedPrecondition(errors.New("the sandbox is still being restored (not all its containers have started)")))
+	}
+	if sb.resp.isFrozen() {
+		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (gVisor checkpoints a running sandbox)")))
+	}
+	store, err := s.checkpointStore(sb)
+	if err != nil {
+		return fail(err)
+	}
+	tmp, err := store.Begin(name)
+	if err != nil {
+		return fail(errkind.InvalidArgument(err))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			store.Abort(tmp)
+		}
+	}()
+	// What the sandbox runs under now: its profile, the egress it has
+	// (narrowed live, perhaps), and what it used of its wall clock.
+	profile, err := json.Marshal(sb.profile)
+	if err != nil {
+		return fail(err)
+	}
+	live := sb.live.Load()
+	if live == nil {
+		live = &netpolicy.Plan{}
+	}
+	egress, err := json.Marshal(live)
+	if err != nil {
+		return fail(err)
+	}
+	used := s.sandboxes.wallClockUsed(sb)
+	start := time.Now()
+	gts := runsc.NewGvisorTaskServer(s.next)
+	if gts == nil {
+		return fail(errors.New("gVisor's task service has no checkpoint"))
+	}
+	if _, err := gts.Checkpoint(ctx, &pb.CheckpointRequest{Id: sb.id, ImagePath: tmp, LeaveRunning: leaveRunning}); err != nil {
+		return fail(fmt.Errorf("runsc checkpoint: %w", err))
+	}
+	took := time.Since(start)
+	var size int64
+	if ents, err := os.ReadDir(tmp); err == nil {
+		for _, e := range ents {
+			if fi, err := e.Info(); err == nil {
+				size += fi.Size()
+			}
+		}
+	}
+	meta := sb.audit.trail.Meta()
+	d := map[string]string{"checkpoint": name, "store": store.Dir, "took": took.Round(time.Millisecond).String(),
+		"bytes": fmt.Sprint(size), "suspended": fmt.Sprint(!leaveRunning), "wall_clock_used": used.Round(time.Millisecond).String()}
+	for k, v := range detail {
+		d[k] = v
+	}
+	what := "left running"
+	if !leaveRunning {
+		what = "stopped (suspended)"
+	}
+	seq, hash, err := sb.audit.trail.Mark(audit.TypeCheckpointed.New("Success",
+		fmt.Sprintf("checkpoint %s: %d bytes of memory and state in %v; the sandbox was %s", name, size, took.Round(time.Millisecond), what), d))
+	if err != nil {
+		return fail(fmt.Errorf("the trail could not record it (%w): the image is discarded", err))
+	}
+	pod := ""
+	if sb.inCRI && meta.PodName != "" {
+		pod = meta.PodNamespace + "/" + meta.PodName
+	}
+	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod,
+		Role: sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
+		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
+		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
+	digest, err := store.Commit(tmp, m)
+	if err != nil {
+		return fail(fmt.Errorf("signing the image: %w", err))
+	}
+	committed = true
+	return &control.Checkpointed{Name: name, Digest: digest, Dir: filepath.Join(store.Dir, name), Bytes: size,
+		Millis: took.Milliseconds(), Suspended: !leaveRunning}, nil
+}
+
+// liveDigest is the digest of the role version the sandbox runs under now.
+func (s *service) liveDigest(sb *sandboxState) string {
+	sb.resp.mu.Lock()
+	defer sb.resp.mu.Unlock()
+	if sb.resp.liveDigest != "" {
+		return sb.resp.liveDigest
+	}
+	return sb.profile.Digest
+}
+
+// checkpointByAdmin is the control socket's checkpoint and suspend.
+func (s *service) checkpointByAdmin(ctx context.Context, sb *sandboxState, req control.Request, detail map[string]string) (string, *control.Checkpointed, error) {
+	name := req.Name
+	if name == "" {
+		name = defaultCheckpointName(sb.id)
+	}
+	cp, err := s.checkpoint(ctx, sb, name, req.Op == control.OpCheckpoint, detail)
+	if err != nil {
+		return "", nil, err
+	}
+	verb := "checkpointed"
+	if cp.Suspended {
+		verb = "suspended"
+		sb.resp.mu.Lock()
+		sb.resp.stopped = true
+		sb.resp.mu.Unlock()
+	}
+	return fmt.Sprintf("%s into %s (%d bytes in %d ms)", verb, cp.Dir, cp.Bytes, cp.Millis), cp, nil
+}
+
+// openRestore checks the checkpoint a sandbox root asks to be restored
+// from, and starts its trail with the record that links it to the trail of
+// the sandbox it was taken of.
+func openRestore(cfg *config.Config, sb *sandboxState, name string) error {
+	store, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
+	if err != nil {
+		return err
+	}
+	img, err := store.Open(name)
+	if err != nil {
+		return errkind.PermissionDenied(fmt.Errorf("annotation %s: %w", policy.RestoreAnnotation, err))
+	}
+	m := img.Manifest
+	sb.restore = &restoring{image: img, pending: len(m.Containers)}
+	sb.wallUsed = m.WallClockUsed
+	sb.audit.trail.Emit(audit.TypeRestored.New("Success",
+		fmt.Sprintf("restores checkpoint %s (%s) of sandbox %s, taken %s under role %s; that trail's record %d links here",
+			m.Name, img.Digest, m.SandboxID, m.Created.Format(time.RFC3339), m.Role, m.Trail.LastSeq),
+		map[string]string{"checkpoint": m.Name, "image_digest": img.Digest, "previous_sandbox": m.Trail.Sandbox,
+			"previous_seq": fmt.Sprint(m.Trail.LastSeq), "previous_hash": m.Trail.LastHash, "previous_pod": m.Pod,
+			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": m.WallClockUsed.String(),
+			"containers": fmt.Sprint(len(m.Containers))}), true)
+	return nil
+}
+
+// checkRestore refuses a restore whose profile is looser than the one the
+// checkpoint was taken under, or whose wall clock has run out.
+func checkRestore(img *checkpoint.Image, p *policy.Profile) error {
+	var was policy.Profile
+	if err := json.Unmarshal(img.Manifest.Profile, &was); err != nil {
+		return fmt.Errorf("checkpoint %s: its profile: %w", img.Manifest.Name, err)
+	}
+	var wasEgress netpolicy.Plan
+	if err := json.Unmarshal(img.Manifest.Egress, &wasEgress); err != nil {
+		return fmt.Errorf("checkpoint %s: its egress: %w", img.Manifest.Name, err)
+	}
+	if looser := looserThan(&was, &wasEgress, p); len(looser) > 0 {
+		return errkind.PermissionDenied(fmt.Errorf("annotation %s: role %s (%s) is looser than role %s (%s), which checkpoint %s was taken under: %s",
+			policy.RestoreAnnotation, p.Role, short(p.Digest), was.Role, short(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
+	}
+	if wc := p.Limits.WallClock; wc > 0 && img.Manifest.WallClockUsed >= wc {
+		return errkind.PermissionDenied(fmt.Errorf("annotation %s: checkpoint %s had used %v of its wall clock, and role %s allows %v",
+			policy.RestoreAnnotation, img.Manifest.Name, img.Manifest.WallClockUsed.Round(time.Second), p.Role, wc))
+	}
+	return nil
+}
+
+// looserThan lists how profile now would be looser than was (whose egress,
+// narrowed live perhaps, was wasEgress). A restore takes exactly what a
+// running sandbox would take of its role's new version live: egress that
+// is the same or narrower, memory and CPU limits the same or lower; any
+// other difference (filesystem, process, credentials, wall clock and
+// other limits, audit) is refused, as it cannot be ordered.
+func looserThan(was *policy.Profile, wasEgress *netpolicy.Plan, now *policy.Profile) []string {
+	nowPlan, err := netpolicy.Compile(now)
+	if err != nil {
+		return []string{"egress: " + err.Error()}
+	}
+	_, _, pending := netpolicy.Narrow(wasEgress, nowPlan)
+	var out []string
+	for _, p := range pending {
+		out = append(out, "egress: "+p)
+	}
+	for _, u := range unchangeable(was, now) {
+		out = append(out, strings.Replace(u, ": applies to new sandboxes", " differs", 1))
+	}
+	_, _, lim := lowerLimits(was.Limits.MemoryBytes, was.Limits.CPUMillis, was.Limits, now.Limits)
+	return append(out, lim...)
+}
+
+// restoreStart restores a container of a sandbox being restored, in place
+// of starting it. It says false when the container is not to be restored.
+func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task.StartResponse, bool, error) {
+	if r.ExecID != "" {
+		return nil, false, nil
+	}
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok || sb.restore == nil || !s.sandboxes.takeRestore(sb) {
+		return nil, false, nil
+	}
+	start := time.Now()
+	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir}})
+	if err != nil {
+		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("restoring container %s from checkpoint %s: %v", r.ID, sb.restore.image.Manifest.Name, err),
+			map[string]string{"container_id": r.ID, "checkpoint": sb.restore.image.Manifest.Name}), true)
+		return nil, true, err
+	}
+	log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: restored from checkpoint %s in %v", sb.restore.image.Manifest.Name, time.Since(start))
+	return resp, true, nil
+}
+
+// restoredFrom names the checkpoint a container's sandbox was restored from.
+func (s *service) restoredFrom(id string) string {
+	if sb, ok := s.sandboxes.of(id); ok && sb.restore != nil {
+		return sb.restore.image.Manifest.Name
+	}
+	return ""
+}

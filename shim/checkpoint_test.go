@@ -1,0 +1,114 @@
+package shim
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/typeurl/v2"
+
+	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+func profile(egress string, mem int64, rules ...policy.EgressRule) *policy.Profile {
+	return &policy.Profile{Role: "coder", Network: policy.NetworkProfile{Egress: egress, Allow: rules},
+		Limits: policy.LimitsProfile{MemoryBytes: mem, WallClock: time.Hour}, Filesystem: policy.FilesystemProfile{Rootfs: "read-only"}}
+}
+
+// A restore takes a role only where it is as tight as, or tighter than,
+// the one the checkpoint was taken under.
+func TestLooserThan(t *testing.T) {
+	a := policy.EgressRule{Host: "a.test", Ports: []int{443}}
+	b := policy.EgressRule{Host: "b.test", Ports: []int{443}}
+	allow := policy.EgressAllowlist
+	for _, tc := range []struct {
+		name     string
+		was, now *policy.Profile
+		// narrowed: the sandbox ran under this egress (narrowed live).
+		narrowed *policy.Profile
+		looser   []string // substrings; none: accepted
+	}{
+		{name: "same", was: profile(allow, 1<<30, a), now: profile(allow, 1<<30, a)},
+		{name: "a rule removed", was: profile(allow, 1<<30, a, b), now: profile(allow, 1<<30, a)},
+		{name: "less memory", was: profile(allow, 1<<30, a), now: profile(allow, 1<<29, a)},
+		{name: "a rule added", was: profile(allow, 1<<30, a), now: profile(allow, 1<<30, a, b), looser: []string{"egress: ", "b.test", "(loosens)"}},
+		{name: "egress open", was: profile(allow, 1<<30, a), now: profile(policy.EgressOpen, 1<<30), looser: []string{"egress: "}},
+		{name: "more memory", was: profile(allow, 1<<29, a), now: profile(allow, 1<<30, a), looser: []string{"memory limit", "(loosens)"}},
+		{name: "no memory limit", was: profile(allow, 1<<29, a), now: profile(allow, 0, a), looser: []string{"memory limit"}},
+		{name: "filesystem differs", was: profile(allow, 1<<30, a), now: func() *policy.Profile {
+			p := profile(allow, 1<<30, a)
+			p.Filesystem.Rootfs = "writable"
+			return p
+		}(), looser: []string{"filesystem differs"}},
+		{name: "the role as it was, but the sandbox ran narrowed", was: profile(allow, 1<<30, a, b), narrowed: profile(allow, 1<<30, a),
+			now: profile(allow, 1<<30, a, b), looser: []string{"b.test"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ran := tc.was
+			if tc.narrowed != nil {
+				ran = tc.narrowed
+			}
+			wasEgress, err := netpolicy.Compile(ran)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the manifest keeps, as the restore reads it back.
+			b, _ := json.Marshal(wasEgress)
+			var back netpolicy.Plan
+			if err := json.Unmarshal(b, &back); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(looserThan(tc.was, &back, tc.now), "; ")
+			if len(tc.looser) == 0 && got != "" {
+				t.Fatalf("refused as looser: %s", got)
+			}
+			for _, want := range tc.looser {
+				if !strings.Contains(got, want) {
+					t.Fatalf("looser: %q, want %q in it", got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckRestoreWallClock(t *testing.T) {
+	p := profile(policy.EgressNone, 0)
+	prof, _ := json.Marshal(p)
+	pl, _ := netpolicy.Compile(p)
+	eg, _ := json.Marshal(pl)
+	img := &checkpoint.Image{Manifest: checkpoint.Manifest{Name: "cp", Profile: prof, Egress: eg, WallClockUsed: 30 * time.Minute}}
+	if err := checkRestore(img, p); err != nil {
+		t.Fatalf("half the wall clock used: %v", err)
+	}
+	img.Manifest.WallClockUsed = 2 * time.Hour
+	if err := checkRestore(img, p); err == nil || !strings.Contains(err.Error(), "wall clock") {
+		t.Fatalf("a used-up wall clock: %v", err)
+	}
+}
+
+func TestCheckpointOptions(t *testing.T) {
+	req := func(o *runcoptions.CheckpointOptions) *task.CheckpointTaskRequest {
+		a, err := typeurl.MarshalAnyToProto(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &task.CheckpointTaskRequest{ID: "x", Path: "/tmp/x", Options: a}
+	}
+	if exit, err := checkpointOptions(&task.CheckpointTaskRequest{ID: "x"}); err != nil || exit {
+		t.Fatalf("no options: %v %v", exit, err)
+	}
+	if exit, err := checkpointOptions(req(&runcoptions.CheckpointOptions{Exit: true, WorkPath: "/w"})); err != nil || !exit {
+		t.Fatalf("exit: %v %v", exit, err)
+	}
+	if _, err := checkpointOptions(req(&runcoptions.CheckpointOptions{OpenTcp: true})); err == nil || !strings.Contains(err.Error(), "open_tcp") {
+		t.Fatalf("open_tcp: %v", err)
+	}
+	if err := checkpoint.ValidName(defaultCheckpointName("0123456789abcdef0123456789abcdef")); err != nil {
+		t.Fatal(err)
+	}
+}

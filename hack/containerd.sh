@@ -75,6 +75,11 @@ dir = "$DIR/audit"
 [cri]
 containerd_root = "$DIR/root"
 kubelet_root = "$DIR/kubelet"
+
+# Sandboxes' memory images and the key that signs them, this instance's own.
+[checkpoint]
+dir = "$DIR/checkpoints"
+key_file = "$DIR/agentbox/node.key"
 EOT
   # The benchmark's stock-gVisor reference reads gVisor's own option format.
   cat >"$DIR/runsc-stock/config.toml" <<EOT

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os/exec"
 	"sync"
+	"time"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
@@ -71,6 +72,11 @@ type service struct {
 	stagers sync.Map
 	// watchOnce starts following the policy directory (watchPolicies).
 	watchOnce sync.Once
+	// deleting counts the Deletes in progress: the shim does not shut
+	// down under one (a sandbox whose containers exit together, as after
+	// a suspend, has its root's trail closed while the last container's
+	// Delete asks the shim to go).
+	deleting sync.WaitGroup
 }
 
 var _ cdshim.TTRPCService = (*service)(nil)
@@ -226,7 +232,11 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 		}
 		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
-			msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
+			if restored {
+				msg = fmt.Sprintf("sandbox restored from checkpoint %s; wall-clock limit armed with the %v it had left", s.restoredFrom(r.ID), d.Round(time.Millisecond))
+			} else {
+				msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
+			}
 		}
 		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
 		ph.mark("release_and_record")
@@ -306,6 +316,8 @@ func namespaceOf(ctx context.Context) string {
 
 // Delete forwards and forgets the container's exit bookkeeping.
 func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {
+	s.deleting.Add(1)
+	defer s.deleting.Done()
 	ph := newPhases("delete", r.ID)
 	defer ph.done()
 	resp, err := s.next.Delete(ctx, r)
@@ -447,6 +459,10 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 		log.G(ctx).WithError(err).Debug("agentbox: shutdown deferred")
 		return &types.Empty{}, nil
 	}
+	// gVisor forgets a container when runsc deletes it, before the shim
+	// has closed what it keeps for it (the root's rules, its trail).
+	s.deleting.Wait()
 	s.sd.Shutdown()
 	return resp, nil
 }
+

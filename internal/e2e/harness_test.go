@@ -339,6 +339,40 @@ spec:
   role: e2e-gw-cidr
   subjects: [{namespace: e2e-gw-cidr}]
 ---
+# Checkpoint and restore: e2e-cp-loose opens what e2e-cp does not (a
+# restore under it of a checkpoint taken under e2e-cp is refused).
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-cp}
+spec:
+  inherits: baseline
+  network:
+    egress: allowlist
+    allow: [{cidr: 198.51.100.10/32, ports: [80]}]
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-cp-loose}
+spec:
+  inherits: baseline
+  network:
+    egress: allowlist
+    allow: [{cidr: 198.51.100.10/32, ports: [80, 443]}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-cp}
+spec:
+  role: e2e-cp
+  subjects: [{namespace: e2e-cp}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-cp-loose}
+spec:
+  role: e2e-cp-loose
+  subjects: [{namespace: e2e-cp}]
+---
 apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-masked}

@@ -33,6 +33,27 @@ func (r IDRange) String() string {
 // MarshalText writes the range as a policy file spells it.
 func (r IDRange) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
+// UnmarshalText reads what MarshalText writes (a compiled profile kept
+// with a checkpoint is read back).
+func (r *IDRange) UnmarshalText(b []byte) error {
+	lo, hi, isRange := strings.Cut(string(b), "-")
+	min, err := parseID(lo)
+	if err != nil {
+		return fmt.Errorf("id range %q: %w", b, err)
+	}
+	max := min
+	if isRange {
+		if max, err = parseID(hi); err != nil {
+			return fmt.Errorf("id range %q: %w", b, err)
+		}
+	}
+	if min > max {
+		return fmt.Errorf("id range %q: empty", b)
+	}
+	r.Min, r.Max = min, max
+	return nil
+}
+
 // IDRanges is a set of ids.
 type IDRanges []IDRange
 

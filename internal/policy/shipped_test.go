@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -43,5 +44,32 @@ func TestShippedPolicies(t *testing.T) {
 	}
 	if err := set.Authorize("coder", Request{PodNamespace: "default", ContainerdNamespace: "k8s.io"}); err == nil {
 		t.Error("coder must not be bound to namespace default")
+	}
+}
+
+// A compiled profile reads back from its JSON as it was (a checkpoint
+// keeps the profile it was taken under, and a restore compares with it).
+func TestProfileJSONRoundTrip(t *testing.T) {
+	set, err := LoadPaths(repoPolicies(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range set.Roles {
+		p, err := set.Profile(name)
+		if err != nil {
+			continue
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Profile
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b2, _ := json.Marshal(&back)
+		if string(b) != string(b2) {
+			t.Errorf("%s: the profile changed through JSON:\n%s\n%s", name, b, b2)
+		}
 	}
 }

@@ -465,4 +465,3 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	s.sd.Shutdown()
 	return resp, nil
 }
-

@@ -194,13 +194,13 @@ func (p *wireProcess) record() *Process {
 // chainFields are what the verifier needs of a line: its body (what the
 // hash covers), the hash it states, and where it sits in the chain.
 type chainFields struct {
-	body     []byte
-	hash     string
-	seq      uint64
-	prev     string
-	sandbox  string
-	event    string
-	counts   map[string]uint64
+	body    []byte
+	hash    string
+	seq     uint64
+	prev    string
+	sandbox string
+	event   string
+	counts  map[string]uint64
 	// detail is read for the records that link trails (checkpointed,
 	// restored).
 	detail   map[string]string

@@ -49,6 +49,8 @@ type restoring struct {
 	// pending counts the containers not yet restored (runsc restores the
 	// sandbox when its last container is). Protected by the registry's mu.
 	pending int
+	// template: the role's template, not the pod's own checkpoint.
+	template bool
 }
 
 // Checkpoint is containerd's task API checkpoint (ctr task checkpoint):
@@ -269,33 +271,42 @@ func (s *service) checkpointByAdmin(ctx context.Context, sb *sandboxState, req c
 }
 
 // openRestore checks the checkpoint a sandbox root asks to be restored
-// from, and starts its trail with the record that links it to the trail of
-// the sandbox it was taken of.
-func openRestore(cfg *config.Config, sb *sandboxState, name string) error {
+// from (by its annotation, or its role's template), and records the link to
+// the trail of the sandbox it was taken of (the first record, for an
+// annotation). A template's agent is a new one: its wall clock starts
+// afresh; a resumed one's counts on.
+func openRestore(cfg *config.Config, sb *sandboxState, name string, template bool) error {
 	store, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
 	if err != nil {
 		return err
 	}
+	from := "annotation " + policy.RestoreAnnotation
+	if template {
+		from = "the role's template"
+	}
 	img, err := store.Open(name)
 	if err != nil {
-		return errkind.PermissionDenied(fmt.Errorf("annotation %s: %w", policy.RestoreAnnotation, err))
+		return errkind.PermissionDenied(fmt.Errorf("%s: %w", from, err))
 	}
 	m := img.Manifest
-	sb.restore = &restoring{image: img, pending: len(m.Containers)}
-	sb.wallUsed = m.WallClockUsed
+	sb.restore = &restoring{image: img, pending: len(m.Containers), template: template}
+	if !template {
+		sb.wallUsed = m.WallClockUsed
+	}
 	sb.audit.trail.Emit(audit.TypeRestored.New("Success",
 		fmt.Sprintf("restores checkpoint %s (%s) of sandbox %s, taken %s under role %s; that trail's record %d links here",
 			m.Name, img.Digest, m.SandboxID, m.Created.Format(time.RFC3339), m.Role, m.Trail.LastSeq),
 		map[string]string{"checkpoint": m.Name, "image_digest": img.Digest, "previous_sandbox": m.Trail.Sandbox,
 			"previous_seq": fmt.Sprint(m.Trail.LastSeq), "previous_hash": m.Trail.LastHash, "previous_pod": m.Pod,
-			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": m.WallClockUsed.String(),
-			"containers": fmt.Sprint(len(m.Containers))}), true)
+			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": sb.wallUsed.String(),
+			"containers": fmt.Sprint(len(m.Containers)), "template": fmt.Sprint(template)}), true)
 	return nil
 }
 
 // checkRestore refuses a restore whose profile is looser than the one the
 // checkpoint was taken under, or whose wall clock has run out.
-func checkRestore(img *checkpoint.Image, p *policy.Profile) error {
+func checkRestore(r *restoring, p *policy.Profile) error {
+	img := r.image
 	var was policy.Profile
 	if err := json.Unmarshal(img.Manifest.Profile, &was); err != nil {
 		return fmt.Errorf("checkpoint %s: its profile: %w", img.Manifest.Name, err)
@@ -305,10 +316,10 @@ func checkRestore(img *checkpoint.Image, p *policy.Profile) error {
 		return fmt.Errorf("checkpoint %s: its egress: %w", img.Manifest.Name, err)
 	}
 	if looser := looserThan(&was, &wasEgress, p); len(looser) > 0 {
-		return errkind.PermissionDenied(fmt.Errorf("annotation %s: role %s (%s) is looser than role %s (%s), which checkpoint %s was taken under: %s",
-			policy.RestoreAnnotation, p.Role, short(p.Digest), was.Role, short(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
+		return errkind.PermissionDenied(fmt.Errorf("restore: role %s (%s) is looser than role %s (%s), which checkpoint %s was taken under: %s",
+			p.Role, short(p.Digest), was.Role, short(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
 	}
-	if wc := p.Limits.WallClock; wc > 0 && img.Manifest.WallClockUsed >= wc {
+	if wc := p.Limits.WallClock; wc > 0 && !r.template && img.Manifest.WallClockUsed >= wc {
 		return errkind.PermissionDenied(fmt.Errorf("annotation %s: checkpoint %s had used %v of its wall clock, and role %s allows %v",
 			policy.RestoreAnnotation, img.Manifest.Name, img.Manifest.WallClockUsed.Round(time.Second), p.Role, wc))
 	}
@@ -349,7 +360,7 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 		return nil, false, nil
 	}
 	start := time.Now()
-	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir}})
+	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir, Background: true}})
 	if err != nil {
 		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("restoring container %s from checkpoint %s: %v", r.ID, sb.restore.image.Manifest.Name, err),
 			map[string]string{"container_id": r.ID, "checkpoint": sb.restore.image.Manifest.Name}), true)

@@ -83,12 +83,16 @@ func TestCheckRestoreWallClock(t *testing.T) {
 	pl, _ := netpolicy.Compile(p)
 	eg, _ := json.Marshal(pl)
 	img := &checkpoint.Image{Manifest: checkpoint.Manifest{Name: "cp", Profile: prof, Egress: eg, WallClockUsed: 30 * time.Minute}}
-	if err := checkRestore(img, p); err != nil {
+	if err := checkRestore(&restoring{image: img}, p); err != nil {
 		t.Fatalf("half the wall clock used: %v", err)
 	}
 	img.Manifest.WallClockUsed = 2 * time.Hour
-	if err := checkRestore(img, p); err == nil || !strings.Contains(err.Error(), "wall clock") {
+	if err := checkRestore(&restoring{image: img}, p); err == nil || !strings.Contains(err.Error(), "wall clock") {
 		t.Fatalf("a used-up wall clock: %v", err)
+	}
+	// A template's agent is a new one: its clock starts afresh.
+	if err := checkRestore(&restoring{image: img, template: true}, p); err != nil {
+		t.Fatalf("a template: %v", err)
 	}
 }
 

@@ -118,8 +118,14 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 		return plan, err
 	}
 	ph.mark("compile")
-	if plan.sandbox != nil && plan.sandbox.restore != nil {
-		if err := checkRestore(plan.sandbox.restore.image, res.Profile); err != nil {
+	if sb := plan.sandbox; sb != nil && sb.restore == nil && res.Profile.Template != "" {
+		// The role starts its sandboxes from a warmed checkpoint.
+		if err := openRestore(plan.cfg, sb, res.Profile.Template, true); err != nil {
+			return plan, err
+		}
+	}
+	if sb := plan.sandbox; sb != nil && sb.restore != nil {
+		if err := checkRestore(sb.restore, res.Profile); err != nil {
 			return plan, err
 		}
 	}
@@ -186,7 +192,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 		if name, ok := plan.claims[policy.RestoreAnnotation]; ok {
 			// The image is checked, and the trail linked to its
 			// checkpoint's, before anything else is done for the sandbox.
-			if err := openRestore(cfg, plan.sandbox, name); err != nil {
+			if err := openRestore(cfg, plan.sandbox, name, false); err != nil {
 				return err
 			}
 			plan.phases.mark("resolve_checkpoint")

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/control"
 )
 
 // counterScript is an agent with state only in memory: a counter it keeps
@@ -254,4 +256,125 @@ func regexpRunning(ls, id string) bool {
 		}
 	}
 	return false
+}
+
+// pyAgentScript is a Python agent that imports a heavy module set, then
+// works (a numbered line every 50 ms).
+const pyAgentScript = `import time
+import asyncio, email.parser, http.client, json, sqlite3, xml.etree.ElementTree, unittest, argparse, urllib.request
+import ssl, decimal, logging, subprocess, multiprocessing, concurrent.futures, csv, zipfile, tarfile, pydoc, difflib
+import inspect, typing, dataclasses, statistics, fractions, shutil, tempfile, pathlib, hashlib, hmac, secrets, uuid
+n = 0
+while True:
+    n += 1
+    print("agent", n, flush=True)
+    time.sleep(0.05)
+`
+
+// pyAgentPod starts the Python agent in a pod through the CRI, as the
+// kubelet does, and returns the pod, its container and how long it took
+// from RunPodSandbox to the agent's first line in its log.
+func pyAgentPod(handler, namespace, name string, annotations map[string]string) (*pod, string, time.Duration, error) {
+	dir, err := os.MkdirTemp("", "abx-pyagent-")
+	if err != nil {
+		return nil, "", 0, err
+	}
+	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs"), uid: uniqueID("uid")}
+	p.podJSON = filepath.Join(dir, "pod.json")
+	if err := writeJSONFile(p.podJSON, map[string]any{
+		"metadata":    map[string]any{"name": name, "namespace": namespace, "uid": p.uid, "attempt": 0},
+		"annotations": annotations, "log_directory": p.logDir, "linux": map[string]any{},
+	}); err != nil {
+		return p, "", 0, err
+	}
+	cfg := filepath.Join(dir, "c.json")
+	if err := writeJSONFile(cfg, map[string]any{
+		"metadata": map[string]any{"name": "agent"}, "image": map[string]any{"image": realAgentImage},
+		"command": []string{"python3", "-c", pyAgentScript}, "log_path": "agent.log",
+		"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
+	}); err != nil {
+		return p, "", 0, err
+	}
+	start := time.Now()
+	r := dev.crictl(90*time.Second, "runp", "--runtime", handler, p.podJSON)
+	if r.code != 0 {
+		return p, "", 0, fmt.Errorf("runp: %v", r)
+	}
+	p.id = strings.TrimSpace(r.stdout)
+	r = dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
+	if r.code != 0 {
+		return p, "", 0, fmt.Errorf("create: %v", r)
+	}
+	cid := strings.TrimSpace(r.stdout)
+	if r = dev.crictl(90*time.Second, "start", cid); r.code != 0 {
+		return p, cid, 0, fmt.Errorf("start: %v", r)
+	}
+	logFile := filepath.Join(p.logDir, "agent.log")
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(logFile); err == nil && strings.Contains(string(b), " agent ") {
+			return p, cid, time.Since(start), nil
+		}
+	}
+	b, _ := os.ReadFile(logFile)
+	return p, cid, 0, fmt.Errorf("no output from the agent in 60s: %q", clip(string(b)))
+}
+
+// makePyTemplate boots the Python agent under e2e-py and suspends it as
+// the checkpoint e2e-py-warm names: the template of role e2e-py-warm.
+func makePyTemplate(t *testing.T) time.Duration {
+	t.Helper()
+	os.RemoveAll(filepath.Join(dev.dir, "checkpoints", "e2e-py-warm"))
+	p, _, cold, err := pyAgentPod("agentbox", "e2e-py", "py-template", map[string]string{"agentbox.dev/role": "e2e-py"})
+	defer removePod(p)
+	if err != nil {
+		t.Fatalf("the template's agent: %v", err)
+	}
+	r := sandboxCLI("suspend", "--name", "e2e-py-warm", "--reason", "e2e: the template of role e2e-py-warm", p.id)
+	if r.code != 0 {
+		t.Fatalf("suspend: %v", r)
+	}
+	return cold
+}
+
+// TestCheckpointTemplate: a role that names a template checkpoint starts
+// its pods from it: a Python agent with its imports done is working in the
+// new pod without booting; its trail says which template, and its wall
+// clock starts afresh.
+func TestCheckpointTemplate(t *testing.T) {
+	requireEnv(t)
+	requireRealAgentImage(t)
+	expectNoLeaks(t, dev)
+	cold := makePyTemplate(t)
+	p, cid, warm, err := pyAgentPod("agentbox", "e2e-py-warm", "py-warm", map[string]string{"agentbox.dev/role": "e2e-py-warm"})
+	defer removePod(p)
+	if err != nil {
+		t.Fatalf("a pod under the template's role: %v", err)
+	}
+	t.Logf("the agent's first output: %v booted cold, %v from the template", cold.Round(time.Millisecond), warm.Round(time.Millisecond))
+	recs := trailSoFar(t, p.id)
+	rs := findRecord(recs, "agentbox/restored")
+	if rs == nil || rs.Detail["checkpoint"] != "e2e-py-warm" || rs.Detail["template"] != "true" || rs.Detail["wall_clock_used"] != "0s" {
+		t.Fatalf("restored record: %+v", rs)
+	}
+	// The restored agent goes on counting where the template stopped: it
+	// did not boot (a booted one starts at 1).
+	out := waitLogsWithin(t, cid, "agent ", 20*time.Second).stdout
+	first := strings.Fields(strings.SplitN(strings.TrimSpace(out), "\n", 2)[0])
+	if len(first) != 2 || first[0] != "agent" || first[1] == "1" {
+		t.Fatalf("the agent's first line in the new pod: %q", first)
+	}
+	if sb := findSandbox(t, p.id); sb == nil || sb.WallClockLeft == "" || !strings.HasPrefix(sb.WallClockLeft, "14m") && !strings.HasPrefix(sb.WallClockLeft, "15m") {
+		t.Fatalf("the template-started sandbox's wall clock: %+v", sb)
+	}
+}
+
+// findSandbox is the sandbox list's entry for id.
+func findSandbox(t *testing.T, id string) *control.Sandbox {
+	t.Helper()
+	for _, sb := range listSandboxes(t) {
+		if sb.ID == id {
+			return &sb
+		}
+	}
+	return nil
 }

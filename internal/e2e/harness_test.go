@@ -373,6 +373,35 @@ spec:
   role: e2e-cp-loose
   subjects: [{namespace: e2e-cp}]
 ---
+# A Python agent, and the same role starting from a template checkpoint
+# of it (TestCheckpointTemplate makes e2e-py-warm under e2e-py).
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-py}
+spec:
+  inherits: baseline
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-py-warm}
+spec:
+  inherits: e2e-py
+  template: e2e-py-warm
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-py}
+spec:
+  role: e2e-py
+  subjects: [{namespace: e2e-py}]
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-py-warm}
+spec:
+  role: e2e-py-warm
+  subjects: [{namespace: e2e-py-warm}]
+---
 apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-masked}

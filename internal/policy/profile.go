@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"agentbox.dev/agentbox/internal/checkpoint"
 )
 
 // Profile is a role compiled to what the shim enforces: plain data, with
@@ -30,6 +32,9 @@ type Profile struct {
 	Credentials CredentialsProfile `json:"credentials"`
 	Limits      LimitsProfile      `json:"limits"`
 	Audit       AuditProfile       `json:"audit"`
+	// Template is the checkpoint new sandboxes under the role start from
+	// ("" boot).
+	Template string `json:"template,omitempty"`
 	// Tightened lists the pod annotations that narrowed the role.
 	Tightened []string `json:"tightened,omitempty"`
 	Digest    string   `json:"digest"`
@@ -277,6 +282,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.WallClock, c.WallClock)
 		out.Limits = &m
 	}
+	pick(&out.Template, child.Template)
 	return out
 }
 
@@ -319,6 +325,12 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	errs = append(errs, p.compileCredentials(deref(spec.Credentials, Credentials{}))...)
 	errs = append(errs, p.compileLimits(deref(spec.Limits, Limits{}))...)
 	errs = append(errs, p.compileAudit(deref(spec.Audit, Audit{}))...)
+	if t := deref(spec.Template, ""); t != "" {
+		if err := checkpoint.ValidName(t); err != nil {
+			errs = append(errs, ferr("template", "%v", err))
+		}
+		p.Template = t
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

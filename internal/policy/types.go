@@ -61,6 +61,12 @@ type RoleSpec struct {
 	Credentials *Credentials `yaml:"credentials,omitempty" json:"credentials,omitempty"`
 	Limits      *Limits      `yaml:"limits,omitempty" json:"limits,omitempty"`
 	Audit       *Audit       `yaml:"audit,omitempty" json:"audit,omitempty"`
+	// Template names a checkpoint in the node's store (agentbox sandbox
+	// checkpoint) that new sandboxes under this role are restored from
+	// instead of booting: an agent with its interpreter warmed. Its wall
+	// clock starts afresh. A pod's agentbox.dev/restore-from wins.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9._-]{0,62}$`
+	Template *string `yaml:"template,omitempty" json:"template,omitempty"`
 }
 
 // Audit selects what the audit trail records (all by default). Container

@@ -247,17 +247,6 @@ func TestCheckpointCtr(t *testing.T) {
 	t.Logf("snapshot taken at about count %d; the restored agent is at %d", taken, got)
 }
 
-// regexpRunning says whether ctr task ls lists id as RUNNING.
-func regexpRunning(ls, id string) bool {
-	for _, l := range strings.Split(ls, "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && f[0] == id {
-			return f[2] == "RUNNING"
-		}
-	}
-	return false
-}
-
 // pyAgentScript is a Python agent that imports a heavy module set, then
 // works (a numbered line every 50 ms).
 const pyAgentScript = `import time

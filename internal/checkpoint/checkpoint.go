@@ -356,17 +356,140 @@ func (s *Store) Open(name string) (*Image, error) {
 			return nil, fmt.Errorf("checkpoint %q: file %s is not in its manifest: refused", name, n)
 		}
 	}
+	rawSum := sha256.Sum256(raw)
+	digest := "sha256:" + hex.EncodeToString(rawSum[:])
+	seen := s.loadVerified(name, digest)
+	var stamps []fileStamp
+	hashed := false
 	for _, f := range m.Files {
-		sum, size, err := hashAt(dfd, f.Name)
+		st, sum, err := s.checkFile(dfd, f, seen)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint %q: %s: %w", name, f.Name, err)
 		}
-		if size != f.Size || sum != f.SHA256 {
-			return nil, fmt.Errorf("checkpoint %q: %s does not match its manifest (size %d, sha256 %s; signed %d, %s): the image was altered: refused", name, f.Name, size, short(sum), f.Size, short(f.SHA256))
+		if sum != "" {
+			hashed = true
+			if st.Size != f.Size || sum != f.SHA256 {
+				return nil, fmt.Errorf("checkpoint %q: %s does not match its manifest (size %d, sha256 %s; signed %d, %s): the image was altered: refused", name, f.Name, st.Size, short(sum), f.Size, short(f.SHA256))
+			}
 		}
+		stamps = append(stamps, st)
 	}
-	rawSum := sha256.Sum256(raw)
-	return &Image{Manifest: m, Digest: "sha256:" + hex.EncodeToString(rawSum[:]), Dir: dir}, nil
+	if hashed {
+		s.saveVerified(name, digest, stamps)
+	}
+	return &Image{Manifest: m, Digest: digest, Dir: dir}, nil
+}
+
+// verifiedDir remembers, per checkpoint, each file's identity (device,
+// inode, size, modification and change times) as it was when its digest
+// last matched the manifest: a file with the same identity is not hashed
+// again (a template is restored by every new pod of its role). Any write
+// to a file changes its change time, which no one but root can set; the
+// record is under the node key too.
+const verifiedDir = ".verified"
+
+type fileStamp struct {
+	Name  string `json:"name"`
+	Dev   uint64 `json:"dev"`
+	Ino   uint64 `json:"ino"`
+	Size  int64  `json:"size"`
+	Mtime int64  `json:"mtime"`
+	Ctime int64  `json:"ctime"`
+}
+
+type verifiedRecord struct {
+	Digest string      `json:"digest"`
+	Files  []fileStamp `json:"files"`
+	MAC    string      `json:"mac"`
+}
+
+func (s *Store) verifiedMAC(v *verifiedRecord) string {
+	b, _ := json.Marshal(struct {
+		D string
+		F []fileStamp
+	}{v.Digest, v.Files})
+	h := hmac.New(sha256.New, s.key)
+	h.Write([]byte("agentbox checkpoint verified v1\n"))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// loadVerified is what an earlier Open of the checkpoint (with the
+// manifest of digest) found to match, by file name (none if anything is
+// off).
+func (s *Store) loadVerified(name, digest string) map[string]fileStamp {
+	dfd, err := unix.Open(filepath.Join(s.Dir, verifiedDir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(dfd)
+	if ownedDir(dfd, verifiedDir) != nil {
+		return nil
+	}
+	b, err := readAt(dfd, name+".json", 1<<20)
+	if err != nil {
+		return nil
+	}
+	var v verifiedRecord
+	if json.Unmarshal(b, &v) != nil || v.Digest != digest || !hmac.Equal([]byte(v.MAC), []byte(s.verifiedMAC(&v))) {
+		return nil
+	}
+	out := map[string]fileStamp{}
+	for _, f := range v.Files {
+		out[f.Name] = f
+	}
+	return out
+}
+
+// saveVerified records the stamps of files that matched (best effort: a
+// failure only means hashing again next time).
+func (s *Store) saveVerified(name, digest string, stamps []fileStamp) {
+	dir := filepath.Join(s.Dir, verifiedDir)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return
+	}
+	v := verifiedRecord{Digest: digest, Files: stamps}
+	v.MAC = s.verifiedMAC(&v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	f, err := os.CreateTemp(dir, ".tmp-")
+	if err != nil {
+		return
+	}
+	_, werr := f.Write(b)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil || os.Rename(f.Name(), filepath.Join(dir, name+".json")) != nil {
+		os.Remove(f.Name())
+	}
+}
+
+// checkFile opens an image file and stamps it; it hashes it (sum set)
+// unless seen holds the same stamp.
+func (s *Store) checkFile(dfd int, f File, seen map[string]fileStamp) (fileStamp, string, error) {
+	fh, err := openAt(dfd, f.Name)
+	if err != nil {
+		return fileStamp{}, "", err
+	}
+	defer fh.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(fh.Fd()), &st); err != nil {
+		return fileStamp{}, "", err
+	}
+	stamp := fileStamp{Name: f.Name, Dev: uint64(st.Dev), Ino: st.Ino, Size: st.Size, Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano()}
+	if prev, ok := seen[f.Name]; ok && prev == stamp && stamp.Size == f.Size {
+		return stamp, "", nil
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, fh)
+	if err != nil {
+		return stamp, "", err
+	}
+	stamp.Size = n
+	return stamp, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // List returns the store's checkpoints by name (unchecked: Open checks one).
@@ -397,6 +520,7 @@ func (s *Store) Remove(name string) error {
 	if err := ValidName(name); err != nil {
 		return err
 	}
+	os.Remove(filepath.Join(s.Dir, verifiedDir, name+".json"))
 	return os.RemoveAll(filepath.Join(s.Dir, name))
 }
 
@@ -447,17 +571,6 @@ func readAt(dfd int, name string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("larger than %d bytes", max)
 	}
 	return b, nil
-}
-
-func hashAt(dfd int, name string) (string, int64, error) {
-	f, err := openAt(dfd, name)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	return hex.EncodeToString(h.Sum(nil)), n, err
 }
 
 func hashFile(p string) (string, int64, error) {

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // commit writes a fake image (what runsc would) and commits it.
@@ -140,5 +143,41 @@ func TestKey(t *testing.T) {
 	os.Chmod(filepath.Join(dir, "s"), 0o755)
 	if _, err := OpenStore(filepath.Join(dir, "s"), key); err == nil || !strings.Contains(err.Error(), "0700") {
 		t.Fatalf("a store open to others: %v", err)
+	}
+}
+
+// An image checked once is not hashed again while its files are the same
+// files, unchanged; any write makes the next Open hash it, and refuse it.
+func TestOpenRemembersWhatMatched(t *testing.T) {
+	s, _ := newStore(t)
+	commit(t, s, "cp", map[string]string{"checkpoint.img": "state", "pages.img": "pages"})
+	if _, err := s.Open("cp"); err != nil {
+		t.Fatal(err)
+	}
+	dfd, err := unix.Open(filepath.Join(s.Dir, "cp"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dfd)
+	img, _ := s.Open("cp")
+	seen := s.loadVerified("cp", img.Digest)
+	if len(seen) != 2 {
+		t.Fatalf("remembered %v", seen)
+	}
+	if _, sum, err := s.checkFile(dfd, img.Manifest.Files[1], seen); err != nil || sum != "" {
+		t.Fatalf("an unchanged file was hashed again (%q, %v)", sum, err)
+	}
+	// Same size, new content: its times change, so it is hashed and refused.
+	time.Sleep(10 * time.Millisecond)
+	if err := os.WriteFile(filepath.Join(s.Dir, "cp", "pages.img"), []byte("pagez"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Open("cp"); err == nil || !strings.Contains(err.Error(), "does not match its manifest") {
+		t.Fatalf("an altered file after a good Open: %v", err)
+	}
+	// A forged record is ignored.
+	os.WriteFile(filepath.Join(s.Dir, verifiedDir, "cp.json"), []byte(`{"digest":"`+img.Digest+`","files":[],"mac":"00"}`), 0o600)
+	if got := s.loadVerified("cp", img.Digest); got != nil {
+		t.Fatalf("a forged record was read: %v", got)
 	}
 }

@@ -223,11 +223,18 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if err != nil {
 		return fail(fmt.Errorf("the trail could not record it (%w): the image is discarded", err))
 	}
-	pod := ""
-	if sb.inCRI && meta.PodName != "" {
-		pod = meta.PodNamespace + "/" + meta.PodName
+	pod, podNS := "", ""
+	if sb.inCRI {
+		podNS = sb.request.PodNamespace
+		if meta.PodName != "" {
+			pod = meta.PodNamespace + "/" + meta.PodName
+		}
 	}
-	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod,
+	sb.resp.mu.Lock()
+	quarantined := sb.resp.quarantined
+	sb.resp.mu.Unlock()
+	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
+		Quarantined: quarantined,
 		Role: sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
 		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
@@ -305,8 +312,23 @@ func openRestore(cfg *config.Config, sb *sandboxState, name string, template boo
 
 // checkRestore refuses a restore whose profile is looser than the one the
 // checkpoint was taken under, or whose wall clock has run out.
-func checkRestore(r *restoring, p *policy.Profile) error {
+//
+// A checkpoint holds its agent's memory, secrets and data included: only a
+// sandbox in the same containerd namespace, and for a pod the same
+// Kubernetes namespace (as the CRI says, never an annotation), may be
+// restored from it; a role's template, which an admin named, is exempt. A
+// checkpoint of a quarantined sandbox is not restored: lifting a
+// quarantine is an admin's act (agentbox sandbox quarantine --release).
+func checkRestore(r *restoring, p *policy.Profile, req policy.Request) error {
 	img := r.image
+	m := img.Manifest
+	if !r.template && (m.Namespace != req.ContainerdNamespace || m.PodNamespace != req.PodNamespace) {
+		return errkind.PermissionDenied(fmt.Errorf("annotation %s: checkpoint %s was taken in containerd namespace %q, pod namespace %q; this sandbox is in %q, %q: a checkpoint holds its agent's memory and is restored only where it was taken",
+			policy.RestoreAnnotation, m.Name, m.Namespace, m.PodNamespace, req.ContainerdNamespace, req.PodNamespace))
+	}
+	if m.Quarantined != "" {
+		return errkind.PermissionDenied(fmt.Errorf("restore: checkpoint %s was taken of a quarantined sandbox (%s): it is not restored (a restored sandbox would have its role's egress)", m.Name, m.Quarantined))
+	}
 	var was policy.Profile
 	if err := json.Unmarshal(img.Manifest.Profile, &was); err != nil {
 		return fmt.Errorf("checkpoint %s: its profile: %w", img.Manifest.Name, err)

@@ -82,17 +82,35 @@ func TestCheckRestoreWallClock(t *testing.T) {
 	prof, _ := json.Marshal(p)
 	pl, _ := netpolicy.Compile(p)
 	eg, _ := json.Marshal(pl)
-	img := &checkpoint.Image{Manifest: checkpoint.Manifest{Name: "cp", Profile: prof, Egress: eg, WallClockUsed: 30 * time.Minute}}
-	if err := checkRestore(&restoring{image: img}, p); err != nil {
+	img := &checkpoint.Image{Manifest: checkpoint.Manifest{Name: "cp", Profile: prof, Egress: eg, WallClockUsed: 30 * time.Minute,
+		Namespace: "k8s.io", PodNamespace: "team-a"}}
+	req := policy.Request{ContainerdNamespace: "k8s.io", PodNamespace: "team-a"}
+	if err := checkRestore(&restoring{image: img}, p, req); err != nil {
 		t.Fatalf("half the wall clock used: %v", err)
 	}
 	img.Manifest.WallClockUsed = 2 * time.Hour
-	if err := checkRestore(&restoring{image: img}, p); err == nil || !strings.Contains(err.Error(), "wall clock") {
+	if err := checkRestore(&restoring{image: img}, p, req); err == nil || !strings.Contains(err.Error(), "wall clock") {
 		t.Fatalf("a used-up wall clock: %v", err)
 	}
 	// A template's agent is a new one: its clock starts afresh.
-	if err := checkRestore(&restoring{image: img, template: true}, p); err != nil {
+	if err := checkRestore(&restoring{image: img, template: true}, p, req); err != nil {
 		t.Fatalf("a template: %v", err)
+	}
+	img.Manifest.WallClockUsed = time.Minute
+	// Another tenant's pod, under a role as tight, does not get the
+	// agent's memory; nor does a ctr container.
+	for _, other := range []policy.Request{{ContainerdNamespace: "k8s.io", PodNamespace: "team-b"}, {ContainerdNamespace: "default"}} {
+		if err := checkRestore(&restoring{image: img}, p, other); err == nil || !strings.Contains(err.Error(), "restored only where it was taken") {
+			t.Fatalf("a restore into %+v: %v", other, err)
+		}
+	}
+	// A role's template is the admin's: any namespace bound to the role.
+	if err := checkRestore(&restoring{image: img, template: true}, p, policy.Request{ContainerdNamespace: "k8s.io", PodNamespace: "team-b"}); err != nil {
+		t.Fatalf("a template in another namespace: %v", err)
+	}
+	img.Manifest.Quarantined = "exfiltration"
+	if err := checkRestore(&restoring{image: img}, p, req); err == nil || !strings.Contains(err.Error(), "quarantined") {
+		t.Fatalf("a quarantined checkpoint: %v", err)
 	}
 }
 

@@ -125,7 +125,7 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 		}
 	}
 	if sb := plan.sandbox; sb != nil && sb.restore != nil {
-		if err := checkRestore(sb.restore, res.Profile); err != nil {
+		if err := checkRestore(sb.restore, res.Profile, plan.request); err != nil {
 			return plan, err
 		}
 	}

@@ -71,9 +71,13 @@ type Manifest struct {
 	Created   time.Time `json:"created"`
 	SandboxID string    `json:"sandboxId"`
 	// Namespace is the containerd namespace; Pod the pod's namespace/name
-	// (CRI pods only).
-	Namespace string `json:"namespace"`
-	Pod       string `json:"pod,omitempty"`
+	// and PodNamespace its Kubernetes namespace (CRI pods only).
+	Namespace    string `json:"namespace"`
+	Pod          string `json:"pod,omitempty"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	// Quarantined is the quarantine's reason when the sandbox was
+	// quarantined: such a checkpoint is not restored.
+	Quarantined string `json:"quarantined,omitempty"`
 	// Role and PolicyDigest are what the sandbox ran under when it was
 	// checkpointed (its live digest); Profile is that profile, compiled, for
 	// the restore's looser-role check.

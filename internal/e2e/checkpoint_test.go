@@ -160,8 +160,15 @@ func TestCheckpointSuspendRestore(t *testing.T) {
 		{"cp-loose", "e2e-cp-loose", name, "is looser than role e2e-cp"},
 		{"cp-path", "e2e-cp", "../../etc", "never a path"},
 		{"cp-missing", "e2e-cp", "no-such-checkpoint", "not in the node's store"},
+		// Another namespace's pod, under a role no looser (baseline has no
+		// egress at all), does not get the agent's memory.
+		{"cp-other-ns", "baseline", name, "restored only where it was taken"},
 	} {
-		_, r := tryPod(t, tc.name, "e2e-cp", map[string]string{"agentbox.dev/role": tc.role, "agentbox.dev/restore-from": tc.from})
+		ns := "e2e-cp"
+		if tc.name == "cp-other-ns" {
+			ns = "agents"
+		}
+		_, r := tryPod(t, tc.name, ns, map[string]string{"agentbox.dev/role": tc.role, "agentbox.dev/restore-from": tc.from})
 		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%s: want a refusal with %q, got %v", tc.name, tc.want, r)
 		}

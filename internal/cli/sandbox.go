@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,6 +33,19 @@ func checkpointList(c *cli.Context) error {
 	store, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
 	if err != nil {
 		return cli.Exit(err, 1)
+	}
+	if name := c.String("remove"); name != "" {
+		if err := checkpoint.ValidName(name); err != nil {
+			return cli.Exit("--remove: "+err.Error(), 2)
+		}
+		if _, err := os.Lstat(filepath.Join(store.Dir, name)); err != nil {
+			return cli.Exit(fmt.Sprintf("checkpoint %s: not in the node's store %s", name, store.Dir), 1)
+		}
+		if err := store.Remove(name); err != nil {
+			return cli.Exit(err, 1)
+		}
+		fmt.Fprintf(c.App.Writer, "checkpoint %s removed\n", name)
+		return nil
 	}
 	list, err := store.List()
 	if err != nil {
@@ -102,8 +117,8 @@ func sandboxCommand() *cli.Command {
 			act("suspend", "checkpoint the sandbox, then stop it; a pod annotated agentbox.dev/restore-from: NAME resumes it", control.OpSuspend, cpName, reason),
 			{
 				Name:   "checkpoints",
-				Usage:  "the node's checkpoints, each checked (its signature and files) as a restore would",
-				Flags:  common,
+				Usage:  "the node's checkpoints, each checked (its signature and files) as a restore would; --remove NAME deletes one (it holds an agent's memory)",
+				Flags:  append([]cli.Flag{&cli.StringFlag{Name: "remove", Usage: "delete this checkpoint from the node's store"}}, common...),
 				Action: checkpointList,
 			},
 		},

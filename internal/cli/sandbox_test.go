@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
 )
 
@@ -65,5 +66,40 @@ func TestSandboxCommands(t *testing.T) {
 	}
 	if want := "info:,info:,quarantine:exfiltration,info:,info:,release:,info:,thaw:,info:"; strings.Join(ops, ",") != want {
 		t.Fatalf("requests %v, want %s", ops, want)
+	}
+}
+
+// checkpoints lists the node's images, each checked as a restore would
+// check it, and removes one by name (never by path).
+func TestCheckpointsCommand(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.toml")
+	store := filepath.Join(dir, "store")
+	os.WriteFile(cfgPath, []byte("version = 1\n[checkpoint]\ndir = \""+store+"\"\nkey_file = \""+filepath.Join(dir, "node.key")+"\"\n"), 0o600)
+	st, err := checkpoint.OpenStore(store, filepath.Join(dir, "node.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp, _ := st.Begin("cp1")
+	os.WriteFile(filepath.Join(tmp, "pages.img"), []byte("pages"), 0o600)
+	if _, err := st.Commit(tmp, &checkpoint.Manifest{Name: "cp1", SandboxID: "4f2a9c0e11d2aaaa", Role: "coder", Suspended: true}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run(t, "sandbox", "checkpoints", "--config", cfgPath)
+	if err != nil || !strings.Contains(out, "cp1") || !strings.Contains(out, "coder") || !strings.Contains(out, "ok") {
+		t.Fatalf("checkpoints: %v\n%s", err, out)
+	}
+	os.WriteFile(filepath.Join(store, "cp1", "pages.img"), []byte("pagez"), 0o600)
+	if out, _, _ := run(t, "sandbox", "checkpoints", "--config", cfgPath); !strings.Contains(out, "does not match its manifest") {
+		t.Fatalf("an altered image is listed as:\n%s", out)
+	}
+	if _, _, err := run(t, "sandbox", "checkpoints", "--config", cfgPath, "--remove", "../store"); err == nil {
+		t.Fatal("a path was removed")
+	}
+	if out, _, err := run(t, "sandbox", "checkpoints", "--config", cfgPath, "--remove", "cp1"); err != nil || !strings.Contains(out, "removed") {
+		t.Fatalf("remove: %v %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(store, "cp1")); !os.IsNotExist(err) {
+		t.Fatalf("cp1 is still there: %v", err)
 	}
 }

@@ -235,7 +235,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	sb.resp.mu.Unlock()
 	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
 		Quarantined: quarantined,
-		Role: sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
+		Role:        sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
 		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
 	digest, err := store.Commit(tmp, m)

@@ -21,8 +21,11 @@ CONTAINERD_VERSION=v2.4.2
 CONTAINERD17_VERSION=v1.7.35
 CONTAINERD22_VERSION=v2.2.9
 CRICTL_VERSION=v1.37.0
-# TEST_APT_PACKAGES: only the full setup (the tests) installs them.
-TEST_APT_PACKAGES=(chromium)
+# TEST_APT_PACKAGES: only the full setup (the tests) installs them. criu:
+# containerd's CRI CheckpointContainer (the kubelet's checkpoint API)
+# refuses unless a criu binary answers its version, although agentbox's
+# shim, not CRIU, makes the checkpoint.
+TEST_APT_PACKAGES=(chromium criu)
 APT_PACKAGES=(containernetworking-plugins nftables iptables busybox-static umoci runc iproute2 jq gcc libc6-dev make mmdebstrap)
 
 AGENT_IMAGE=docker.io/agentbox/agent:latest

@@ -70,7 +70,7 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 		return nil, errgrpc.ToGRPC(errkind.InvalidArgument(errors.New("checkpoint request carries no path")))
 	}
 	name := defaultCheckpointName(sb.id)
-	who := map[string]string{"requested_by": "containerd task API (ctr task checkpoint)"}
+	who := map[string]string{"requested_by": "containerd's task API (ctr task checkpoint, or the CRI's CheckpointContainer)"}
 	sb.resp.applying.Lock()
 	cp, err := s.checkpoint(ctx, sb, name, !exit, who)
 	sb.resp.applying.Unlock()

@@ -374,3 +374,48 @@ func findSandbox(t *testing.T, id string) *control.Sandbox {
 	}
 	return nil
 }
+
+// TestCheckpointCRI: the CRI's CheckpointContainer (what the kubelet's
+// checkpoint API calls) reaches the shim: the agent keeps running, the
+// archive containerd writes holds the signed pointer, not the memory, and
+// a new pod in the same namespace restores the checkpoint it names.
+func TestCheckpointCRI(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	ann := map[string]string{"agentbox.dev/role": "e2e-cp"}
+	agent := map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"sh", "-c", counterScript}}
+	a := newPodIn(t, "cri-cp", "e2e-cp", ann)
+	aID := a.containerWith(t, "agent", agent)
+	waitLogsWithin(t, aID, "count 5\n", 30*time.Second)
+	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
+	if r := dev.crictl(2*time.Minute, "checkpoint", "--export="+archive, aID); r.code != 0 {
+		t.Fatalf("crictl checkpoint: %v", r)
+	}
+	if st, _ := containerState(t, aID); st != "CONTAINER_RUNNING" {
+		t.Fatalf("the agent is %s after the kubelet's checkpoint, want running", st)
+	}
+	r := runCommand(30*time.Second, nil, nil, "tar", "-xOf", archive, "checkpoint/agentbox-checkpoint.json")
+	var ptr struct {
+		Manifest struct {
+			Name      string `json:"name"`
+			SandboxID string `json:"sandboxId"`
+			Files     []struct {
+				Size int64 `json:"size"`
+			} `json:"files"`
+		} `json:"manifest"`
+		MAC string `json:"mac"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &ptr) != nil || ptr.Manifest.SandboxID != a.id || len(ptr.MAC) != 64 {
+		t.Fatalf("the archive's pointer: %v", r)
+	}
+	if ls := runCommand(30*time.Second, nil, nil, "tar", "-tvf", archive); strings.Contains(ls.stdout, "pages") {
+		t.Fatalf("the archive holds the agent's memory:\n%s", ls.stdout)
+	}
+	b := newPodIn(t, "cri-cp-restored", "e2e-cp", map[string]string{"agentbox.dev/role": "e2e-cp", "agentbox.dev/restore-from": ptr.Manifest.Name})
+	bID := b.containerWith(t, "agent", agent)
+	got := counts(waitLogsWithin(t, bID, "count ", 30*time.Second).stdout)
+	if len(got) == 0 || got[0] < 6 {
+		t.Fatalf("the restored agent counted %v: it did not go on from the checkpoint", got)
+	}
+	t.Logf("checkpointed through the CRI as %s; the restored agent went on at %d", ptr.Manifest.Name, got[0])
+}

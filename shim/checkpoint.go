@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -234,8 +235,8 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	quarantined := sb.resp.quarantined
 	sb.resp.mu.Unlock()
 	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
-		Quarantined: quarantined,
-		Role:        sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
+		Quarantined: quarantined, Placeholders: sb.placeholdersNow(),
+		Role: sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
 		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
 	digest, err := store.Commit(tmp, m)
@@ -297,6 +298,11 @@ func openRestore(cfg *config.Config, sb *sandboxState, name string, template boo
 	}
 	m := img.Manifest
 	sb.restore = &restoring{image: img, pending: len(m.Containers), template: template}
+	if !template && len(m.Placeholders) > 0 {
+		// The restored agent holds these in its memory: the gateway keeps
+		// knowing them for what they are.
+		sb.placeholders = maps.Clone(m.Placeholders)
+	}
 	if !template {
 		sb.wallUsed = m.WallClockUsed
 	}

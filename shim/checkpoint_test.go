@@ -2,6 +2,8 @@ package shim
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,9 @@ import (
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/typeurl/v2"
 
+	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -133,5 +137,52 @@ func TestCheckpointOptions(t *testing.T) {
 	}
 	if err := checkpoint.ValidName(defaultCheckpointName("0123456789abcdef0123456789abcdef")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A restored sandbox keeps the placeholders its agent holds in memory (the
+// gateway knows them for what they are); its trail starts with the link.
+func TestOpenRestoreKeepsPlaceholders(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile = filepath.Join(dir, "store"), filepath.Join(dir, "node.key")
+	st, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp, _ := st.Begin("cp")
+	os.WriteFile(filepath.Join(tmp, "pages.img"), []byte("pages"), 0o600)
+	ph := map[string]string{"GITHUB_TOKEN": "agentbox-placeholder-0123"}
+	if _, err := st.Commit(tmp, &checkpoint.Manifest{Name: "cp", SandboxID: "old", Containers: []string{"old"}, Placeholders: ph,
+		WallClockUsed: time.Minute, Trail: checkpoint.Trail{Sandbox: "old", LastSeq: 9, LastHash: strings.Repeat("a", 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := audit.NewFileSink(filepath.Join(dir, "audit"), "new", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &sandboxState{id: "new", audit: &sandboxAudit{trail: audit.NewTrail(audit.Meta{Sandbox: "new"}, fs)}}
+	if err := openRestore(cfg, sb, "cp", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := sb.placeholder("GITHUB_TOKEN"); got != ph["GITHUB_TOKEN"] {
+		t.Fatalf("placeholder %q, want the checkpoint's %q", got, ph["GITHUB_TOKEN"])
+	}
+	if sb.wallUsed != time.Minute || sb.restore == nil || sb.restore.pending != 1 {
+		t.Fatalf("restore state: %+v, wall clock used %v", sb.restore, sb.wallUsed)
+	}
+	sb.audit.trail.Close(audit.TypeSandboxEnd.New("Success", "end", nil))
+	b, _ := os.ReadFile(filepath.Join(dir, "audit", "new.jsonl"))
+	first := strings.SplitN(string(b), "\n", 2)[0]
+	if !strings.Contains(first, `"event_code":"agentbox/restored"`) || !strings.Contains(first, strings.Repeat("a", 64)) {
+		t.Fatalf("the trail's first record: %s", first)
+	}
+	// A template's agent is a new one: its own placeholders, its own clock.
+	sb2 := &sandboxState{id: "new2", audit: sb.audit}
+	if err := openRestore(cfg, sb2, "cp", true); err != nil && !strings.Contains(err.Error(), "closed") {
+		t.Fatal(err)
+	}
+	if sb2.placeholder("GITHUB_TOKEN") == ph["GITHUB_TOKEN"] || sb2.wallUsed != 0 {
+		t.Fatal("a template start kept the checkpoint's placeholders or wall clock")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,6 +100,13 @@ func (sb *sandboxState) placeholder(env string) string {
 	p := "agentbox-placeholder-" + hex.EncodeToString(b)
 	sb.placeholders[env] = p
 	return p
+}
+
+// placeholdersNow is a copy of the placeholders the sandbox holds.
+func (sb *sandboxState) placeholdersNow() map[string]string {
+	sb.egressMu.Lock()
+	defer sb.egressMu.Unlock()
+	return maps.Clone(sb.placeholders)
 }
 
 // gatewayCA is the sandbox's gateway CA, nil when nothing is inspected.

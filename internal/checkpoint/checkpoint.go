@@ -78,6 +78,11 @@ type Manifest struct {
 	// Quarantined is the quarantine's reason when the sandbox was
 	// quarantined: such a checkpoint is not restored.
 	Quarantined string `json:"quarantined,omitempty"`
+	// Placeholders are what the sandbox held instead of the secrets its
+	// gateway injects, by variable (random tokens, not secrets): the
+	// restored agent holds them in its memory, and its new sandbox keeps
+	// them.
+	Placeholders map[string]string `json:"placeholders,omitempty"`
 	// Role and PolicyDigest are what the sandbox ran under when it was
 	// checkpointed (its live digest); Profile is that profile, compiled, for
 	// the restore's looser-role check.

@@ -80,12 +80,9 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 	}
 	// containerd archives this directory into its checkpoint image: it
 	// gets the signed manifest, which names the image in the store.
-	ptr, err := s.checkpointStore(sb)
+	b, err := os.ReadFile(filepath.Join(cp.Dir, checkpoint.ManifestFile))
 	if err == nil {
-		var b []byte
-		if b, err = ptr.Pointer(cp.Name); err == nil {
-			err = os.WriteFile(filepath.Join(r.Path, PointerFile), b, 0o600)
-		}
+		err = os.WriteFile(filepath.Join(r.Path, PointerFile), b, 0o600)
 	}
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("checkpoint %s was made, but its pointer could not be written into %s: %w", cp.Name, r.Path, err))
@@ -140,8 +137,9 @@ func defaultCheckpointName(id string) string {
 	return b.String() + "-" + time.Now().UTC().Format("20060102t150405.000z")
 }
 
-func (s *service) checkpointStore(sb *sandboxState) (*checkpoint.Store, error) {
-	return checkpoint.OpenStore(sb.cfg.Checkpoint.Dir, sb.cfg.Checkpoint.KeyFile)
+// storeOf is the node's checkpoint store the config names.
+func storeOf(cfg *config.Config) (*checkpoint.Store, error) {
+	return checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
 }
 
 // checkpoint has gVisor write the sandbox's memory into the store under
@@ -163,7 +161,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if sb.resp.isFrozen() {
 		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (gVisor checkpoints a running sandbox)")))
 	}
-	store, err := s.checkpointStore(sb)
+	store, err := storeOf(sb.cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -236,7 +234,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	sb.resp.mu.Unlock()
 	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
 		Quarantined: quarantined, Placeholders: sb.placeholdersNow(),
-		Role: sb.profile.Role, PolicyDigest: s.liveDigest(sb), Profile: profile, Egress: egress,
+		Role: sb.profile.Role, PolicyDigest: sb.liveDigest(), Profile: profile, Egress: egress,
 		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
 	digest, err := store.Commit(tmp, m)
@@ -249,9 +247,14 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 }
 
 // liveDigest is the digest of the role version the sandbox runs under now.
-func (s *service) liveDigest(sb *sandboxState) string {
+func (sb *sandboxState) liveDigest() string {
 	sb.resp.mu.Lock()
 	defer sb.resp.mu.Unlock()
+	return sb.liveDigestLocked()
+}
+
+// liveDigestLocked is liveDigest with sb.resp.mu held.
+func (sb *sandboxState) liveDigestLocked() string {
 	if sb.resp.liveDigest != "" {
 		return sb.resp.liveDigest
 	}
@@ -284,7 +287,7 @@ func (s *service) checkpointByAdmin(ctx context.Context, sb *sandboxState, req c
 // annotation). A template's agent is a new one: its wall clock starts
 // afresh; a resumed one's counts on.
 func openRestore(cfg *config.Config, sb *sandboxState, name string, template bool) error {
-	store, err := checkpoint.OpenStore(cfg.Checkpoint.Dir, cfg.Checkpoint.KeyFile)
+	store, err := storeOf(cfg)
 	if err != nil {
 		return err
 	}
@@ -370,8 +373,8 @@ func looserThan(was *policy.Profile, wasEgress *netpolicy.Plan, now *policy.Prof
 	for _, p := range pending {
 		out = append(out, "egress: "+p)
 	}
-	for _, u := range unchangeable(was, now) {
-		out = append(out, strings.Replace(u, ": applies to new sandboxes", " differs", 1))
+	for _, part := range unchangeable(was, now) {
+		out = append(out, part+" differs")
 	}
 	_, _, lim := lowerLimits(was.Limits.MemoryBytes, was.Limits.CPUMillis, was.Limits, now.Limits)
 	return append(out, lim...)

@@ -132,7 +132,7 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 // info is what the sandbox runs and what holds now.
 func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	p := sb.profile
-	in := &control.Sandbox{ID: sb.id, Namespace: sb.audit.trail.Meta().Namespace, Role: p.Role, StartDigest: p.Digest, LiveDigest: p.Digest,
+	in := &control.Sandbox{ID: sb.id, Namespace: sb.audit.trail.Meta().Namespace, Role: p.Role, StartDigest: p.Digest,
 		Egress: string(p.Network.Egress), EgressNow: string(p.Network.Egress), State: "running",
 		Containers: s.sandboxes.containersOf(sb), Trail: filepath.Join(cfg.Audit.Dir, audit.FileName(sb.id)), Started: sb.started}
 	if m := sb.audit.trail.Meta(); sb.inCRI && m.PodName != "" {
@@ -147,9 +147,7 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	}
 	sb.resp.mu.Lock()
 	defer sb.resp.mu.Unlock()
-	if sb.resp.liveDigest != "" {
-		in.LiveDigest = sb.resp.liveDigest
-	}
+	in.LiveDigest = sb.liveDigestLocked()
 	if sb.resp.quarantined != "" {
 		in.Quarantined, in.QuarantineReason, in.EgressNow = true, sb.resp.quarantined, "none (quarantined)"
 	}

@@ -361,6 +361,11 @@ func (r *sandboxRegistry) thawTimer(sb *sandboxState, fire func(string)) {
 func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return wallClockLeftLocked(sb)
+}
+
+// wallClockLeftLocked is wallClockLeft with the registry's mu held.
+func wallClockLeftLocked(sb *sandboxState) (time.Duration, bool) {
 	switch {
 	case sb.timer == nil:
 		return 0, false
@@ -375,11 +380,7 @@ func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) 
 func (r *sandboxRegistry) wallClockUsed(sb *sandboxState) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if sb.timer != nil {
-		left := sb.left
-		if left <= 0 {
-			left = max(time.Until(sb.deadline), 0)
-		}
+	if left, ok := wallClockLeftLocked(sb); ok {
 		return max(sb.profile.Limits.WallClock-left, 0)
 	}
 	return sb.wallUsed + time.Since(sb.started)

@@ -71,10 +71,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	defer sb.resp.applying.Unlock()
 	next, err := set.Select(sb.request)
 	sb.resp.mu.Lock()
-	seen, live := sb.resp.seen, sb.resp.liveDigest
-	if live == "" {
-		live = sb.profile.Digest
-	}
+	seen, live := sb.resp.seen, sb.liveDigestLocked()
 	sb.resp.mu.Unlock()
 	if err != nil {
 		// The role no longer selects for this sandbox: what it runs under
@@ -105,7 +102,9 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		cur = &netpolicy.Plan{}
 	}
 	livePlan, applied, pending := netpolicy.Narrow(cur, nextPlan)
-	pending = append(pending, unchangeable(sb.profile, next)...)
+	for _, part := range unchangeable(sb.profile, next) {
+		pending = append(pending, part+": applies to new sandboxes")
+	}
 	res, limApplied, limPending := lowerLimits(sb.memoryLimit, sb.cpuMillis, sb.profile.Limits, next.Limits)
 	applied, pending = append(applied, limApplied...), append(pending, limPending...)
 	detail := map[string]string{"start_digest": sb.profile.Digest, "previous_digest": live, "new_digest": next.Digest,
@@ -166,8 +165,9 @@ func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 	return e.gateway.Revalidate(), nil
 }
 
-// unchangeable lists what differs between a running sandbox's profile and
-// its role's new version, other than egress: it applies to new sandboxes.
+// unchangeable names the parts of two profiles, other than egress, that
+// differ and that a running sandbox cannot take: a role's new version's
+// apply to new sandboxes only, and a restore refuses them.
 func unchangeable(cur, next *policy.Profile) []string {
 	var out []string
 	for _, part := range []struct {
@@ -184,7 +184,7 @@ func unchangeable(cur, next *policy.Profile) []string {
 		a, _ := json.Marshal(part.cur)
 		b, _ := json.Marshal(part.next)
 		if string(a) != string(b) {
-			out = append(out, part.name+": applies to new sandboxes")
+			out = append(out, part.name)
 		}
 	}
 	return out

@@ -11,6 +11,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -114,7 +115,7 @@ type Store struct {
 	key []byte
 }
 
-// Open opens the store at dir with the node key at keyFile, creating
+// OpenStore opens the store at dir with the node key at keyFile, creating
 // either if missing (the key from crypto/rand). Both must be the
 // runtime user's own and closed to others.
 func OpenStore(dir, keyFile string) (*Store, error) {
@@ -142,7 +143,7 @@ func ensureDir(dir string) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("checkpoint store %s: not a directory (a symlink?)", dir)
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+	if !private(&st) {
 		return fmt.Errorf("checkpoint store %s: owned by uid %d with mode %o: it must be uid %d's alone (mode 0700): images hold agents' memory", dir, st.Uid, st.Mode&0o777, os.Geteuid())
 	}
 	return nil
@@ -165,17 +166,7 @@ func loadOrCreateKey(path string) ([]byte, error) {
 			return nil, fmt.Errorf("node key: %w", err)
 		}
 		tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("node key: %w", err)
-		}
-		_, werr := f.Write(key)
-		if serr := f.Sync(); werr == nil {
-			werr = serr
-		}
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
+		werr := writeFileSync(tmp, key)
 		if werr == nil {
 			// Link, not rename: two shims creating the key at once agree
 			// on the first one's.
@@ -196,7 +187,7 @@ func loadOrCreateKey(path string) ([]byte, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("node key %s: %w", path, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || !private(&st) {
 		return nil, fmt.Errorf("node key %s: must be a regular file of uid %d with mode 0600 (it is uid %d, mode %o)", path, os.Geteuid(), st.Uid, st.Mode&0o7777)
 	}
 	key, err := io.ReadAll(io.LimitReader(f, KeySize+1))
@@ -209,16 +200,23 @@ func loadOrCreateKey(path string) ([]byte, error) {
 	return key, nil
 }
 
-// mac is the manifest's MAC under key.
-func mac(key []byte, m *Manifest) (string, error) {
-	b, err := json.Marshal(m)
+// mac is the node key's MAC (hex) of v's JSON, under a context that says
+// what v is.
+func (s *Store) mac(context string, v any) (string, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return "", err
 	}
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(macContext))
+	h := hmac.New(sha256.New, s.key)
+	h.Write([]byte(context))
 	h.Write(b)
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// signedBy says whether got is the node key's MAC of v under context.
+func (s *Store) signedBy(context string, v any, got string) bool {
+	want, err := s.mac(context, v)
+	return err == nil && hmac.Equal([]byte(got), []byte(want))
 }
 
 // Begin makes the directory a checkpoint's files are written into before
@@ -256,7 +254,12 @@ func (s *Store) Commit(tmp string, m *Manifest) (string, error) {
 		if err := os.Chmod(p, 0o600); err != nil {
 			return "", err
 		}
-		sum, size, err := hashFile(p)
+		f, err := os.Open(p)
+		if err != nil {
+			return "", err
+		}
+		sum, size, err := sha256Of(f)
+		f.Close()
 		if err != nil {
 			return "", err
 		}
@@ -281,7 +284,7 @@ func (s *Store) Commit(tmp string, m *Manifest) (string, error) {
 
 // sign returns the manifest file's content and its digest.
 func (s *Store) sign(m *Manifest) ([]byte, string, error) {
-	sig, err := mac(s.key, m)
+	sig, err := s.mac(macContext, m)
 	if err != nil {
 		return nil, "", err
 	}
@@ -292,12 +295,6 @@ func (s *Store) sign(m *Manifest) ([]byte, string, error) {
 	b = append(b, '\n')
 	sum := sha256.Sum256(b)
 	return b, "sha256:" + hex.EncodeToString(sum[:]), nil
-}
-
-// Pointer is the signed manifest of a committed checkpoint, for a caller
-// that keeps a reference (containerd's checkpoint image holds it).
-func (s *Store) Pointer(name string) ([]byte, error) {
-	return os.ReadFile(filepath.Join(s.Dir, name, ManifestFile))
 }
 
 // Image is a checkpoint that checked out: its manifest, its digest and the
@@ -334,18 +331,12 @@ func (s *Store) Open(name string) (*Image, error) {
 		return nil, fmt.Errorf("checkpoint %q: manifest: %w", name, err)
 	}
 	var sm Signed
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&sm); err != nil {
 		return nil, fmt.Errorf("checkpoint %q: manifest: %w", name, err)
 	}
-	want, err := mac(s.key, &sm.Manifest)
-	if err != nil {
-		return nil, err
-	}
-	got, err := hex.DecodeString(sm.MAC)
-	wantB, _ := hex.DecodeString(want)
-	if err != nil || !hmac.Equal(got, wantB) {
+	if !s.signedBy(macContext, &sm.Manifest, sm.MAC) {
 		return nil, fmt.Errorf("checkpoint %q: its manifest is not signed by this node's key: refused (a crafted or altered image is arbitrary gVisor state)", name)
 	}
 	m := sm.Manifest
@@ -412,15 +403,15 @@ type verifiedRecord struct {
 	MAC    string      `json:"mac"`
 }
 
-func (s *Store) verifiedMAC(v *verifiedRecord) string {
-	b, _ := json.Marshal(struct {
+// verifiedContext separates a verification record's MAC from a manifest's.
+const verifiedContext = "agentbox checkpoint verified v1\n"
+
+// verifiedSigned is what a verification record's MAC covers.
+func (v *verifiedRecord) verifiedSigned() any {
+	return struct {
 		D string
 		F []fileStamp
-	}{v.Digest, v.Files})
-	h := hmac.New(sha256.New, s.key)
-	h.Write([]byte("agentbox checkpoint verified v1\n"))
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil))
+	}{v.Digest, v.Files}
 }
 
 // loadVerified is what an earlier Open of the checkpoint (with the
@@ -440,7 +431,7 @@ func (s *Store) loadVerified(name, digest string) map[string]fileStamp {
 		return nil
 	}
 	var v verifiedRecord
-	if json.Unmarshal(b, &v) != nil || v.Digest != digest || !hmac.Equal([]byte(v.MAC), []byte(s.verifiedMAC(&v))) {
+	if json.Unmarshal(b, &v) != nil || v.Digest != digest || !s.signedBy(verifiedContext, v.verifiedSigned(), v.MAC) {
 		return nil
 	}
 	out := map[string]fileStamp{}
@@ -458,21 +449,17 @@ func (s *Store) saveVerified(name, digest string, stamps []fileStamp) {
 		return
 	}
 	v := verifiedRecord{Digest: digest, Files: stamps}
-	v.MAC = s.verifiedMAC(&v)
+	var err error
+	if v.MAC, err = s.mac(verifiedContext, v.verifiedSigned()); err != nil {
+		return
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return
 	}
-	f, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
-		return
-	}
-	_, werr := f.Write(b)
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr != nil || os.Rename(f.Name(), filepath.Join(dir, name+".json")) != nil {
-		os.Remove(f.Name())
+	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%d.tmp", name, os.Getpid()))
+	if writeFileSync(tmp, b) != nil || os.Rename(tmp, filepath.Join(dir, name+".json")) != nil {
+		os.Remove(tmp)
 	}
 }
 
@@ -492,13 +479,12 @@ func (s *Store) checkFile(dfd int, f File, seen map[string]fileStamp) (fileStamp
 	if prev, ok := seen[f.Name]; ok && prev == stamp && stamp.Size == f.Size {
 		return stamp, "", nil
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, fh)
+	sum, n, err := sha256Of(fh)
 	if err != nil {
 		return stamp, "", err
 	}
 	stamp.Size = n
-	return stamp, hex.EncodeToString(h.Sum(nil)), nil
+	return stamp, sum, nil
 }
 
 // List returns the store's checkpoints by name (unchecked: Open checks one).
@@ -538,7 +524,7 @@ func ownedDir(fd int, dir string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+	if !private(&st) {
 		return fmt.Errorf("checkpoint %s: owned by uid %d with mode %o: refused (the runtime's images are uid %d's alone)", dir, st.Uid, st.Mode&0o777, os.Geteuid())
 	}
 	return nil
@@ -559,7 +545,7 @@ func openAt(dfd int, name string) (*os.File, error) {
 		f.Close()
 		return nil, errors.New("not a regular file")
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+	if !private(&st) {
 		f.Close()
 		return nil, fmt.Errorf("owned by uid %d with mode %o: refused", st.Uid, st.Mode&0o777)
 	}
@@ -582,14 +568,16 @@ func readAt(dfd int, name string, max int64) ([]byte, error) {
 	return b, nil
 }
 
-func hashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
+// private says whether a file is the runtime user's alone (no group or
+// other bits).
+func private(st *unix.Stat_t) bool {
+	return int(st.Uid) == os.Geteuid() && st.Mode&0o077 == 0
+}
+
+// sha256Of is r's SHA-256 (hex) and length.
+func sha256Of(r io.Reader) (string, int64, error) {
 	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, err := io.Copy(h, r)
 	return hex.EncodeToString(h.Sum(nil)), n, err
 }
 

@@ -505,13 +505,13 @@ func (c *Config) Validate() error {
 	if c.Policy.Handler != "" && !handlerName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
 	}
-	if !filepath.IsAbs(c.Checkpoint.Dir) || filepath.Clean(c.Checkpoint.Dir) != c.Checkpoint.Dir {
+	if !cleanAbs(c.Checkpoint.Dir) {
 		errs = append(errs, fmt.Errorf("checkpoint.dir: %q must be a clean absolute path", c.Checkpoint.Dir))
 	}
-	if !filepath.IsAbs(c.Checkpoint.KeyFile) || filepath.Clean(c.Checkpoint.KeyFile) != c.Checkpoint.KeyFile {
+	if !cleanAbs(c.Checkpoint.KeyFile) {
 		errs = append(errs, fmt.Errorf("checkpoint.key_file: %q must be a clean absolute path", c.Checkpoint.KeyFile))
 	}
-	if d := c.Shim.ControlDir; !filepath.IsAbs(d) || filepath.Clean(d) != d || len(d) > 80 {
+	if d := c.Shim.ControlDir; !cleanAbs(d) || len(d) > 80 {
 		errs = append(errs, fmt.Errorf("shim.control_dir: %q must be a clean absolute path of at most 80 characters (unix socket paths are short)", d))
 	}
 	for k, v := range map[string]string{"audit.dir": c.Audit.Dir, "audit.socket_dir": c.Audit.SocketDir} {
@@ -579,14 +579,14 @@ func (c *Config) Validate() error {
 	if c.Network.MinTTLSeconds < 1 || c.Network.MaxTTLSeconds < c.Network.MinTTLSeconds || c.Network.MaxTTLSeconds > 86400 {
 		errs = append(errs, fmt.Errorf("network.min_ttl_seconds %d and max_ttl_seconds %d: need 1 <= min <= max <= 86400", c.Network.MinTTLSeconds, c.Network.MaxTTLSeconds))
 	}
-	if f := c.Egress.UpstreamCAFile; f != "" && (!filepath.IsAbs(f) || filepath.Clean(f) != f) {
+	if f := c.Egress.UpstreamCAFile; f != "" && !cleanAbs(f) {
 		errs = append(errs, fmt.Errorf("egress.upstream_ca_file: %q must be a clean absolute path", f))
 	}
 	if !regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,75}$`).MatchString(c.CRI.Namespace) {
 		errs = append(errs, fmt.Errorf("cri.namespace: %q is not a containerd namespace", c.CRI.Namespace))
 	}
 	for k, v := range map[string]string{"cri.containerd_root": c.CRI.ContainerdRoot, "cri.kubelet_root": c.CRI.KubeletRoot, "cri.containerd_state": c.CRI.ContainerdState} {
-		if (v != "" || k != "cri.containerd_state") && (!filepath.IsAbs(v) || filepath.Clean(v) != v) {
+		if (v != "" || k != "cri.containerd_state") && !cleanAbs(v) {
 			errs = append(errs, fmt.Errorf("%s: %q must be a clean absolute path", k, v))
 		}
 	}
@@ -597,6 +597,9 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// cleanAbs says whether p is an absolute path in its clean form.
+func cleanAbs(p string) bool { return filepath.IsAbs(p) && filepath.Clean(p) == p }
 
 // RunscRoot returns the runsc state root for a containerd instance reached at
 // containerdAddress. An explicit runsc.root wins.

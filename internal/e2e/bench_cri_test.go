@@ -30,10 +30,17 @@ var criVariants = []criVariant{
 	{"runc", "runc", "bench", nil},
 }
 
-// criPod runs one pod through the CRI as the kubelet does: RunPodSandbox,
-// CreateContainer, StartContainer. It returns the pod and how long it took
-// until the container was running.
-func criPod(v criVariant, name string) (*pod, time.Duration, error) {
+// sleeper is the CRI benchmark's container.
+var sleeper = map[string]any{
+	"metadata": map[string]any{"name": "sleeper"}, "image": map[string]any{"image": agentImage},
+	"command": []string{"sleep", "3600"}, "log_path": "sleeper.log", "linux": map[string]any{},
+}
+
+// criPod runs one pod with container c through the CRI as the kubelet
+// does: RunPodSandbox, CreateContainer, StartContainer. It returns the pod
+// (the container is p.containers[0]) and how long it took until the
+// container was running.
+func criPod(v criVariant, name string, c map[string]any) (*pod, time.Duration, error) {
 	dir, err := os.MkdirTemp("", "abx-cribench-")
 	if err != nil {
 		return nil, 0, err
@@ -47,10 +54,7 @@ func criPod(v criVariant, name string) (*pod, time.Duration, error) {
 		return p, 0, err
 	}
 	cfg := filepath.Join(dir, "c.json")
-	if err := writeJSONFile(cfg, map[string]any{
-		"metadata": map[string]any{"name": "sleeper"}, "image": map[string]any{"image": agentImage},
-		"command": []string{"sleep", "3600"}, "log_path": "sleeper.log", "linux": map[string]any{},
-	}); err != nil {
+	if err := writeJSONFile(cfg, c); err != nil {
 		return p, 0, err
 	}
 	start := time.Now()
@@ -122,7 +126,7 @@ func TestBenchmarkCRI(t *testing.T) {
 			order = []criVariant{criVariants[2], criVariants[1], criVariants[0]}
 		}
 		for _, v := range order {
-			p, d, err := criPod(v, fmt.Sprintf("bench-%d", i))
+			p, d, err := criPod(v, fmt.Sprintf("bench-%d", i), sleeper)
 			rm, rerr := removePod(p)
 			if err != nil || rerr != nil {
 				t.Fatalf("%s: %v %v", v.name, err, rerr)
@@ -157,7 +161,7 @@ func TestBenchmarkCRI(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := range jobs {
-					p, _, err := criPod(v, fmt.Sprintf("conc-%d", i))
+					p, _, err := criPod(v, fmt.Sprintf("conc-%d", i), sleeper)
 					mu.Lock()
 					pods = append(pods, p)
 					if err != nil {
@@ -210,7 +214,7 @@ func podMemory(t *testing.T, n int, v criVariant) string {
 	}()
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		p, _, err := criPod(v, fmt.Sprintf("mem-%d", i))
+		p, _, err := criPod(v, fmt.Sprintf("mem-%d", i), sleeper)
 		pods = append(pods, p)
 		if err != nil {
 			t.Fatalf("pod %d: %v", i, err)

@@ -22,6 +22,19 @@ import (
 const counterScript = `i=0; exec 3>>/tmp/state; while :; do i=$((i+1)); echo "count $i"; echo "count $i" >&3; ` +
 	`if [ $((i % 5)) = 0 ]; then echo "allowed $(abx-fetch http://198.51.100.10/ping 2>&1) at $i"; (abx-fetch http://198.51.100.10:443/ping >/dev/null 2>&1 &); fi; sleep 0.2; done`
 
+// counterPod runs the counter agent in a pod of namespace e2e-cp under
+// role e2e-cp, restored from checkpoint from unless it is "", and returns
+// the pod and the agent's container.
+func counterPod(t *testing.T, name, from string) (*pod, string) {
+	t.Helper()
+	ann := map[string]string{"agentbox.dev/role": "e2e-cp"}
+	if from != "" {
+		ann["agentbox.dev/restore-from"] = from
+	}
+	p := newPodIn(t, name, "e2e-cp", ann)
+	return p, p.containerWith(t, "agent", map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"sh", "-c", counterScript}})
+}
+
 // counts are the counter values in a container's logs, in order.
 func counts(out string) []int {
 	var n []int
@@ -66,10 +79,7 @@ func storedCheckpoints(t *testing.T) []storedCheckpoint {
 func TestCheckpointSuspendRestore(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	ann := map[string]string{"agentbox.dev/role": "e2e-cp"}
-	agent := map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"sh", "-c", counterScript}}
-	a := newPodIn(t, "cp-agent", "e2e-cp", ann)
-	aID := a.containerWith(t, "agent", agent)
+	a, aID := counterPod(t, "cp-agent", "")
 	if r := waitLogsWithin(t, aID, "allowed status=200", 30*time.Second); !strings.Contains(r.stdout, "allowed status=200") {
 		t.Fatalf("the agent did not reach the web host: %v", r)
 	}
@@ -108,9 +118,7 @@ func TestCheckpointSuspendRestore(t *testing.T) {
 	dev.crictl(60*time.Second, "stopp", a.id)
 	dev.crictl(60*time.Second, "rmp", "-f", a.id)
 	a.released = true
-	restoreAnn := map[string]string{"agentbox.dev/role": "e2e-cp", "agentbox.dev/restore-from": name}
-	b := newPodIn(t, "cp-agent-restored", "e2e-cp", restoreAnn)
-	bID := b.containerWith(t, "agent", agent)
+	b, bID := counterPod(t, "cp-agent-restored", name)
 	r = waitLogsWithin(t, bID, fmt.Sprintf("count %d\n", last+3), 30*time.Second)
 	after := counts(r.stdout)
 	if len(after) == 0 || after[0] != last+1 {
@@ -182,7 +190,7 @@ func TestCheckpointSuspendRestore(t *testing.T) {
 	if err := os.WriteFile(pages, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, r = tryPod(t, "cp-tampered", "e2e-cp", restoreAnn)
+	_, r = tryPod(t, "cp-tampered", "e2e-cp", map[string]string{"agentbox.dev/role": "e2e-cp", "agentbox.dev/restore-from": name})
 	if r.code == 0 || !strings.Contains(r.stderr, "does not match its manifest") {
 		t.Errorf("an altered image: want a refusal, got %v", r)
 	}
@@ -267,52 +275,30 @@ while True:
     time.sleep(0.05)
 `
 
+// pyAgent is the Python agent's container.
+var pyAgent = map[string]any{
+	"metadata": map[string]any{"name": "agent"}, "image": map[string]any{"image": realAgentImage},
+	"command": []string{"python3", "-c", pyAgentScript}, "log_path": "agent.log",
+	"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
+}
+
 // pyAgentPod starts the Python agent in a pod through the CRI, as the
 // kubelet does, and returns the pod, its container and how long it took
 // from RunPodSandbox to the agent's first line in its log.
 func pyAgentPod(handler, namespace, name string, annotations map[string]string) (*pod, string, time.Duration, error) {
-	dir, err := os.MkdirTemp("", "abx-pyagent-")
-	if err != nil {
-		return nil, "", 0, err
-	}
-	p := &pod{dir: dir, logDir: filepath.Join(dir, "logs"), uid: uniqueID("uid")}
-	p.podJSON = filepath.Join(dir, "pod.json")
-	if err := writeJSONFile(p.podJSON, map[string]any{
-		"metadata":    map[string]any{"name": name, "namespace": namespace, "uid": p.uid, "attempt": 0},
-		"annotations": annotations, "log_directory": p.logDir, "linux": map[string]any{},
-	}); err != nil {
-		return p, "", 0, err
-	}
-	cfg := filepath.Join(dir, "c.json")
-	if err := writeJSONFile(cfg, map[string]any{
-		"metadata": map[string]any{"name": "agent"}, "image": map[string]any{"image": realAgentImage},
-		"command": []string{"python3", "-c", pyAgentScript}, "log_path": "agent.log",
-		"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
-	}); err != nil {
-		return p, "", 0, err
-	}
 	start := time.Now()
-	r := dev.crictl(90*time.Second, "runp", "--runtime", handler, p.podJSON)
-	if r.code != 0 {
-		return p, "", 0, fmt.Errorf("runp: %v", r)
-	}
-	p.id = strings.TrimSpace(r.stdout)
-	r = dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
-	if r.code != 0 {
-		return p, "", 0, fmt.Errorf("create: %v", r)
-	}
-	cid := strings.TrimSpace(r.stdout)
-	if r = dev.crictl(90*time.Second, "start", cid); r.code != 0 {
-		return p, cid, 0, fmt.Errorf("start: %v", r)
+	p, _, err := criPod(criVariant{name, handler, namespace, annotations}, name, pyAgent)
+	if err != nil {
+		return p, "", 0, err
 	}
 	logFile := filepath.Join(p.logDir, "agent.log")
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if b, err := os.ReadFile(logFile); err == nil && strings.Contains(string(b), " agent ") {
-			return p, cid, time.Since(start), nil
+			return p, p.containers[0], time.Since(start), nil
 		}
 	}
 	b, _ := os.ReadFile(logFile)
-	return p, cid, 0, fmt.Errorf("no output from the agent in 60s: %q", clip(string(b)))
+	return p, p.containers[0], 0, fmt.Errorf("no output from the agent in 60s: %q", clip(string(b)))
 }
 
 // makePyTemplate boots the Python agent under e2e-py and suspends it as
@@ -382,10 +368,7 @@ func findSandbox(t *testing.T, id string) *control.Sandbox {
 func TestCheckpointCRI(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	ann := map[string]string{"agentbox.dev/role": "e2e-cp"}
-	agent := map[string]any{"image": map[string]any{"image": probeImage}, "command": []string{"sh", "-c", counterScript}}
-	a := newPodIn(t, "cri-cp", "e2e-cp", ann)
-	aID := a.containerWith(t, "agent", agent)
+	a, aID := counterPod(t, "cri-cp", "")
 	waitLogsWithin(t, aID, "count 5\n", 30*time.Second)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	if r := dev.crictl(2*time.Minute, "checkpoint", "--export="+archive, aID); r.code != 0 {
@@ -411,8 +394,7 @@ func TestCheckpointCRI(t *testing.T) {
 	if ls := runCommand(30*time.Second, nil, nil, "tar", "-tvf", archive); strings.Contains(ls.stdout, "pages") {
 		t.Fatalf("the archive holds the agent's memory:\n%s", ls.stdout)
 	}
-	b := newPodIn(t, "cri-cp-restored", "e2e-cp", map[string]string{"agentbox.dev/role": "e2e-cp", "agentbox.dev/restore-from": ptr.Manifest.Name})
-	bID := b.containerWith(t, "agent", agent)
+	_, bID := counterPod(t, "cri-cp-restored", ptr.Manifest.Name)
 	got := counts(waitLogsWithin(t, bID, "count ", 30*time.Second).stdout)
 	if len(got) == 0 || got[0] < 6 {
 		t.Fatalf("the restored agent counted %v: it did not go on from the checkpoint", got)

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -113,8 +114,34 @@ func TestPodInitConfigValidatesAgainstGVisor(t *testing.T) {
 		if err := validatePoints(p.PointNames()); err != nil {
 			t.Fatalf("%+v: %v", p, err)
 		}
-		if _, err := PodInitConfig(p, "/run/x.sock", 10); err != nil {
+		if _, err := PodInitConfig(p, "/run/x.sock", 10, 4<<20); err != nil {
 			t.Fatalf("%+v: %v", p, err)
+		}
+	}
+	// The sink's send buffer reaches runsc's remote sink config (agentbox's
+	// patch reads "send_buffer"); 0 leaves the key out (the kernel's default).
+	for _, c := range []struct {
+		buf  int
+		want any
+	}{{4 << 20, float64(4 << 20)}, {0, nil}} {
+		b, err := PodInitConfig(Points{File: true}, "/run/x.sock", 10, c.buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg struct {
+			TraceSession struct {
+				Sinks []struct {
+					Name   string         `json:"name"`
+					Config map[string]any `json:"config"`
+				} `json:"sinks"`
+			} `json:"trace_session"`
+		}
+		if err := json.Unmarshal(b, &cfg); err != nil || len(cfg.TraceSession.Sinks) != 1 {
+			t.Fatalf("%s: %v", b, err)
+		}
+		sink := cfg.TraceSession.Sinks[0]
+		if sink.Name != "remote" || sink.Config["endpoint"] != "/run/x.sock" || sink.Config["retries"] != float64(10) || sink.Config["send_buffer"] != c.want {
+			t.Fatalf("send buffer %d: sink %+v", c.buf, sink)
 		}
 	}
 	bad := []pointConfig{{Name: "syscall/open/exit", OptionalFields: []string{"fd_path"}}}

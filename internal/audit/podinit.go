@@ -67,7 +67,10 @@ func (p Points) PointNames() []pointConfig {
 // retries is how often gVisor retries (with exponential backoff from 25µs,
 // at most 10ms apart) to write an event to a full socket before it drops
 // it: a sandbox in an event storm is slowed down rather than leaving gaps.
-func PodInitConfig(p Points, socket string, retries int) ([]byte, error) {
+// sendBuffer (bytes, 0: the kernel's default) sizes gVisor's end of the
+// socket, through agentbox's runsc patch
+// (hack/patches/runsc-sink-send-buffer.patch).
+func PodInitConfig(p Points, socket string, retries, sendBuffer int) ([]byte, error) {
 	// The points are one of eight fixed sets (Points' three switches),
 	// checked against gVisor's registry by TestPodInitConfigValidatesAgainstGVisor
 	// (the shim and runsc are built from the same gVisor module). They are
@@ -79,11 +82,15 @@ func PodInitConfig(p Points, socket string, retries int) ([]byte, error) {
 		Name   string         `json:"name"`
 		Config map[string]any `json:"config"`
 	}
+	sinkConfig := map[string]any{"endpoint": socket, "retries": retries}
+	if sendBuffer > 0 {
+		sinkConfig["send_buffer"] = sendBuffer
+	}
 	cfg := map[string]any{
 		"trace_session": map[string]any{
 			"name":   "Default",
 			"points": points,
-			"sinks":  []sink{{Name: "remote", Config: map[string]any{"endpoint": socket, "retries": retries}}},
+			"sinks":  []sink{{Name: "remote", Config: sinkConfig}},
 		},
 	}
 	return json.MarshalIndent(cfg, "", "  ")

@@ -127,6 +127,15 @@ type Policy struct {
 	Handler string `toml:"handler"`
 }
 
+// DefaultSentrySendBuffer is gVisor's audit socket buffer unless the
+// config says otherwise: about 3,000 events (an event takes ~1.3 KiB of
+// socket memory), where the kernel's default holds ~160, which a burst of
+// opens fills in a few milliseconds. MaxSentrySendBuffer bounds it.
+const (
+	DefaultSentrySendBuffer = 4 << 20
+	MaxSentrySendBuffer     = 64 << 20
+)
+
 // Audit configures where audit trails go.
 type Audit struct {
 	// Dir holds one trail per sandbox (SANDBOX.jsonl, rotated segments).
@@ -138,6 +147,11 @@ type Audit struct {
 	// SentryRetries is how often gVisor retries writing an event to a full
 	// audit socket (backing off from 25µs to 10ms) before dropping it.
 	SentryRetries int `toml:"sentry_retries"`
+	// SentrySendBuffer sizes gVisor's end of the audit socket (bytes; 0:
+	// the kernel's default, net.core.wmem_default): how many events queue
+	// for the shim before a write finds the socket full and the sandbox's
+	// task sleeps in the retry backoff.
+	SentrySendBuffer int `toml:"sentry_send_buffer"`
 	// Redact are extra regular expressions redacted from argv in records
 	// (a first capture group, if any, is kept).
 	Redact []string `toml:"redact"`
@@ -329,7 +343,7 @@ func Default() *Config {
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
 		Shim:    Shim{LogLevel: "info", ControlDir: DefaultControlDir},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
-		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10,
+		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10, SentrySendBuffer: DefaultSentrySendBuffer,
 			Webhook:         Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512},
 			MaxSandboxBytes: 1 << 30, MinFreeBytes: 256 << 20, ReserveBytes: 1 << 20, MaxTotalBytes: 0,
 			OnFull: "stop", FullGraceSeconds: 5, MaxEventsPerSecond: 0},
@@ -521,6 +535,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Audit.SocketDir) > 60 {
 		errs = append(errs, fmt.Errorf("audit.socket_dir: %q is too long for unix socket paths (at most 60 characters)", c.Audit.SocketDir))
+	}
+	if c.Audit.SentrySendBuffer < 0 || c.Audit.SentrySendBuffer > MaxSentrySendBuffer {
+		errs = append(errs, fmt.Errorf("audit.sentry_send_buffer: %d is not between 0 (the kernel's default) and %d bytes", c.Audit.SentrySendBuffer, MaxSentrySendBuffer))
 	}
 	if c.Audit.SentryRetries < 0 || c.Audit.SentryRetries > 30 {
 		errs = append(errs, fmt.Errorf("audit.sentry_retries: %d is not between 0 and 30", c.Audit.SentryRetries))

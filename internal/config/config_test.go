@@ -43,6 +43,25 @@ log_level = "debug"
 			},
 		},
 		{
+			name: "audit send buffer",
+			in:   "version = 1\n[audit]\nsentry_send_buffer = 0\n",
+			check: func(t *testing.T, c *Config) {
+				if c.Audit.SentrySendBuffer != 0 {
+					t.Fatalf("0 (the kernel's default) must stay 0, got %d", c.Audit.SentrySendBuffer)
+				}
+			},
+		},
+		{
+			name:    "bad audit send buffer",
+			in:      "version = 1\n[audit]\nsentry_send_buffer = 134217728\n",
+			wantErr: []string{"audit.sentry_send_buffer: 134217728 is not between 0 (the kernel's default) and 67108864 bytes"},
+		},
+		{
+			name:    "negative audit send buffer",
+			in:      "version = 1\n[audit]\nsentry_send_buffer = -1\n",
+			wantErr: []string{"audit.sentry_send_buffer: -1 is not between"},
+		},
+		{
 			name:    "webhook format",
 			in:      "version = 1\n[audit.webhook]\nurl = \"http://127.0.0.1:4318/v1/logs\"\nformat = \"otel\"\n",
 			wantErr: []string{`audit.webhook.format: "otel" is neither "ndjson" nor "otlp"`},

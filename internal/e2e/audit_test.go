@@ -10,10 +10,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/audit"
 )
@@ -443,4 +446,116 @@ func TestAuditFileMutations(t *testing.T) {
 	if v := agentbox("audit", "verify", filepath.Join(dev.dir, "audit", id+".jsonl")); v.code != 0 {
 		t.Fatalf("verify: %v", v)
 	}
+}
+
+// TestAuditSendBuffer: gVisor's end of the audit socket has the send buffer
+// the config asks for (agentbox's runsc patch sets it), so a burst of
+// events waits in the socket rather than in gVisor's retry backoff; with
+// `sentry_send_buffer = 0` it keeps the kernel's default. Both trails get
+// their events.
+func TestAuditSendBuffer(t *testing.T) {
+	requireEnv(t)
+	wmemDefault := readSysctlInt(t, "/proc/sys/net/core/wmem_default")
+	for _, c := range []struct {
+		name    string
+		setting string
+		want    func(int) bool
+		wantDoc string
+	}{
+		// The kernel doubles what SO_SNDBUF(FORCE) asks for (its bookkeeping).
+		{"default", "", func(n int) bool { return n == 2*(4<<20) }, "8 MiB (4 MiB doubled by the kernel)"},
+		{"kernel default", "\nsentry_send_buffer = 0", func(n int) bool { return n == wmemDefault }, fmt.Sprintf("%d (net.core.wmem_default)", wmemDefault)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			audit := "[audit]\ndir = \"" + filepath.Join(dev.dir, "audit") + "\""
+			args := []string{"run", "-d", "--runtime", runtimeType, "--annotation", "agentbox.dev/role=baseline"}
+			if c.setting != "" {
+				args = append(args, "--runtime-config-path", configVariant(t, audit, audit+c.setting))
+			}
+			id := uniqueID("sndbuf")
+			r := dev.ctr(60*time.Second, append(args, agentImage, id, "sh", "-c", "cat /etc/hostname >/dev/null; sleep 600")...)
+			if r.code != 0 {
+				t.Fatalf("run: %v", r)
+			}
+			defer dev.removeContainer(id)
+			got := sinkSendBuffer(t, id)
+			t.Logf("gVisor's end of the audit socket: SO_SNDBUF %d", got)
+			if !c.want(got) {
+				t.Fatalf("SO_SNDBUF of gVisor's audit socket is %d, want %s", got, c.wantDoc)
+			}
+			dev.removeContainer(id)
+			found := false
+			for _, rec := range readTrail(t, id) {
+				if rec.File != nil && rec.File.Path == "/etc/hostname" {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatal("the open of /etc/hostname is not in the trail")
+			}
+		})
+	}
+}
+
+func readSysctlInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return n
+}
+
+// sinkSendBuffer finds the sandbox process of container id and, among its
+// descriptors, the SOCK_SEQPACKET socket connected to an agentbox audit
+// socket; it returns that socket's SO_SNDBUF, read from a duplicate taken
+// with pidfd_getfd(2).
+func sinkSendBuffer(t *testing.T, id string) int {
+	t.Helper()
+	var pid int
+	for deadline := time.Now().Add(20 * time.Second); pid == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, _ := os.ReadFile(p)
+			if strings.HasPrefix(string(b), "runsc-sandbox\x00") && strings.Contains(string(b), "/"+id+"/") {
+				pid, _ = strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			}
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no runsc-sandbox process for %s", id)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	defer unix.Close(pidfd)
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, e := range fds {
+		target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || !strings.HasPrefix(target, "socket:") {
+			continue
+		}
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			continue
+		}
+		typ, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+		peer, _ := unix.Getpeername(fd)
+		buf, berr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		unix.Close(fd)
+		if ua, ok := peer.(*unix.SockaddrUnix); ok && typ == unix.SOCK_SEQPACKET && strings.HasPrefix(ua.Name, "/run/agentbox/audit/") {
+			if berr != nil {
+				t.Fatalf("SO_SNDBUF: %v", berr)
+			}
+			return buf
+		}
+	}
+	t.Fatalf("runsc-sandbox %d has no socket connected to an audit socket", pid)
+	return 0
 }

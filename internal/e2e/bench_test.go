@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -122,7 +123,11 @@ func TestBenchmarkAuditOverhead(t *testing.T) {
 	shimPeak := map[string]uint64{}
 	var b strings.Builder
 	fmt.Fprintf(&b, "audit overhead, %d interleaved rounds per workload (on: baseline audits process, file, network; off: no event points)\n", rounds)
+	only := os.Getenv("AGENTBOX_BENCH_AUDIT_WORKLOADS") // e.g. "mixed" or "find-stat,mixed"
 	for _, w := range auditWorkloads {
+		if only != "" && !slices.Contains(strings.Split(only, ","), w.name) {
+			continue
+		}
 		samples := map[string][]time.Duration{}
 		shimCPU := map[string][]time.Duration{}
 		var events, written, dropped, lost int

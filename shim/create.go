@@ -287,6 +287,15 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 			return err
 		}
 		changes = append(changes, more...)
+		if names := sb.gatewayNames(); len(names) > 0 {
+			// The host rules' names are the gateway's without asking the
+			// resolver: no lookup round trip out of the sandbox.
+			more, err := ocispec.Apply(spec, hostsFor(r.Bundle, sb.dnsAddr, names, plan.layers))
+			if err != nil {
+				return err
+			}
+			changes = append(changes, more...)
+		}
 	}
 	if ca := sb.gatewayCA(); ca != nil {
 		// Every container of the pod trusts the gateway's CA, after its
@@ -381,6 +390,43 @@ func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
 		return ocispec.MountResolvConf(path)(spec)
 	}
 }
+
+// hostsFor writes the container's /etc/hosts into its bundle, the pod's
+// own (the runtime's mount, else the image's) with the host rules' exact
+// names mapped to the gateway, and mounts it read-only in place of any
+// other.
+func hostsFor(bundle string, gateway netip.Addr, names []string, layers func() (mountguard.Layers, error)) ocispec.Rewrite {
+	return func(spec *specs.Spec) (string, error) {
+		var original []byte
+		from := "localhost only"
+		if src := ocispec.MountSource(spec, ocispec.HostsPath); src != "" {
+			b, err := readSmallFile(src, maxHostsFile)
+			if err != nil && !os.IsNotExist(err) {
+				return "", fmt.Errorf("read the pod's hosts file: %w", err)
+			}
+			original, from = b, src
+		} else if l, err := layers(); err == nil {
+			if b, err := l.ReadFile(ocispec.HostsPath, maxHostsFile); err == nil {
+				original, from = b, "the image's "+ocispec.HostsPath
+			}
+		}
+		path := filepath.Join(bundle, hostsFile)
+		if err := os.WriteFile(path, dnsproxy.Hosts(original, gateway, names), 0o644); err != nil {
+			return "", fmt.Errorf("write the hosts file: %w", err)
+		}
+		if _, err := ocispec.MountFile(ocispec.HostsPath, path)(spec); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s: %s with the host rules' names at the egress gateway %s, mounted read-only", ocispec.HostsPath, from, gateway), nil
+	}
+}
+
+// hostsFile is the hosts file the shim writes into a bundle; maxHostsFile
+// bounds the pod's or image's it starts from.
+const (
+	hostsFile    = "agentbox-hosts"
+	maxHostsFile = 1 << 20
+)
 
 // pathKinds says what masked paths are at start: beneath a staged bind
 // source, or in the container's image layers (read when first needed:

@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/netpolicy"
@@ -119,6 +120,23 @@ func (sb *sandboxState) gatewayCA() *egressgw.CA {
 	return sb.ca
 }
 
+// gatewayNames are the exact names (no pattern) of the host rules the
+// sandbox's gateway serves now (its live plan), for its containers'
+// /etc/hosts; nil without a gateway.
+func (sb *sandboxState) gatewayNames() []string {
+	if sb == nil {
+		return nil
+	}
+	sb.egressMu.Lock()
+	gw := sb.gateway
+	sb.egressMu.Unlock()
+	pl := sb.live.Load()
+	if gw == nil || pl == nil {
+		return nil
+	}
+	return dnsproxy.PlainNames(pl.HostNames())
+}
+
 // secretsFor reads a sandbox's secrets for its containers' environment: a
 // variable's value from its node file, or, for a secret the gateway
 // injects, the sandbox's placeholder. Values never reach a log or an error.
@@ -214,15 +232,8 @@ func trustFor(bundle string, ca []byte, layers func() (mountguard.Layers, error)
 			}
 		}
 		for dst, name := range map[string]string{caFile: "agentbox-ca.pem", caBundleFile: "agentbox-ca-bundle.pem"} {
-			m := specs.Mount{Destination: dst, Type: "bind", Source: filepath.Join(bundle, name), Options: []string{"rbind", "ro"}}
-			replaced := false
-			for i := range spec.Mounts {
-				if filepath.Clean(spec.Mounts[i].Destination) == dst {
-					spec.Mounts[i], replaced = m, true
-				}
-			}
-			if !replaced {
-				spec.Mounts = append(spec.Mounts, m)
+			if _, err := ocispec.MountFile(dst, filepath.Join(bundle, name))(spec); err != nil {
+				return "", err
 			}
 		}
 		if spec.Process != nil {

@@ -308,6 +308,7 @@ func TestEgressGateway(t *testing.T) {
 	p := newPodIn(t, "gw", "e2e-gw", map[string]string{"agentbox.dev/role": "e2e-gw"})
 	script := strings.Join([]string{
 		gwStep("resolve", "nslookup "+gwAllowA),
+		gwStep("hosts", "cat /etc/hosts"),
 		gwStep("http-allowed", "abx-fetch http://"+gwAllowA+"/h1"),
 		gwStep("http-other-host", "abx-fetch -host "+gwOther+" http://"+gwAllowA+"/h2"),
 		gwStep("http-other-name", "abx-fetch http://"+gwOther+"/h3"),
@@ -323,6 +324,9 @@ func TestEgressGateway(t *testing.T) {
 	lines := stepLines(out)
 	expect := func(step, want string, refused bool) { t.Helper(); expectStep(t, lines, step, want, refused) }
 	expect("resolve", "Address: "+gwAddress, false)
+	// The rules' names are in the pod's hosts file, at the gateway: the
+	// agent's lookups of them need no round trip to the resolver.
+	expect("hosts", gwAddress+"\t"+gwAllowB, false)
 	expect("http-allowed", "site="+gwAllowA+" path=/h1", false)
 	expect("http-other-host", "status=403", true)
 	expect("http-other-name", "no such host", true)
@@ -355,6 +359,7 @@ func TestEgressGateway(t *testing.T) {
 		request, refusedHost, connection, refusedSNI, refusedNoSNI, dnsRefused, connectGateway, connectDirect, stopped bool
 	}
 	var s seen
+	askedForB := 0
 	recs := readTrail(t, p.id)
 	for _, r := range recs {
 		d := r.Detail
@@ -379,6 +384,10 @@ func TestEgressGateway(t *testing.T) {
 			}
 		case "agentbox/dns_refused":
 			s.dnsRefused = s.dnsRefused || d["name"] == gwOther
+		case "agentbox/dns_answered":
+			if strings.EqualFold(strings.TrimSuffix(d["name"], "."), gwAllowB) {
+				askedForB++
+			}
 		case "agentbox/gateway_stopped":
 			s.stopped = r.Status == "Success"
 		case "syscall/connect":
@@ -400,6 +409,12 @@ func TestEgressGateway(t *testing.T) {
 			}
 		}
 		t.Fatalf("trail: %+v", s)
+	}
+	// b.gw.e2e.test was fetched by name over HTTPS, never looked up with
+	// nslookup: its address came from the hosts file (the other name, in
+	// no rule, still went to the resolver and was refused).
+	if askedForB != 0 {
+		t.Errorf("the resolver was asked for %s %d times: the hosts file was not used", gwAllowB, askedForB)
 	}
 }
 

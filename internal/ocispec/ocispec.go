@@ -5,6 +5,7 @@ package ocispec
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -126,9 +127,16 @@ const ResolvConfPath = "/etc/resolv.conf"
 
 // ResolvConfSource returns the host file mounted at /etc/resolv.conf, if
 // any (CRI mounts the pod's).
-func ResolvConfSource(s *specs.Spec) string {
+func ResolvConfSource(s *specs.Spec) string { return MountSource(s, ResolvConfPath) }
+
+// HostsPath is where a container reads its hosts file.
+const HostsPath = "/etc/hosts"
+
+// MountSource is the source of the bind mount at dst ("" when there is
+// none).
+func MountSource(s *specs.Spec, dst string) string {
 	for _, m := range s.Mounts {
-		if m.Destination == ResolvConfPath && m.Type == "bind" {
+		if filepath.Clean(m.Destination) == dst && m.Type == "bind" {
 			return m.Source
 		}
 	}
@@ -139,15 +147,32 @@ func ResolvConfSource(s *specs.Spec) string {
 // /etc/resolv.conf in place of any other resolv.conf mount.
 func MountResolvConf(path string) Rewrite {
 	return func(s *specs.Spec) (string, error) {
-		mount := specs.Mount{Destination: ResolvConfPath, Type: "bind", Source: path, Options: []string{"rbind", "ro"}}
-		for i, m := range s.Mounts {
-			if m.Destination == ResolvConfPath {
-				s.Mounts[i] = mount
-				return fmt.Sprintf("%s: %s replaced by the pod's resolver configuration %s", ResolvConfPath, m.Source, path), nil
-			}
+		replaced, err := MountFile(ResolvConfPath, path)(s)
+		if replaced != "" {
+			return fmt.Sprintf("%s: %s replaced by the pod's resolver configuration %s", ResolvConfPath, replaced, path), err
 		}
-		s.Mounts = append(s.Mounts, mount)
-		return fmt.Sprintf("%s: the pod's resolver configuration %s mounted", ResolvConfPath, path), nil
+		return fmt.Sprintf("%s: the pod's resolver configuration %s mounted", ResolvConfPath, path), err
+	}
+}
+
+// MountFile returns a rewrite that bind-mounts path read-only at dst in
+// place of every other mount there; its message is the source it replaced
+// ("" when there was none).
+func MountFile(dst, path string) Rewrite {
+	return func(s *specs.Spec) (string, error) {
+		mount := specs.Mount{Destination: dst, Type: "bind", Source: path, Options: []string{"rbind", "ro"}}
+		replaced, kept := "", s.Mounts[:0]
+		for _, m := range s.Mounts {
+			if filepath.Clean(m.Destination) == dst {
+				if replaced == "" {
+					replaced = m.Source
+				}
+				continue
+			}
+			kept = append(kept, m)
+		}
+		s.Mounts = append(kept, mount)
+		return replaced, nil
 	}
 }
 

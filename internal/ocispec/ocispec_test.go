@@ -111,6 +111,20 @@ func TestMountResolvConf(t *testing.T) {
 	if m := cri.Mounts[1]; m.Source != "/b/agentbox-resolv.conf" || strings.Join(m.Options, ",") != "rbind,ro" {
 		t.Errorf("mount %+v", m)
 	}
+	// Every mount at the destination goes, however it is spelt, and the
+	// file is mounted last (over a parent directory's mount).
+	hosts := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/u/etc-hosts", Options: []string{"rbind", "rw"}},
+		{Destination: "/etc", Type: "bind", Source: "/srv/etc"},
+		{Destination: "/etc//hosts/", Type: "bind", Source: "/srv/other-hosts"},
+	}}
+	if MountSource(hosts, HostsPath) != "/var/lib/kubelet/pods/u/etc-hosts" {
+		t.Fatalf("source %q", MountSource(hosts, HostsPath))
+	}
+	if replaced, err := MountFile(HostsPath, "/b/agentbox-hosts")(hosts); err != nil || replaced != "/var/lib/kubelet/pods/u/etc-hosts" || len(hosts.Mounts) != 2 ||
+		hosts.Mounts[0].Destination != "/etc" || hosts.Mounts[1].Source != "/b/agentbox-hosts" || strings.Join(hosts.Mounts[1].Options, ",") != "rbind,ro" {
+		t.Errorf("%q %v %+v", replaced, err, hosts.Mounts)
+	}
 	plain := &specs.Spec{}
 	if ResolvConfSource(plain) != "" {
 		t.Error("no mount, no source")

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,5 +154,29 @@ func TestWithOOMKills(t *testing.T) {
 	other, _ := typeurl.MarshalAnyToProto(&cgroup2stats.PidsStat{})
 	if _, err := withOOMKills(other, 1); err == nil {
 		t.Fatal("metrics of another type must be left alone")
+	}
+}
+
+// TestIdleTrim: a burst of starts gives the heap back once, a delay after
+// the last of them.
+func TestIdleTrim(t *testing.T) {
+	var calls atomic.Int32
+	done := make(chan struct{}, 4)
+	tr := &idleTrim{delay: 500 * time.Millisecond, fn: func() { calls.Add(1); done <- struct{}{} }}
+	for i := 0; i < 3; i++ {
+		tr.soon()
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("trimmed during the burst (%d)", calls.Load())
+	}
+	<-done
+	time.Sleep(100 * time.Millisecond)
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d trims after one burst, want 1", n)
+	}
+	tr.soon() // a later start: once more
+	<-done
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d trims after two bursts, want 2", n)
 	}
 }

@@ -333,7 +333,11 @@ func (r *Receiver) readQueued(fd int, buf []byte) (n int, end bool) {
 			return n, true
 		}
 		n++
-		r.throttle()
+		if r.drainUntil.Load() == 0 {
+			// Once Close drains, what is queued is taken at once: the
+			// sandbox is gone, and its socket may hold thousands of events.
+			r.throttle()
+		}
 		r.trail.Count(func(c *Counters) { c.Received++ })
 		if flags&unix.MSG_TRUNC != 0 {
 			r.anomaly(fmt.Sprintf("oversized message (more than %d bytes) discarded", MaxMessageSize), nil)

@@ -215,6 +215,13 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 	p.released = true
 }
 
+// remove stops and removes p's sandbox now (not at the test's end).
+func (p *pod) remove() {
+	dev.crictl(60*time.Second, "stopp", p.id)
+	dev.crictl(60*time.Second, "rmp", p.id)
+	p.released = true
+}
+
 // countSandboxes counts runsc sandbox processes under d's runsc root.
 func countSandboxes(d *daemon) int {
 	n := 0

@@ -114,8 +114,9 @@ type Secret struct {
 }
 
 // Defaults for what one pod can make the gateway hold (memory outside the
-// pod's cgroup): at most MaxConns connections, each with a 16 KiB hello
-// buffer and two 32 KiB copy buffers.
+// pod's cgroup): at most MaxConns connections, each with its hello buffer
+// (MaxHello) and, only while bytes move, copy buffers: two of 32 KiB
+// spliced, one pooled 128 KiB buffer for a response's body forwarded.
 const (
 	DefaultMaxConns     = 64
 	DefaultHelloTimeout = 5 * time.Second

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,8 +66,23 @@ func (s *site) handler() http.Handler {
 		s.hits[host]++
 		s.mu.Unlock()
 		io.Copy(io.Discard, r.Body)
+		if n, ok := strings.CutPrefix(r.URL.Path, "/api/bytes/"); ok {
+			// A download of n zero bytes (the benchmarks).
+			k, _ := strconv.ParseInt(n, 10, 64)
+			w.Header().Set("Content-Length", n)
+			io.CopyN(w, zeroes{}, k)
+			return
+		}
 		fmt.Fprintf(w, "site=%s method=%s path=%s auth=%q\n", host, r.Method, r.URL.Path, r.Header.Get("Authorization"))
 	})
+}
+
+// zeroes reads as endless zero bytes.
+type zeroes struct{}
+
+func (zeroes) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func (s *site) count(host string) int {
@@ -86,7 +102,7 @@ type fixture struct {
 	pool   *x509.CertPool
 }
 
-func listenPair(t *testing.T) (gw, up net.Listener) {
+func listenPair(t testing.TB) (gw, up net.Listener) {
 	t.Helper()
 	for i := 0; i < 20; i++ {
 		g, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -117,7 +133,7 @@ func newFixture(t *testing.T, useTLS bool, cfg Config) *fixture {
 }
 
 // newFixtureWith is newFixture with the plan made for the port.
-func newFixtureWith(t *testing.T, useTLS bool, cfg Config, plan func(port int) netpolicy.Plan) *fixture {
+func newFixtureWith(t testing.TB, useTLS bool, cfg Config, plan func(port int) netpolicy.Plan) *fixture {
 	t.Helper()
 	gln, uln := listenPair(t)
 	port := gln.Addr().(*net.TCPAddr).Port

@@ -21,7 +21,7 @@ const placeholder = "agentbox-placeholder-0123456789abcdef"
 // inspectFixture: a.test restricted to GET under /api/, b.test with a
 // secret injected as Authorization, other.test passthrough; the site
 // behind them on TLS.
-func inspectFixture(t *testing.T) (*fixture, *CA) {
+func inspectFixture(t testing.TB) (*fixture, *CA) {
 	t.Helper()
 	ca, err := NewCA("sandbox-1", []string{"a.test", "b.test"}, time.Hour)
 	if err != nil {

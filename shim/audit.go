@@ -188,6 +188,9 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	if egress != nil && egress.Enforced {
 		rcv.Annotate = egressDecision(egress, &sb.live, sb.dnsAddr)
 	}
+	if sb.connects != nil {
+		rcv.Emitted = sb.connects.Note
+	}
 	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries, cfg.Audit.SentrySendBuffer)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(bundle, podInitFile), b, 0o600)

@@ -142,6 +142,10 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	return startGateway(cfg, sb, pl, h, res, scrub)
 }
 
+// maxGatewayConnects bounds the connects to the gateway a sandbox's trail
+// remembers for its records (about 150 bytes each, argv aside).
+const maxGatewayConnects = 1024
+
 // startGateway serves the plan's host rules on the resolver's address: the
 // names it answered with that address are decided and dialled here. A
 // gateway that cannot listen fails the sandbox (fail closed).
@@ -151,6 +155,9 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		return nil
 	}
 	trail := sb.audit.trail
+	// The connects the receiver sees to the gateway, by local address.
+	connects := audit.NewConnectIndex(sb.dnsAddr, maxGatewayConnects)
+	sb.connects = connects
 	ca, roots, secrets, err := inspection(cfg, sb, pl)
 	if err != nil {
 		return err
@@ -166,7 +173,11 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			}
 			return h.Lookup(ctx, r, name)
 		},
-		Record: func(e egressgw.Event) { trail.Emit(gatewayRecord(e, scrub), false) },
+		Record: func(e egressgw.Event) {
+			r := gatewayRecord(e, scrub)
+			connects.Join(r, e.Client)
+			trail.Emit(r, false)
+		},
 	})
 	for _, p := range ports {
 		ln, err := res.ListenTCP(p)
@@ -235,6 +246,9 @@ func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 		}
 	}
 	r := typ.New(status, msg, detail)
+	if e.Client.IsValid() {
+		r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
+	}
 	if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
 		r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
 	} else {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
@@ -96,8 +97,11 @@ type sandboxState struct {
 	// Set at Create, read-only after: the resolver's address and
 	// upstreams, the answers it kept for the gateway, and the denial log's
 	// de-duplication.
-	dnsAddr     netip.Addr
-	upstreams   []netip.AddrPort
+	dnsAddr   netip.Addr
+	upstreams []netip.AddrPort
+	// connects are the agent's connects to the gateway (nil without
+	// one): its records name the process that opened each connection.
+	connects    *audit.ConnectIndex
 	resolved    *netpolicy.Resolutions
 	dedupe      *netpolicy.Deduper
 	denialsLost atomic.Int64

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 	"gvisor.dev/gvisor/pkg/sentry/seccheck/sinks/remote/wire"
@@ -196,6 +197,7 @@ func ToRecord(m Message, s Scrubber) *Record {
 		return r
 	case *pb.Connect:
 		r := addressed(p, 1, "Open", "syscall/connect")
+		r.Src = sockaddr(localAddress(p))
 		if r.Errno == einprogress {
 			// A non-blocking connect under way: what every TCP client
 			// does, not a failure. Its outcome is the socket's, later.
@@ -292,6 +294,37 @@ func twoPathRecord(p *pb.Execve, m mutation) *Record {
 		r.File.Flags = fmt.Sprintf("0x%x", fl)
 	}
 	return r
+}
+
+// ConnectLocalAddressField is the field of a Connect message that
+// agentbox's runsc patch (hack/patches/runsc-connect-local-address.patch)
+// adds beyond gVisor's points.proto: the socket's local address once the
+// connect has started, whose port is what a peer outside the sandbox sees.
+const ConnectLocalAddressField = 5001
+
+// localAddress is the Connect's ConnectLocalAddressField, or nil: a stock
+// runsc, or a field that does not parse (the sandbox's bytes).
+func localAddress(m proto.Message) []byte {
+	b := m.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if num == ConnectLocalAddressField && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil
+			}
+			return v
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return nil
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 // einprogress is EINPROGRESS: a non-blocking connect that has started.

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 )
 
@@ -202,5 +204,63 @@ func TestConnectInProgress(t *testing.T) {
 		if r.Status != tc.status || r.Errno != tc.errno || (tc.errno == 115) != (r.Detail["connect"] != "") {
 			t.Errorf("errno %d: status %s errno %d detail %v", tc.errno, r.Status, r.Errno, r.Detail)
 		}
+	}
+}
+
+// withLocalAddress adds the local address as agentbox's runsc patch does:
+// an unknown field of the Connect message.
+func withLocalAddress(p *pb.Connect, sockaddr []byte) *pb.Connect {
+	m := p.ProtoReflect()
+	raw := protowire.AppendTag(m.GetUnknown(), ConnectLocalAddressField, protowire.BytesType)
+	m.SetUnknown(protowire.AppendBytes(raw, sockaddr))
+	return p
+}
+
+// TestConnectLocalAddress: the patched Sentry's local address becomes the
+// record's source; a stock runsc's message (none), another unknown field
+// before it, and malformed bytes from the sandbox are each handled, never
+// a crash and never a made-up address.
+func TestConnectLocalAddress(t *testing.T) {
+	dst := []byte{2, 0, 1, 187, 169, 254, 53, 53, 0, 0, 0, 0, 0, 0, 0, 0}
+	local := []byte{2, 0, 0xa4, 0x5b, 10, 88, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0} // 10.88.0.7:42075
+	other := func(p *pb.Connect) *pb.Connect {
+		m := p.ProtoReflect()
+		m.SetUnknown(protowire.AppendVarint(protowire.AppendTag(m.GetUnknown(), 4000, protowire.VarintType), 9))
+		return p
+	}
+	raw := func(b ...byte) func(p *pb.Connect) *pb.Connect {
+		return func(p *pb.Connect) *pb.Connect { p.ProtoReflect().SetUnknown(b); return p }
+	}
+	for _, tc := range []struct {
+		name string
+		msg  *pb.Connect
+		want *Endpoint
+	}{
+		{"patched", withLocalAddress(&pb.Connect{Exit: &pb.Exit{Errorno: 115}, Address: dst}, local), &Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
+		{"stock runsc", &pb.Connect{Exit: &pb.Exit{Errorno: 115}, Address: dst}, nil},
+		{"after another field", withLocalAddress(other(&pb.Connect{Address: dst}), local), &Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
+		{"wrong wire type", raw(0xc8, 0xb8, 0x02, 0x01)(&pb.Connect{Address: dst}), nil}, // field 5001, varint 1
+		{"truncated length", raw(0xca, 0xb8, 0x02, 0x7f, 2, 0)(&pb.Connect{Address: dst}), nil},
+		{"short sockaddr", withLocalAddress(&pb.Connect{Address: dst}, []byte{2}), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 0, tc.msg)
+			m, err := DecodeMessage(b)
+			if err != nil {
+				// A malformed unknown field may fail the whole message:
+				// then it is an anomaly, not a record.
+				if tc.want != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			r := ToRecord(m, nil)
+			if fmt.Sprint(r.Src) != fmt.Sprint(tc.want) {
+				t.Fatalf("src %+v, want %+v", r.Src, tc.want)
+			}
+			if r.Dst == nil || r.Dst.IP != "169.254.53.53" || r.Dst.Port != 443 {
+				t.Fatalf("dst %+v", r.Dst)
+			}
+		})
 	}
 }

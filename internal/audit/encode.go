@@ -183,7 +183,7 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	e.b = append(e.b, deviceBlock()...)
 
 	e.open("actor")
-	if r.Process != nil && !strings.HasPrefix(r.Event, "agentbox/") {
+	if r.Process != nil && (r.joined || !strings.HasPrefix(r.Event, "agentbox/")) {
 		e.open("process")
 		r.Process.encode(&e)
 		e.close()
@@ -253,14 +253,19 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	if f := r.Target; f != nil {
 		e.optInt("target_mode", int64(f.Mode))
 	}
-	if d := r.Dst; d != nil {
-		e.open("dst")
-		e.optStr("family", d.Family)
-		e.optStr("ip", d.IP)
-		e.optInt("port", int64(d.Port))
-		e.optStr("path", d.Path)
-		e.optStr("type", d.Type)
-		e.close()
+	for _, ep := range []struct {
+		key string
+		e   *Endpoint
+	}{{"dst", r.Dst}, {"src", r.Src}} {
+		if d := ep.e; d != nil {
+			e.open(ep.key)
+			e.optStr("family", d.Family)
+			e.optStr("ip", d.IP)
+			e.optInt("port", int64(d.Port))
+			e.optStr("path", d.Path)
+			e.optStr("type", d.Type)
+			e.close()
+		}
 	}
 	e.b = appendMap(e.b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })
 	e.b = appendMap(e.b, "detail", r.Detail, appendString)
@@ -389,6 +394,10 @@ func (r *Record) encodeClass(e *enc) {
 		e.open("src_endpoint")
 		e.str("uid", orUnknown(r.Sandbox))
 		e.str("name", r.agentName())
+		if s := r.Src; s != nil && s.IP != "" {
+			e.str("ip", s.IP)
+			e.optInt("port", int64(s.Port))
+		}
 		e.close()
 	case ClassEventLog:
 		e.str("log_name", "agentbox audit trail")

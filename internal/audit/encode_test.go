@@ -20,6 +20,10 @@ func sampleRecords() []*Record {
 			File:    &File{Path: "/etc/passwd", Flags: "O_RDONLY", Mode: 0o644}, Target: &File{Path: "/etc/x", Mode: 0o600}, Dst: &Endpoint{Family: "inet", IP: "10.0.0.1", Port: 80, Path: "", Type: "stream"},
 			Message: "tab\there\nnewline", Event: "syscall/openat", Sandbox: "sb", Container: "c", Namespace: "k8s.io", PodNamespace: "ns", PodName: "p", Role: "r", PolicyDigest: "d", Errno: 2, Seq: 7, PrevHash: "abc"},
 		{at: at, ClassUID: ClassProcess, ClassName: "Process Activity", ActivityID: 1, ActivityName: "Launch", Event: "agentbox/exec", Process: &Process{Argv: []string{"sh", "-c", "id"}}, Detail: map[string]string{"exec_id": "e1"}, Sandbox: "sb"},
+		// A gateway record joined to the connect that opened its connection.
+		{at: at, ClassUID: ClassNetwork, ClassName: "Network Activity", ActivityID: 1, ActivityName: "Open", Status: "Success", Event: "agentbox/egress_connection",
+			Process: &Process{PID: 9, Exe: "/usr/bin/curl", Argv: []string{"curl", "https://a.test/"}, UID: &uid}, joined: true,
+			Dst: &Endpoint{IP: "198.51.100.7", Port: 443}, Src: &Endpoint{IP: "10.88.0.7", Port: 40001}, Detail: map[string]string{"connect_event": "12"}, Sandbox: "sb"},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -44,6 +45,14 @@ func corpus(t *testing.T) []byte {
 			r.Process = &Process{Argv: []string{"sh", "-c", "id"}}
 		case "agentbox/egress_request", "agentbox/egress_connection":
 			r.Dst = &Endpoint{IP: "198.51.100.7", Port: 443}
+			// The gateway's client, joined to the connect that opened it.
+			client := netip.MustParseAddrPort("10.88.0.7:40001")
+			r.Src = &Endpoint{IP: client.Addr().String(), Port: int(client.Port())}
+			x := NewConnectIndex(netip.MustParseAddr("169.254.53.53"), 1)
+			x.Note(connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7))
+			if !x.Join(r, client) {
+				t.Fatal("corpus: the gateway record was not joined")
+			}
 		case EventGap, EventSandboxEnd:
 			r.Counts = map[string]uint64{"sentry_dropped": 3}
 		}
@@ -81,6 +90,7 @@ func corpus(t *testing.T) []byte {
 		{Payload: &pb.Execve{ContextData: cd, Exit: ok, Sysno: 86, Pathname: "a", Argv: []string{"", "b"}}},
 		{Payload: &pb.Socket{ContextData: cd, Exit: ok, Domain: 2, Type: 1}},
 		{Payload: &pb.Connect{ContextData: cd, Exit: &pb.Exit{Errorno: 115}, Address: addr}},
+		{Payload: withLocalAddress(&pb.Connect{ContextData: cd, Exit: &pb.Exit{Errorno: 115}, Address: addr}, []byte{2, 0, 0x9c, 0x41, 10, 88, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0})},
 		{Payload: &pb.Connect{ContextData: cd, Exit: fail, Address: unix}},
 		{Payload: &pb.Bind{ContextData: cd, Exit: ok, Address: addr}},
 		{Payload: &pb.Listen{ContextData: cd, Exit: ok}},

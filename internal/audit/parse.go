@@ -55,6 +55,7 @@ type wireRecord struct {
 		FileMode     uint32            `json:"file_mode"`
 		TargetMode   uint32            `json:"target_mode"`
 		Dst          *Endpoint         `json:"dst"`
+		Src          *Endpoint         `json:"src"`
 		Counts       map[string]uint64 `json:"counts"`
 		Detail       map[string]string `json:"detail"`
 	} `json:"unmapped"`
@@ -126,7 +127,7 @@ func ParseLine(line []byte) (*Record, error) {
 		Status: w.Status, Errno: u.Errno, Result: u.Result, Message: w.Message, Event: w.Metadata.EventCode,
 		Counts: u.Counts, Detail: u.Detail, Container: u.Container, Namespace: u.Namespace,
 		PodNamespace: u.PodNamespace, PodName: u.PodName, Role: w.Policy.Name, PolicyDigest: w.Policy.UID, Seq: w.Metadata.Sequence,
-		Dst: u.Dst,
+		Dst: u.Dst, Src: u.Src,
 	}
 	if w.ClassUID == ClassDetectionFinding {
 		r.Status = u.Status
@@ -146,6 +147,8 @@ func ParseLine(line []byte) (*Record, error) {
 	}
 	if p := w.Actor.Process; p != nil {
 		r.Process = p.record()
+		// On a record of the shim's own, the process it was joined to.
+		r.joined = strings.HasPrefix(r.Event, "agentbox/")
 	} else if len(u.Argv) > 0 || w.ExitCode != nil {
 		r.Process = &Process{}
 	}

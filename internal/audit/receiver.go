@@ -81,6 +81,9 @@ type Receiver struct {
 	// sealed (the shim adds egress decisions). Set it before the sandbox
 	// connects.
 	Annotate func(*Record)
+	// Emitted, when set, sees each event record once it is in the trail
+	// (its Seq set; 0 if it was lost). Set it before the sandbox connects.
+	Emitted func(*Record)
 
 	path  string
 	ln    *net.UnixListener
@@ -381,6 +384,9 @@ func (r *Receiver) Process(b []byte) {
 		r.Annotate(rec)
 	}
 	r.trail.Emit(rec, false)
+	if r.Emitted != nil {
+		r.Emitted(rec)
+	}
 }
 
 func (r *Receiver) anomaly(msg string, detail map[string]string) {

@@ -76,6 +76,9 @@ type Record struct {
 	Process *Process  `json:"process,omitempty"`
 	File    *File     `json:"file,omitempty"`
 	Dst     *Endpoint `json:"dst_endpoint,omitempty"`
+	// Src is the sandbox's end of a connection, where it is known (a
+	// connect's local address; the client a gateway accepted).
+	Src     *Endpoint `json:"src_endpoint,omitempty"`
 	Message string    `json:"message,omitempty"`
 	// Event names the source: a gVisor point ("syscall/openat"), or the
 	// shim's own ("agentbox/role_resolved", "agentbox/gap", ...).
@@ -105,6 +108,9 @@ type Record struct {
 
 	// at is Time before formatting (for ordering checks).
 	at time.Time
+	// joined: Process, on a record of the shim's own, is the sandbox
+	// process it is about (ConnectIndex.Join), and so its actor.
+	joined bool
 }
 
 // Process is the actor.

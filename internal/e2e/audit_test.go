@@ -35,6 +35,7 @@ type record struct {
 	Digest    string `json:"policy_digest"`
 	Message   string `json:"message"`
 	Process   *struct {
+		PID        int      `json:"pid"`
 		Name       string   `json:"name"`
 		Argv       []string `json:"argv"`
 		Env        []string `json:"env"`
@@ -55,6 +56,10 @@ type record struct {
 		IP   string `json:"ip"`
 		Port int    `json:"port"`
 	} `json:"dst_endpoint"`
+	Src *struct {
+		IP   string `json:"ip"`
+		Port int    `json:"port"`
+	} `json:"src_endpoint"`
 	Counts map[string]int    `json:"counts"`
 	Detail map[string]string `json:"detail"`
 }

@@ -12,10 +12,12 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -361,6 +363,15 @@ func TestEgressGateway(t *testing.T) {
 	var s seen
 	askedForB := 0
 	recs := readTrail(t, p.id)
+	// The connects to the gateway, by the port each got (the runsc patch's
+	// local address): the gateway's records name that connect's process.
+	connects := map[int]record{}
+	for _, r := range recs {
+		if r.Event == "syscall/connect" && r.Dst != nil && r.Dst.IP == gwAddress && r.Src != nil {
+			connects[r.Src.Port] = r
+		}
+	}
+	var joined *record
 	for _, r := range recs {
 		d := r.Detail
 		switch r.Event {
@@ -368,6 +379,7 @@ func TestEgressGateway(t *testing.T) {
 			if d["host"] == gwAllowA && d["method"] == "GET" && d["path"] == "/h1" && d["http_status"] == "200" &&
 				d["dialled"] == webAddr+":80" && strings.HasPrefix(d["egress_rule"], "allow[0] host "+gwAllowA) && d["bytes_received"] != "" {
 				s.request = true
+				joined = &r
 			}
 		case "agentbox/egress_refused":
 			switch {
@@ -409,6 +421,19 @@ func TestEgressGateway(t *testing.T) {
 			}
 		}
 		t.Fatalf("trail: %+v", s)
+	}
+	// The request's record names the process that opened its connection:
+	// the connect whose local port is the client port the gateway saw.
+	if joined.Src == nil || joined.Src.Port == 0 {
+		t.Fatalf("the request's record has no client endpoint: %+v", joined)
+	}
+	switch c, ok := connects[joined.Src.Port]; {
+	case !ok:
+		t.Errorf("no connect to the gateway from port %d (connects from %v)", joined.Src.Port, slices.Sorted(maps.Keys(connects)))
+	case joined.Process == nil || c.Process == nil || joined.Process.PID != c.Process.PID || joined.Process.Name != "abx-fetch":
+		t.Errorf("the request's actor %+v is not the connect's process %+v", joined.Process, c.Process)
+	case joined.Detail["connect_event"] != strconv.Itoa(c.Seq):
+		t.Errorf("the request names connect %q, the connect is seq %d", joined.Detail["connect_event"], c.Seq)
 	}
 	// b.gw.e2e.test was fetched by name over HTTPS, never looked up with
 	// nslookup: its address came from the hosts file (the other name, in

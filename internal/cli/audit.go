@@ -331,6 +331,11 @@ func formatRecord(r *audit.Record) string {
 			fmt.Fprintf(&b, " family=%s type=%s", esc(d.Family), esc(d.Type))
 		}
 	}
+	if s := r.Src; s != nil && s.IP != "" {
+		// The sandbox's end: a connect's local port is the client port of
+		// the gateway's record for that connection.
+		fmt.Fprintf(&b, " src=%s:%d", esc(s.IP), s.Port)
+	}
 	if r.Status != "" {
 		fmt.Fprintf(&b, " %s", esc(r.Status))
 		if r.Errno != 0 {

@@ -61,3 +61,17 @@ var quotedRE = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
 // unquoted is a formatted line with its quoted values taken out.
 func unquoted(line string) string { return quotedRE.ReplaceAllString(line, `""`) }
+
+// A gateway record joined to its connect reads as the process that made
+// the request, with the client port that pairs it with the connect's line.
+func TestFormatGatewayRecord(t *testing.T) {
+	r := &audit.Record{Time: "2026-12-03T11:00:00.000000000Z", Sandbox: "a8", Seq: 9, Event: "agentbox/egress_request",
+		Process: &audit.Process{PID: 11, Name: "curl"}, Dst: &audit.Endpoint{IP: "198.51.100.10", Port: 443},
+		Src: &audit.Endpoint{IP: "10.88.0.7", Port: 40001}, Status: "Success", Message: "GET https://a.test/ -> 200"}
+	got := formatRecord(r)
+	for _, want := range []string{"pid=11", "comm=curl", "dst=198.51.100.10:443", "src=10.88.0.7:40001"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("line lacks %s:\n%s", want, got)
+		}
+	}
+}

@@ -173,10 +173,10 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			}
 			return h.Lookup(ctx, r, name)
 		},
+		// Each record is joined to the connect that opened its connection
+		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
-			r := gatewayRecord(e, scrub)
-			connects.Join(r, e.Client)
-			trail.Emit(r, false)
+			connects.Emit(gatewayRecord(e, scrub), e.Client, func(r *audit.Record) { trail.Emit(r, false) })
 		},
 	})
 	for _, p := range ports {
@@ -299,6 +299,8 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 	}
 	if gw := e.gateway; gw != nil {
 		gw.Close()
+		// The records still waiting for their connect go in without it.
+		sb.connects.Flush()
 		sb.audit.trail.Emit(audit.TypeGatewayStopped.New("Success", "egress gateway stopped",
 			map[string]string{"connections_rejected": fmt.Sprint(gw.Rejected())}), true)
 	}

@@ -3,7 +3,9 @@ package audit
 import (
 	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
+	"time"
 )
 
 func connectTo(dst string, dport int, src string, sport int, pid int) *Record {
@@ -88,5 +90,109 @@ func TestConnectIndexBounded(t *testing.T) {
 	}
 	if !at(1096) || len(x.byKey) != 4 {
 		t.Fatalf("1096 lost when its old slot was reused (%d held)", len(x.byKey))
+	}
+}
+
+// collector gathers what Emit wrote.
+type collector struct {
+	mu   sync.Mutex
+	recs []*Record
+}
+
+func (c *collector) emit(r *Record) { c.mu.Lock(); c.recs = append(c.recs, r); c.mu.Unlock() }
+func (c *collector) got() []*Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Record(nil), c.recs...)
+}
+
+// A gateway record written before its connect reached the shim waits for
+// it and is joined when it comes; one whose connect never comes is written
+// without a process once its wait is over; each exactly once.
+func TestConnectIndexWaitsForTheConnect(t *testing.T) {
+	gw := netip.MustParseAddr("169.254.53.53")
+	x := NewConnectIndex(gw, 8)
+	x.wait = 50 * time.Millisecond
+	var c collector
+	early := TypeEgressRequest.New("Success", "early", nil)
+	never := TypeEgressRequest.New("Success", "never", nil)
+	x.Emit(early, netip.MustParseAddrPort("10.88.0.7:40001"), c.emit)
+	x.Emit(never, netip.MustParseAddrPort("10.88.0.7:40009"), c.emit)
+	if n := len(c.got()); n != 0 {
+		t.Fatalf("%d written before their connects", n)
+	}
+	x.Note(connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7))
+	if got := c.got(); len(got) != 1 || got[0] != early || got[0].Process == nil || got[0].Process.PID != 7 {
+		t.Fatalf("after its connect: %+v", got)
+	}
+	time.Sleep(150 * time.Millisecond)
+	got := c.got()
+	if len(got) != 2 || got[1] != never || never.Process != nil {
+		t.Fatalf("after the wait: %d written, the last %+v", len(got), got[len(got)-1])
+	}
+	// Known already: written at once, joined.
+	now := TypeEgressRequest.New("Success", "now", nil)
+	x.Emit(now, netip.MustParseAddrPort("10.88.0.7:40001"), c.emit)
+	if got := c.got(); len(got) != 3 || got[2] != now || now.Process == nil {
+		t.Fatal("a record whose connect is known was not written at once, joined")
+	}
+}
+
+// The waiting is bounded: past MaxWaiting a record is written at once;
+// Flush writes the rest, and from then on nothing waits.
+func TestConnectIndexWaitingIsBounded(t *testing.T) {
+	x := NewConnectIndex(netip.MustParseAddr("169.254.53.53"), 8)
+	var c collector
+	for i := 0; i < MaxWaiting+10; i++ {
+		x.Emit(&Record{}, netip.AddrPortFrom(netip.MustParseAddr("10.88.0.7"), uint16(1000+i)), c.emit)
+	}
+	if n := len(c.got()); n != 10 {
+		t.Fatalf("%d written at once, want the 10 past MaxWaiting", n)
+	}
+	x.Flush()
+	if n := len(c.got()); n != MaxWaiting+10 {
+		t.Fatalf("after Flush %d written, want %d", n, MaxWaiting+10)
+	}
+	x.Emit(&Record{}, netip.MustParseAddrPort("10.88.0.7:1"), c.emit)
+	if n := len(c.got()); n != MaxWaiting+11 {
+		t.Fatal("a record waited after Flush")
+	}
+}
+
+// Emits and notes from many goroutines: every record is written exactly
+// once, joined when its connect came (go test -race).
+func TestConnectIndexConcurrent(t *testing.T) {
+	const n = 200
+	x := NewConnectIndex(netip.MustParseAddr("169.254.53.53"), n)
+	var c collector
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(2)
+		port := 2000 + i
+		go func() {
+			defer wg.Done()
+			x.Emit(&Record{Message: fmt.Sprint(port)}, netip.AddrPortFrom(netip.MustParseAddr("10.88.0.7"), uint16(port)), c.emit)
+		}()
+		go func() {
+			defer wg.Done()
+			x.Note(connectTo("169.254.53.53", 443, "10.88.0.7", port, port))
+		}()
+	}
+	wg.Wait()
+	// Every connect is noted: each record was written at its Emit or at
+	// its connect's Note, none by the timer (JoinWait is far off).
+	got := c.got()
+	seen := map[string]bool{}
+	for _, r := range got {
+		if seen[r.Message] {
+			t.Fatalf("%s written twice", r.Message)
+		}
+		seen[r.Message] = true
+		if r.Process == nil || fmt.Sprint(r.Process.PID) != r.Message {
+			t.Fatalf("record %s joined to %+v", r.Message, r.Process)
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("%d of %d written", len(got), n)
 	}
 }

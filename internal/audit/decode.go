@@ -197,7 +197,9 @@ func ToRecord(m Message, s Scrubber) *Record {
 		return r
 	case *pb.Connect:
 		r := addressed(p, 1, "Open", "syscall/connect")
-		r.Src = sockaddr(localAddress(p))
+		if src := sockaddr(localAddress(p)); src != nil && src.IP != "" {
+			r.Src = src // an IP socket's local address (a unix one's says nothing)
+		}
 		if r.Errno == einprogress {
 			// A non-blocking connect under way: what every TCP client
 			// does, not a failure. Its outcome is the socket's, later.

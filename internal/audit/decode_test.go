@@ -242,6 +242,7 @@ func TestConnectLocalAddress(t *testing.T) {
 		{"wrong wire type", raw(0xc8, 0xb8, 0x02, 0x01)(&pb.Connect{Address: dst}), nil}, // field 5001, varint 1
 		{"truncated length", raw(0xca, 0xb8, 0x02, 0x7f, 2, 0)(&pb.Connect{Address: dst}), nil},
 		{"short sockaddr", withLocalAddress(&pb.Connect{Address: dst}, []byte{2}), nil},
+		{"unnamed unix socket", withLocalAddress(&pb.Connect{Address: dst}, []byte{1, 0}), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := frame(pb.MessageType_MESSAGE_SYSCALL_CONNECT, 0, tc.msg)

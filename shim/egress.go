@@ -176,7 +176,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		// Each record is joined to the connect that opened its connection
 		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
-			connects.Emit(gatewayRecord(e, scrub), e.Client, func(r *audit.Record) { trail.Emit(r, false) })
+			connects.Emit(gatewayRecord(e, scrub), func(r *audit.Record) { trail.Emit(r, false) })
 		},
 	})
 	for _, p := range ports {

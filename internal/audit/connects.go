@@ -114,16 +114,21 @@ func (x *ConnectIndex) Note(r *Record) {
 	}
 }
 
-// Emit writes r, a record of the connection the gateway accepted from
-// client, through emit: joined to the connect that opened it (Join) at
+// Emit writes r, a record of a connection the gateway accepted (its Src
+// is the client), through emit: joined to the connect that opened it at
 // once if that connect is known, else once it arrives, or without it
-// after JoinWait. A nil index writes r at once.
-func (x *ConnectIndex) Emit(r *Record, client netip.AddrPort, emit func(*Record)) {
-	if x == nil || !client.IsValid() {
+// after JoinWait. A nil index, or a record without a client, is written at
+// once.
+func (x *ConnectIndex) Emit(r *Record, emit func(*Record)) {
+	var client netip.AddrPort
+	ok := x != nil && r.Src != nil
+	if ok {
+		client, ok = endpointAddrPort(r.Src)
+	}
+	if !ok {
 		emit(r)
 		return
 	}
-	client = unmapped(client)
 	x.mu.Lock()
 	if x.joinLocked(r, client) || x.flushed || len(x.waiting) >= MaxWaiting {
 		x.mu.Unlock()
@@ -177,20 +182,10 @@ func (x *ConnectIndex) Flush() {
 	}
 }
 
-// Join gives r, a record of the connection the gateway accepted from
-// client, the process of the connect that opened it, and names that
+// joinLocked gives r, a record of the connection the gateway accepted
+// from client, the process of the connect that opened it, and names that
 // connect in r's detail (connect_event, connect_time). It reports whether
-// it found one.
-func (x *ConnectIndex) Join(r *Record, client netip.AddrPort) bool {
-	if x == nil || !client.IsValid() {
-		return false
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.joinLocked(r, unmapped(client))
-}
-
-// joinLocked is Join; the caller holds mu.
+// it found one. The caller holds mu.
 func (x *ConnectIndex) joinLocked(r *Record, client netip.AddrPort) bool {
 	e, ok := x.byKey[client]
 	if !ok {
@@ -206,10 +201,6 @@ func (x *ConnectIndex) joinLocked(r *Record, client netip.AddrPort) bool {
 	}
 	r.Detail["connect_time"] = e.time
 	return true
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func endpointAddrPort(e *Endpoint) (netip.AddrPort, bool) {

@@ -15,13 +15,31 @@ func connectTo(dst string, dport int, src string, sport int, pid int) *Record {
 		Dst:     &Endpoint{Family: "inet", IP: dst, Port: dport}, Src: &Endpoint{Family: "inet", IP: src, Port: sport}}
 }
 
+// from makes r a record of the gateway's connection from client ("" for
+// none).
+func from(r *Record, client string) *Record {
+	if client != "" {
+		ap := netip.MustParseAddrPort(client)
+		r.Src = &Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
+	}
+	return r
+}
+
+// joinedAtOnce emits r and reports whether it was written at once, joined.
+func joinedAtOnce(x *ConnectIndex, r *Record) bool {
+	var c collector
+	x.Emit(r, c.emit)
+	got := c.got()
+	return len(got) == 1 && got[0] == r && r.joined
+}
+
 func TestConnectIndexJoins(t *testing.T) {
 	gw := netip.MustParseAddr("169.254.53.53")
-	client := netip.MustParseAddrPort("10.88.0.7:40001")
+	const client = "10.88.0.7:40001"
 	for _, tc := range []struct {
 		name   string
 		notes  []*Record
-		client netip.AddrPort
+		client string
 		pid    int // 0: not joined
 	}{
 		{"the connect that opened it", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7)}, client, 7},
@@ -30,17 +48,17 @@ func TestConnectIndexJoins(t *testing.T) {
 		{"no local address (stock runsc)", []*Record{{Event: "syscall/connect", Process: &Process{PID: 7}, Dst: &Endpoint{IP: "169.254.53.53", Port: 443}}}, client, 0},
 		{"not a connect", []*Record{{Event: "syscall/bind", Process: &Process{PID: 7}, Dst: &Endpoint{IP: "169.254.53.53", Port: 443}, Src: &Endpoint{IP: "10.88.0.7", Port: 40001}}}, client, 0},
 		{"the port's latest connect", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7), connectTo("169.254.53.53", 80, "10.88.0.7", 40001, 9)}, client, 9},
-		{"a v4-mapped client", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7)}, netip.MustParseAddrPort("[::ffff:10.88.0.7]:40001"), 7},
+		{"a v4-mapped client", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7)}, "[::ffff:10.88.0.7]:40001", 7},
 		{"a v4-mapped connect", []*Record{connectTo("::ffff:169.254.53.53", 443, "::ffff:10.88.0.7", 40001, 7)}, client, 7},
-		{"no client", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7)}, netip.AddrPort{}, 0},
+		{"no client", []*Record{connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7)}, "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := NewConnectIndex(gw, 8)
 			for _, r := range tc.notes {
 				x.Note(r)
 			}
-			r := TypeEgressRequest.New("Success", "GET", map[string]string{"host": "a.test"})
-			ok := x.Join(r, tc.client)
+			r := from(TypeEgressRequest.New("Success", "GET", map[string]string{"host": "a.test"}), tc.client)
+			ok := joinedAtOnce(x, r)
 			if ok != (tc.pid != 0) {
 				t.Fatalf("joined %v, want pid %d", ok, tc.pid)
 			}
@@ -59,8 +77,10 @@ func TestConnectIndexJoins(t *testing.T) {
 		})
 	}
 	var nilIndex *ConnectIndex
-	if nilIndex.Join(&Record{}, client) {
-		t.Fatal("a nil index joined")
+	var c collector
+	r := from(&Record{}, client)
+	if nilIndex.Emit(r, c.emit); len(c.got()) != 1 || r.joined {
+		t.Fatal("a nil index did not write the record at once, unjoined")
 	}
 }
 
@@ -77,7 +97,7 @@ func TestConnectIndexBounded(t *testing.T) {
 		t.Fatalf("%d connects held, want 4", n)
 	}
 	at := func(port int) bool {
-		return x.Join(&Record{}, netip.AddrPortFrom(netip.MustParseAddr("10.88.0.7"), uint16(port)))
+		return joinedAtOnce(x, from(&Record{}, fmt.Sprintf("10.88.0.7:%d", port)))
 	}
 	if at(1095) || !at(1096) || !at(1099) {
 		t.Fatal("not the newest four")
@@ -116,8 +136,8 @@ func TestConnectIndexWaitsForTheConnect(t *testing.T) {
 	var c collector
 	early := TypeEgressRequest.New("Success", "early", nil)
 	never := TypeEgressRequest.New("Success", "never", nil)
-	x.Emit(early, netip.MustParseAddrPort("10.88.0.7:40001"), c.emit)
-	x.Emit(never, netip.MustParseAddrPort("10.88.0.7:40009"), c.emit)
+	x.Emit(from(early, "10.88.0.7:40001"), c.emit)
+	x.Emit(from(never, "10.88.0.7:40009"), c.emit)
 	if n := len(c.got()); n != 0 {
 		t.Fatalf("%d written before their connects", n)
 	}
@@ -132,7 +152,7 @@ func TestConnectIndexWaitsForTheConnect(t *testing.T) {
 	}
 	// Known already: written at once, joined.
 	now := TypeEgressRequest.New("Success", "now", nil)
-	x.Emit(now, netip.MustParseAddrPort("10.88.0.7:40001"), c.emit)
+	x.Emit(from(now, "10.88.0.7:40001"), c.emit)
 	if got := c.got(); len(got) != 3 || got[2] != now || now.Process == nil {
 		t.Fatal("a record whose connect is known was not written at once, joined")
 	}
@@ -144,7 +164,7 @@ func TestConnectIndexWaitingIsBounded(t *testing.T) {
 	x := NewConnectIndex(netip.MustParseAddr("169.254.53.53"), 8)
 	var c collector
 	for i := 0; i < MaxWaiting+10; i++ {
-		x.Emit(&Record{}, netip.AddrPortFrom(netip.MustParseAddr("10.88.0.7"), uint16(1000+i)), c.emit)
+		x.Emit(from(&Record{}, fmt.Sprintf("10.88.0.7:%d", 1000+i)), c.emit)
 	}
 	if n := len(c.got()); n != 10 {
 		t.Fatalf("%d written at once, want the 10 past MaxWaiting", n)
@@ -153,7 +173,7 @@ func TestConnectIndexWaitingIsBounded(t *testing.T) {
 	if n := len(c.got()); n != MaxWaiting+10 {
 		t.Fatalf("after Flush %d written, want %d", n, MaxWaiting+10)
 	}
-	x.Emit(&Record{}, netip.MustParseAddrPort("10.88.0.7:1"), c.emit)
+	x.Emit(from(&Record{}, "10.88.0.7:1"), c.emit)
 	if n := len(c.got()); n != MaxWaiting+11 {
 		t.Fatal("a record waited after Flush")
 	}
@@ -171,7 +191,7 @@ func TestConnectIndexConcurrent(t *testing.T) {
 		port := 2000 + i
 		go func() {
 			defer wg.Done()
-			x.Emit(&Record{Message: fmt.Sprint(port)}, netip.AddrPortFrom(netip.MustParseAddr("10.88.0.7"), uint16(port)), c.emit)
+			x.Emit(from(&Record{Message: fmt.Sprint(port)}, fmt.Sprintf("10.88.0.7:%d", port)), c.emit)
 		}()
 		go func() {
 			defer wg.Done()

@@ -46,11 +46,10 @@ func corpus(t *testing.T) []byte {
 		case "agentbox/egress_request", "agentbox/egress_connection":
 			r.Dst = &Endpoint{IP: "198.51.100.7", Port: 443}
 			// The gateway's client, joined to the connect that opened it.
-			client := netip.MustParseAddrPort("10.88.0.7:40001")
-			r.Src = &Endpoint{IP: client.Addr().String(), Port: int(client.Port())}
+			from(r, "10.88.0.7:40001")
 			x := NewConnectIndex(netip.MustParseAddr("169.254.53.53"), 1)
 			x.Note(connectTo("169.254.53.53", 443, "10.88.0.7", 40001, 7))
-			if !x.Join(r, client) {
+			if !joinedAtOnce(x, r) {
 				t.Fatal("corpus: the gateway record was not joined")
 			}
 		case EventGap, EventSandboxEnd:

@@ -109,7 +109,7 @@ type Record struct {
 	// at is Time before formatting (for ordering checks).
 	at time.Time
 	// joined: Process, on a record of the shim's own, is the sandbox
-	// process it is about (ConnectIndex.Join), and so its actor.
+	// process it is about (ConnectIndex.Emit), and so its actor.
 	joined bool
 }
 

@@ -229,9 +229,7 @@ func TestAuditNetworkAndPod(t *testing.T) {
 	p := newPodIn(t, "netaudit", "e2e-net", map[string]string{"agentbox.dev/role": "e2e-open"})
 	id := p.container(t, "c", "sh", "-c", fmt.Sprintf("nc -w 3 %s %d </dev/null; nc -w 3 %s %d </dev/null; echo done; sleep 600", gw, port, gw, closed))
 	waitLogs(t, id, "done")
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 	recs := readTrail(t, p.id)
 	var ok, refused bool
 	for _, r := range recs {

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // gatewayFigures are one pod's abx-fetch latencies, each request on a new
@@ -134,20 +133,14 @@ func gatewayThroughput(t *testing.T, rounds int) string {
 		}
 	}
 	p := newPodIn(t, "bench-gw-bulk", "e2e-gw-bench", map[string]string{"agentbox.dev/role": "e2e-gw-bench"})
-	shims := pidsNaming(p.id)
-	cpu := func() time.Duration {
-		var sum time.Duration
-		for _, pid := range shims {
-			if strings.Contains(cmdline(pid), "containerd-shim-agentbox-v1") {
-				c, _ := processCPU(pid)
-				sum += c
-			}
-		}
-		return sum
+	shim := shimPID(p.id)
+	if shim == 0 {
+		t.Fatalf("no shim serving %s", p.id)
 	}
-	before := cpu()
+	before, _ := processCPU(shim)
 	logs := p.runProbes(t, strings.Join(append(steps, "echo probes-done", "sleep 600"), "; "))
-	shimCPU := cpu() - before
+	after, _ := processCPU(shim)
+	shimCPU := after - before
 	p.remove()
 	mbps := map[string]float64{}
 	for _, m := range fetchLine.FindAllStringSubmatch(logs.stdout, -1) {

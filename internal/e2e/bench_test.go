@@ -240,9 +240,7 @@ func TestBenchmarkEgress(t *testing.T) {
 				t.Fatalf("%s: sink got %d bytes, want %d", r.role, run.bytes, mib<<20)
 			}
 			tput[r.role] = append(tput[r.role], float64(run.bytes)/(1<<20)/run.took.Seconds())
-			dev.crictl(60*time.Second, "stopp", p.id)
-			dev.crictl(60*time.Second, "rmp", p.id)
-			p.released = true
+			p.remove()
 		}
 	}
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
@@ -304,6 +302,17 @@ type shimUsage struct {
 	cpu     time.Duration
 }
 
+// shimPID is the shim serving the sandbox or container id (0 if none is
+// running): not the short-lived `... start` process that spawns it.
+func shimPID(id string) int {
+	for _, pid := range pidsNaming(id) {
+		if c := strings.TrimSpace(cmdline(pid)); strings.Contains(c, "containerd-shim-agentbox-v1") && !strings.HasSuffix(c, " start") {
+			return pid
+		}
+	}
+	return 0
+}
+
 // shimSample samples the shim serving container id every 50ms until stop.
 // It looks for the shim among all processes only until it has found it:
 // reading every process's command line takes each one's memory-map lock,
@@ -316,13 +325,7 @@ func shimSample(id string, stop <-chan struct{}) shimUsage {
 	defer tick.Stop()
 	for {
 		if shim == 0 {
-			for _, pid := range pidsNaming(id) {
-				// Not the short-lived `... start` process that spawns
-				// the shim.
-				if c := strings.TrimSpace(cmdline(pid)); strings.Contains(c, "containerd-shim-agentbox-v1") && !strings.HasSuffix(c, " start") {
-					shim = pid
-				}
-			}
+			shim = shimPID(id)
 		}
 		if shim != 0 {
 			if kb := smapsRollup(shim, "Rss:"); kb > u.peakKiB {

@@ -259,9 +259,7 @@ func TestEgressDNS(t *testing.T) {
 	if strings.Contains(string(table), egress.other) || strings.Contains(string(table), "set ") || !strings.Contains(string(table), "default deny") {
 		t.Errorf("the pod's ruleset:\n%s", table)
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 
 	recs := readTrail(t, p.id)
 	type seen struct {

@@ -260,9 +260,7 @@ func TestEgressAllowlist(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "hook egress") {
 		t.Fatalf("no agentbox table in %s: %v: %s", netns, err, out)
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 
 	// Every attempt is in the trail with its destination and the rule.
 	recs := readTrail(t, p.id)
@@ -370,9 +368,7 @@ func TestEgressIPv6(t *testing.T) {
 		t.Errorf("fd00:ec2::254 was reached %d times", n)
 	}
 	for _, p := range []*pod{open, allow} {
-		dev.crictl(60*time.Second, "stopp", p.id)
-		dev.crictl(60*time.Second, "rmp", p.id)
-		p.released = true
+		p.remove()
 	}
 	want := map[string]map[string]string{
 		open.id:  {v6: "allow egress open", meta: "deny metadata address"},

@@ -419,9 +419,7 @@ func TestEscapeMemoryBombInAPod(t *testing.T) {
 	if _, code, reason := containerStatus(t, id); code != 137 || reason != "OOMKilled" {
 		t.Fatalf("want 137 and OOMKilled, got %d %q", code, reason)
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 	for _, rec := range readTrail(t, p.id) {
 		if rec.Event == "agentbox/limit" && rec.Detail["limit"] == "memory" {
 			return

@@ -353,9 +353,7 @@ func TestEgressGateway(t *testing.T) {
 			t.Errorf("%d requests came from %s, not the gateway on the node", n-before[from], from)
 		}
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 
 	type seen struct {
 		request, refusedHost, connection, refusedSNI, refusedNoSNI, dnsRefused, connectGateway, connectDirect, stopped bool

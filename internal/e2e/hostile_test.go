@@ -40,14 +40,8 @@ func configVariant(t *testing.T, old, new string) string {
 // shimRSS is the resident set of the shim serving a sandbox, in KiB.
 func shimRSS(t *testing.T, sandboxID string) int {
 	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if !strings.Contains(cmd, "containerd-shim-agentbox-v1") || !strings.Contains(cmd, "-id "+sandboxID) {
-			continue
-		}
-		st, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+	if pid := shimPID(sandboxID); pid != 0 {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		for _, l := range strings.Split(string(st), "\n") {
 			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
 				n, _ := strconv.Atoi(f[1])
@@ -82,9 +76,7 @@ func TestHostileResolverFlood(t *testing.T) {
 	if during-before > 32<<10 {
 		t.Errorf("the shim grew by %d KiB under the flood", during-before)
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 	for _, r := range readTrail(t, p.id) {
 		if r.Event == "agentbox/resolver_stopped" {
 			if n, _ := strconv.Atoi(r.Detail["tcp_connections_rejected"]); n < 100 {

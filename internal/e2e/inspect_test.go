@@ -122,9 +122,7 @@ func TestEgressGatewayInspected(t *testing.T) {
 			t.Errorf("%s reached the web host", path)
 		}
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 
 	// The trail: each request and refusal, what was injected (by header
 	// name), and never the secret.

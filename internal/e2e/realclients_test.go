@@ -203,9 +203,7 @@ func TestEgressGatewayRealClients(t *testing.T) {
 	if t.Failed() {
 		t.Fatalf("pod output:\n%s\n%s", logs.stdout, logs.stderr)
 	}
-	dev.crictl(60*time.Second, "stopp", p.id)
-	dev.crictl(60*time.Second, "rmp", p.id)
-	p.released = true
+	p.remove()
 	seen := map[string]bool{}
 	for _, r := range readTrail(t, p.id) {
 		if r.Event == "agentbox/egress_request" && r.Detail["protocol"] == "https" {

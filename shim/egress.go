@@ -6,6 +6,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
@@ -100,11 +103,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	if err != nil {
 		return err
 	}
-	node, err := nodeAddrs()
-	if err != nil {
-		return err
-	}
-	dests := netpolicy.Destinations{Node: node, Cluster: cluster, Link: []netip.Addr{addr, peer}}
+	dests := netpolicy.Destinations{Local: nodeLocal, Cluster: cluster, Link: []netip.Addr{addr, peer}}
 	sb.resolved = netpolicy.NewResolutions(nil)
 	trail := sb.audit.trail
 	h := &dnsproxy.Handler{
@@ -139,7 +138,7 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 	sb.resolver = res
 	sb.egressMu.Unlock()
 	sb.dnsAddr, sb.upstreams = addr, ups
-	return startGateway(cfg, sb, pl, h, res, scrub)
+	return startGateway(cfg, sb, pl, h, res, scrub, dests)
 }
 
 // maxGatewayConnects bounds the connects to the gateway a sandbox's trail
@@ -149,7 +148,7 @@ const maxGatewayConnects = 1024
 // startGateway serves the plan's host rules on the resolver's address: the
 // names it answered with that address are decided and dialled here. A
 // gateway that cannot listen fails the sandbox (fail closed).
-func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber) error {
+func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber, dests netpolicy.Destinations) error {
 	ports := egressgw.Ports(pl)
 	if len(ports) == 0 {
 		return nil
@@ -173,10 +172,17 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			}
 			return h.Lookup(ctx, r, name)
 		},
+		// Decided again at each dial, from the kernel: an answer kept
+		// from before the node gained an address does not reach it.
+		Refuse: dests.Refuse,
 		// Each record is joined to the connect that opened its connection
 		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
-			connects.Emit(gatewayRecord(e, scrub), func(r *audit.Record) { trail.Emit(r, false) })
+			emit := func(r *audit.Record) { trail.Emit(r, false) }
+			connects.Emit(gatewayRecord(e, scrub), emit)
+			for _, r := range reflectedRecords(e, scrub) {
+				connects.Emit(r, emit)
+			}
 		},
 	})
 	for _, p := range ports {
@@ -232,6 +238,10 @@ func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 	case egressgw.Passthrough:
 		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
 		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)
+	case egressgw.WebSocketClosed:
+		typ, detail["egress"] = audit.TypeWebSocketClosed, "allow"
+		msg = fmt.Sprintf("websocket %s%s via %s closed after %s: %d bytes sent, %d received (%s)", name, detail["path"], e.Dialled,
+			e.Duration.Round(time.Millisecond), e.Sent, e.Received, detail["reason"])
 	default:
 		typ, detail["egress"], status = audit.TypeEgressRefused, "deny", "Failure"
 		target := name
@@ -257,20 +267,49 @@ func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 	return r
 }
 
-// nodeAddrs are the addresses of the node's own interfaces (the shim runs
-// in the host's network namespace).
-func nodeAddrs() ([]netip.Addr, error) {
-	ifaddrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("list the node's addresses: %w", err)
+// reflectedRecords are the records of the injected secrets e's response
+// carried back, one per place and encoding (the gateway replaced them).
+func reflectedRecords(e egressgw.Event, scrub *audit.RoleScrubber) []*audit.Record {
+	var out []*audit.Record
+	for _, x := range e.Reflected {
+		path := e.Path
+		if scrub != nil {
+			path = scrub.Args([]string{path})[0]
+		}
+		detail := map[string]string{"host": e.Host, "method": e.Method, "path": path, "where": x.Where, "encoding": x.Encoding,
+			"count": fmt.Sprint(x.Count), "egress_rule": e.Rule, "http_status": fmt.Sprint(e.Status)}
+		r := audit.TypeSecretReflected.New("Success", fmt.Sprintf("the secret injected toward %s came back in its response (%s, %s, %d time(s)): replaced before the agent read it",
+			e.Host, x.Where, x.Encoding, x.Count), detail)
+		if e.Client.IsValid() {
+			r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
+		}
+		if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
+			r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
+		}
+		out = append(out, r)
 	}
-	var out []netip.Addr
-	for _, a := range ifaddrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr())
+	return out
+}
+
+// nodeLocal says whether the node's kernel delivers a to the node itself
+// (a route of type local or broadcast), asked now: the shim runs in the
+// host's network namespace. An address the node gains after a sandbox
+// started (a VIP, a new interface, a local route) is the node's from then
+// on. An address with no route at all is not the node's.
+func nodeLocal(a netip.Addr) (bool, error) {
+	routes, err := netlink.RouteGet(net.IP(a.AsSlice()))
+	switch {
+	case errors.Is(err, unix.ENETUNREACH), errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.EINVAL):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("route lookup of %s: %w", a, err)
+	}
+	for _, r := range routes {
+		if r.Type == unix.RTN_LOCAL || r.Type == unix.RTN_BROADCAST {
+			return true, nil
 		}
 	}
-	return out, nil
+	return false, nil
 }
 
 // RuleGateway names, in connect records, a connection to the pod's egress

@@ -190,7 +190,7 @@ func injectedSecrets(sb *sandboxState, pl *netpolicy.Plan) ([]egressgw.Secret, e
 				return nil, fmt.Errorf("secret injected toward %s: %s holds a control character: it cannot be sent as header %s", in.Host, in.File, in.Header)
 			}
 		}
-		s := egressgw.Secret{Host: in.Host, Header: in.Header, Value: strings.Replace(in.Format, policy.SecretToken, v, 1)}
+		s := egressgw.Secret{Host: in.Host, Header: in.Header, Value: strings.Replace(in.Format, policy.SecretToken, v, 1), Secret: v}
 		if in.Env != "" {
 			s.Placeholder = sb.placeholder(in.Env)
 		}

@@ -30,6 +30,8 @@ func corpus(t *testing.T) []byte {
 		"agentbox/egress_request":       {"method": "GET", "host": "api.example.com", "path": "/v1/models", "http_status": "200", "egress": "allow"},
 		"agentbox/egress_connection":    {"sni": "api.example.com", "dialled": "198.51.100.7:443", "egress": "allow"},
 		"agentbox/egress_refused":       {"sni": "evil.example", "reason": "no rule allows evil.example", "egress": "deny"},
+		"agentbox/websocket_closed":     {"host": "api.example.com", "path": "/ws", "dialled": "198.51.100.7:443", "bytes_sent": "12", "bytes_received": "40", "reason": "idle for 2m0s", "egress": "allow"},
+		"agentbox/secret_reflected":     {"method": "GET", "host": "api.example.com", "path": "/echo", "http_status": "200", "where": "body", "encoding": "base64", "count": "1"},
 		"agentbox/exec":                 {"exec_id": "e1"},
 		"agentbox/limit":                {"limit": "wall_clock"},
 		"agentbox/quarantined":          {"command_uid": "sb1/q1", "reason": "exfiltration", "requested_by_uid": "0"},
@@ -43,7 +45,7 @@ func corpus(t *testing.T) []byte {
 		switch rt.Name {
 		case "agentbox/exec":
 			r.Process = &Process{Argv: []string{"sh", "-c", "id"}}
-		case "agentbox/egress_request", "agentbox/egress_connection":
+		case "agentbox/egress_request", "agentbox/egress_connection", "agentbox/websocket_closed", "agentbox/secret_reflected":
 			r.Dst = &Endpoint{IP: "198.51.100.7", Port: 443}
 			// The gateway's client, joined to the connect that opened it.
 			from(r, "10.88.0.7:40001")

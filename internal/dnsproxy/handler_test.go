@@ -364,7 +364,7 @@ func TestPrivateAnswersWithheld(t *testing.T) {
 		t.Fatal(err)
 	}
 	dests := netpolicy.Destinations{
-		Node:    []netip.Addr{netip.MustParseAddr("198.51.100.7")},
+		Local:   func(a netip.Addr) (bool, error) { return a == netip.MustParseAddr("198.51.100.7"), nil },
 		Cluster: []netip.Prefix{netip.MustParsePrefix("100.0.0.0/16")},
 		Link:    []netip.Addr{netip.MustParseAddr("169.254.53.53"), netip.MustParseAddr("169.254.53.54")},
 	}

@@ -8,19 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
-	"net/http"
-	"net/http/httputil"
 	"net/netip"
-	"strconv"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"agentbox.dev/agentbox/internal/netpolicy"
-	"agentbox.dev/agentbox/internal/policy"
 )
 
 // Kind classifies an Event.
@@ -30,6 +25,9 @@ const (
 	// Passthrough: a TLS connection allowed by its SNI and spliced to the
 	// name's server; the agent verifies that server itself.
 	Passthrough Kind = "passthrough"
+	// WebSocketClosed: an allowed WebSocket ended (its opening is a
+	// Request with status 101), with the bytes it carried and why.
+	WebSocketClosed Kind = "websocket_closed"
 	// Request: one HTTP request allowed by its Host and forwarded (plain
 	// HTTP, or HTTPS the gateway terminated for an inspected rule).
 	Request Kind = "request"
@@ -67,6 +65,9 @@ type Event struct {
 	Reason string
 	// Injected names the headers the gateway set to a secret.
 	Injected []string
+	// Reflected are the injected secrets the response carried back,
+	// replaced before the agent read them.
+	Reflected []Reflection
 }
 
 // Config is one pod's gateway.
@@ -78,6 +79,10 @@ type Config struct {
 	// Lookup resolves name for rule r, without the addresses r may not
 	// reach (the resolver's upstreams and withholding).
 	Lookup func(ctx context.Context, r netpolicy.Rule, name string) ([]netip.Addr, error)
+	// Refuse, when set, says why rule r may not open an address (""
+	// when it may), asked just before each dial: whatever answer a lookup
+	// kept, an address that became the node's own since is not dialled.
+	Refuse func(r netpolicy.Rule, a netip.Addr) string
 	// Dial connects to an address from the node (net.Dialer if nil).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Record receives every Event.
@@ -92,6 +97,12 @@ type Config struct {
 	IdleTimeout time.Duration
 	// DialTimeout bounds the connection to the upstream.
 	DialTimeout time.Duration
+	// BodyGrace and BodyMinRate bound a request body's upload: after the
+	// grace, its bytes must keep arriving at the rate (bytes a second) on
+	// average, or the request is refused, so a trickled upload cannot
+	// hold one of the pod's connections for ever.
+	BodyGrace   time.Duration
+	BodyMinRate int
 	// CA signs the certificates the gateway presents for inspected rules
 	// (the plan's rules with Inspect); without it they are refused.
 	CA *CA
@@ -108,9 +119,14 @@ type Secret struct {
 	Host, Header string
 	// Value is the header's whole value (the Format with the secret).
 	Value string
+	// Secret is the secret itself, which the responses of Host are
+	// scanned for, in its common encodings ("" : Value is).
+	Secret string
 	// Placeholder is what the sandbox holds instead ("" for none); sent
 	// anywhere but Header to Host, it is refused.
 	Placeholder string
+	// forms are its spellings the responses of Host are scrubbed of.
+	forms []secretForm
 }
 
 // Defaults for what one pod can make the gateway hold (memory outside the
@@ -122,6 +138,8 @@ const (
 	DefaultHelloTimeout = 5 * time.Second
 	DefaultIdleTimeout  = 2 * time.Minute
 	DefaultDialTimeout  = 5 * time.Second
+	DefaultBodyGrace    = 10 * time.Second
+	DefaultBodyMinRate  = 1024
 	// httpIdle closes a kept-alive HTTP connection between requests.
 	httpIdle = 30 * time.Second
 )
@@ -139,9 +157,11 @@ type Gateway struct {
 	lns []net.Listener
 	// conns are the open connections, each with the name it was
 	// allowed by (a TLS connection's SNI, once decided).
-	conns  map[net.Conn]decided
-	fronts []*httpFront
-	closed bool
+	conns map[net.Conn]decided
+	// tunnels are the open WebSockets.
+	tunnels map[*tunnel]struct{}
+	fronts  []*httpFront
+	closed  bool
 	// suspended, when set, is why every connection is refused
 	// (Suspend).
 	suspended string
@@ -164,6 +184,12 @@ func New(cfg Config) *Gateway {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
+	if cfg.BodyGrace <= 0 {
+		cfg.BodyGrace = DefaultBodyGrace
+	}
+	if cfg.BodyMinRate <= 0 {
+		cfg.BodyMinRate = DefaultBodyMinRate
+	}
 	if cfg.Dial == nil {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
@@ -171,7 +197,15 @@ func New(cfg Config) *Gateway {
 	if cfg.Record == nil {
 		cfg.Record = func(Event) {}
 	}
-	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]decided{}}
+	cfg.Secrets = slices.Clone(cfg.Secrets)
+	for i, sec := range cfg.Secrets {
+		raw := sec.Secret
+		if raw == "" {
+			raw = sec.Value
+		}
+		cfg.Secrets[i].forms = secretForms(raw, sec.Placeholder)
+	}
+	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]decided{}, tunnels: map[*tunnel]struct{}{}}
 	g.ctx, g.stop = context.WithCancel(context.Background())
 	return g
 }
@@ -287,12 +321,14 @@ func (g *Gateway) allowedAs(c net.Conn, name string, port int) {
 }
 
 // Revalidate closes every TLS connection whose name the plan no longer
-// allows on its port (the role dropped the host while it ran), and says
-// how many. An HTTP request is decided on its own, each time.
+// allows on its port (the role dropped the host while it ran), and every
+// WebSocket whose rule no longer allows it, and says how many. An HTTP
+// request is decided on its own, each time.
 func (g *Gateway) Revalidate() int {
 	pl := g.plan()
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	var cut []*tunnel
+	defer func() { g.mu.Unlock(); closeTunnels(cut) }()
 	n := 0
 	for c, d := range g.conns {
 		if d.name == "" {
@@ -300,6 +336,17 @@ func (g *Gateway) Revalidate() int {
 		}
 		if _, why := Decide(pl, d.name, d.port); why != "" {
 			c.Close()
+			n++
+		}
+	}
+	for t := range g.tunnels {
+		rule, why := Decide(pl, t.name, t.port)
+		if why == "" && !rule.WebSocket {
+			why = rule.Name + " no longer allows websocket"
+		}
+		if why != "" {
+			t.mark("the role changed: " + why)
+			cut = append(cut, t)
 			n++
 		}
 	}
@@ -326,8 +373,10 @@ func (g *Gateway) Close() error {
 	for c := range g.conns {
 		c.Close()
 	}
+	tunnels := g.markTunnelsLocked("the gateway stopped")
 	fronts := g.fronts
 	g.mu.Unlock()
+	closeTunnels(tunnels)
 	g.stop()
 	for _, f := range fronts {
 		f.srv.Close()
@@ -353,10 +402,33 @@ func (g *Gateway) Suspend(reason string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.suspended = reason
+	// The tunnels' own connections are among conns: closing those ends
+	// them, for the reason marked.
+	g.markTunnelsLocked("the gateway is suspended: " + reason)
 	for c := range g.conns {
 		c.Close()
 	}
 	return len(g.conns)
+}
+
+// markTunnelsLocked gives every open tunnel why it is closing and returns
+// them; the caller closes them after g.mu (a tunnel's Close releases its
+// connection, which takes g.mu).
+//
+// Preconditions: g.mu is locked.
+func (g *Gateway) markTunnelsLocked(why string) []*tunnel {
+	var out []*tunnel
+	for t := range g.tunnels {
+		t.mark(why)
+		out = append(out, t)
+	}
+	return out
+}
+
+func closeTunnels(ts []*tunnel) {
+	for _, t := range ts {
+		t.Close()
+	}
 }
 
 // Resume decides connections by the rules again.
@@ -432,11 +504,7 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 		return
 	}
 	ev.SNI = h.SNI
-	switch {
-	case h.ECH:
-		g.refuse(c, ev, start, "an encrypted ClientHello (ECH) hides the name")
-		return
-	case h.SNI == "":
+	if h.SNI == "" {
 		g.refuse(c, ev, start, "the ClientHello names no server (no SNI)")
 		return
 	}
@@ -444,6 +512,16 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 	ev.Rule = rule.Name
 	if why != "" {
 		g.refuse(c, ev, start, why)
+		return
+	}
+	// An encrypted ClientHello's real name is hidden inside it: spliced,
+	// it would reach whatever site behind the allowed outer name it
+	// names. Terminated, it cannot: the gateway is the server, holds no
+	// ECH key, and answers for the outer name alone (a client using real
+	// ECH then gives up; Chrome's GREASE ECH, sent on every connection,
+	// goes on).
+	if h.ECH && !rule.Inspect {
+		g.refuse(c, ev, start, "an encrypted ClientHello (ECH) hides the name it is for, and "+rule.Name+" passes TLS through: inspect the rule, or turn ECH off in the client (Chromium: --disable-features=EncryptedClientHello)")
 		return
 	}
 	g.allowedAs(c, h.SNI, ev.Port)
@@ -535,6 +613,12 @@ func (g *Gateway) dial(ctx context.Context, rule netpolicy.Rule, name string, po
 	var errs []error
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a, uint16(port)).String()
+		if g.cfg.Refuse != nil {
+			if why := g.cfg.Refuse(rule, a); why != "" {
+				errs = append(errs, fmt.Errorf("%s withheld: %s", a, why))
+				continue
+			}
+		}
 		c, err := g.cfg.Dial(ctx, "tcp", ap)
 		if err == nil {
 			return c, ap, nil
@@ -591,368 +675,4 @@ func splice(agent, up net.Conn, br *bufio.Reader, idle time.Duration) (sent, rec
 	go copyDir(agent, up, up, &received)
 	wg.Wait()
 	return sent, received
-}
-
-// bufferPool lends the HTTP fronts their copy buffers.
-type bufferPool struct{}
-
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}
-
-func (bufferPool) Get() []byte { return *copyBuffers.Get().(*[]byte) }
-func (bufferPool) Put(b []byte) {
-	if cap(b) >= 128<<10 {
-		copyBuffers.Put(&b)
-	}
-}
-
-// prefixConn is a connection whose first bytes were read into r; done
-// runs once, at its first Close.
-type prefixConn struct {
-	net.Conn
-	r    *bufio.Reader
-	once sync.Once
-	done func()
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-func (c *prefixConn) Close() error {
-	c.once.Do(c.done)
-	return nil
-}
-
-// handoff is a net.Listener whose connections are handed to it.
-type handoff struct {
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-	addr net.Addr
-}
-
-func (h *handoff) hand(c net.Conn) bool {
-	select {
-	case h.ch <- c:
-		return true
-	case <-h.done:
-		return false
-	}
-}
-
-func (h *handoff) Accept() (net.Conn, error) {
-	select {
-	case c := <-h.ch:
-		return c, nil
-	case <-h.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (h *handoff) Close() error {
-	h.once.Do(func() { close(h.done) })
-	return nil
-}
-
-func (h *handoff) Addr() net.Addr { return h.addr }
-
-// httpFront serves the HTTP connections of one gateway port.
-type httpFront struct {
-	ln  *handoff
-	srv *http.Server
-}
-
-type ctxKey int
-
-const (
-	ruleKey ctxKey = iota
-	eventKey
-	dialledKey
-	nameKey
-)
-
-// newHTTPFront makes the server of a port's plain HTTP connections, or
-// (terminated) of its inspected TLS ones, which go on over TLS to the
-// upstream, verified against UpstreamRoots.
-func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
-	f := &httpFront{ln: &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: &net.TCPAddr{Port: port}}}
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		rule, _ := ctx.Value(ruleKey).(netpolicy.Rule)
-		host, _, _ := net.SplitHostPort(addr)
-		c, dialled, err := g.dial(ctx, rule, host, port)
-		if d, _ := ctx.Value(dialledKey).(*atomic.Value); d != nil {
-			d.Store(dialled)
-		}
-		return c, err
-	}
-	scheme := "http"
-	tr := &http.Transport{
-		Proxy:                 nil, // never the node's proxy variables
-		DialContext:           dial,
-		MaxIdleConns:          16,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       httpIdle,
-		ResponseHeaderTimeout: g.cfg.IdleTimeout,
-		DisableCompression:    true,
-	}
-	if terminated {
-		scheme = "https"
-		tr.DialContext = nil
-		tr.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			host, _, _ := net.SplitHostPort(addr)
-			tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: g.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-			if err := tc.HandshakeContext(ctx); err != nil {
-				c.Close()
-				return nil, fmt.Errorf("TLS to %s: %w", host, err)
-			}
-			return tc, nil
-		}
-	}
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			// The upstream is told the name that was decided on.
-			name := pr.In.Context().Value(nameKey).(string)
-			pr.Out.URL.Scheme = scheme
-			pr.Out.URL.Host = net.JoinHostPort(name, strconv.Itoa(port))
-			pr.Out.Host = name
-			if _, p := splitHost(pr.In.Host); p != "" {
-				pr.Out.Host = net.JoinHostPort(name, p)
-			}
-			if terminated {
-				for _, sec := range g.cfg.Secrets {
-					if sec.Host == name {
-						pr.Out.Header.Set(sec.Header, sec.Value)
-					}
-				}
-			}
-		},
-		Transport:     tr,
-		FlushInterval: -1,
-		// Larger copies than the default 32 KiB: fewer reads and writes
-		// (and, terminated, TLS records) per byte; taken only while a
-		// response streams.
-		BufferPool: bufferPool{},
-		ErrorLog:   log.New(io.Discard, "", 0),
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if ev, _ := r.Context().Value(eventKey).(*Event); ev != nil {
-				ev.Kind, ev.Reason = Refused, err.Error()
-			}
-			http.Error(w, "agentbox egress gateway: "+err.Error(), http.StatusBadGateway)
-		},
-	}
-	f.srv = &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serveHTTP(w, r, port, proxy) }),
-		ReadHeaderTimeout: g.cfg.HelloTimeout,
-		IdleTimeout:       httpIdle,
-		MaxHeaderBytes:    MaxHello,
-		ErrorLog:          log.New(io.Discard, "", 0),
-		BaseContext:       func(net.Listener) context.Context { return g.ctx },
-	}
-	return f
-}
-
-// splitHost takes the port off an HTTP Host.
-func splitHost(hostport string) (string, string) {
-	if h, p, err := net.SplitHostPort(hostport); err == nil {
-		return h, p
-	}
-	return hostport, ""
-}
-
-// serveHTTP decides one request by its Host and forwards it, or refuses
-// it with 403. Each request is one Event.
-func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, proxy *httputil.ReverseProxy) {
-	start := time.Now()
-	ev := &Event{Client: addrPortString(r.RemoteAddr), Port: port, Proto: "http", Method: clipName(r.Method), Path: ScrubPath(r.RequestURI)}
-	if r.TLS != nil {
-		ev.Proto, ev.SNI = "https", r.TLS.ServerName
-	}
-	cw := &countingWriter{ResponseWriter: w}
-	refuse := func(reason string) {
-		ev.Kind, ev.Reason = Refused, reason
-		cw.Header().Set("Connection", "close")
-		http.Error(cw, "agentbox egress gateway: refused: "+reason, http.StatusForbidden)
-	}
-	var dialled atomic.Value
-	defer func() {
-		ev.Status, ev.Received, ev.Duration = cw.status, cw.n, time.Since(start)
-		if d, ok := dialled.Load().(string); ok {
-			ev.Dialled = d
-		}
-		g.cfg.Record(*ev)
-	}()
-	host, _ := splitHost(r.Host)
-	ev.Host = clipName(host)
-	if r.Method == http.MethodConnect {
-		refuse("CONNECT is not served: connect to the name itself (the pod's resolver answers it with the gateway)")
-		return
-	}
-	name, err := HostName(host)
-	if err != nil {
-		refuse("Host: " + err.Error())
-		return
-	}
-	ev.Host = name
-	rule, why := Decide(g.plan(), name, port)
-	ev.Rule = rule.Name
-	if why != "" {
-		refuse(why)
-		return
-	}
-	if why := g.inspect(r, rule, name); why != "" {
-		refuse(why)
-		return
-	}
-	if r.TLS != nil {
-		for _, sec := range g.cfg.Secrets {
-			if sec.Host == name {
-				ev.Injected = append(ev.Injected, sec.Header)
-			}
-		}
-	}
-	body := &countingBody{ReadCloser: r.Body}
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = body
-	}
-	// A client that half-closes after its request (HTTP/1.0 tools, nc)
-	// must still get the response: net/http cancels the request's context
-	// at the client's EOF, so the forwarded request runs on its own,
-	// bounded by the transport's timeouts and ended with the gateway.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	defer cancel()
-	defer context.AfterFunc(g.ctx, cancel)()
-	for k, v := range map[ctxKey]any{ruleKey: rule, eventKey: ev, dialledKey: &dialled, nameKey: name} {
-		ctx = context.WithValue(ctx, k, v)
-	}
-	ev.Kind = Request
-	proxy.ServeHTTP(cw, r.WithContext(ctx))
-	ev.Sent = body.n
-}
-
-// inspect checks what an allowed name's request carries: on a terminated
-// connection its Host against the SNI (fronting), the rule's methods and
-// paths, and the secrets' placeholders. It says why it refuses, or "".
-func (g *Gateway) inspect(r *http.Request, rule netpolicy.Rule, name string) string {
-	if r.TLS != nil {
-		sni, err := HostName(r.TLS.ServerName)
-		if err != nil || sni != name {
-			return fmt.Sprintf("Host %s differs from the TLS server name %s (fronting)", name, clipName(r.TLS.ServerName))
-		}
-	}
-	if len(rule.Methods) > 0 && !contains(rule.Methods, r.Method) {
-		return fmt.Sprintf("method %s is not allowed by %s (it allows %s)", clipName(r.Method), rule.Name, strings.Join(rule.Methods, ", "))
-	}
-	if len(rule.Paths) > 0 {
-		raw := strings.ToLower(r.URL.EscapedPath())
-		switch {
-		case strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") || strings.Contains(r.URL.Path, "\\"):
-			return "path " + ScrubPath(r.RequestURI) + " holds an encoded '/' or a '\\': a rule with paths refuses it"
-		case r.URL.Path == "" || !policy.CanonicalPath(r.URL.Path):
-			return "path " + ScrubPath(r.RequestURI) + " is not a clean absolute path ('.', '..' or empty segments): a rule with paths refuses it"
-		case !policy.PathAllowed(rule.Paths, r.URL.Path):
-			return fmt.Sprintf("path %s is not allowed by %s", clipName(r.URL.Path), rule.Name)
-		}
-	}
-	for _, sec := range g.cfg.Secrets {
-		if sec.Placeholder == "" {
-			continue
-		}
-		if strings.Contains(r.RequestURI, sec.Placeholder) {
-			return fmt.Sprintf("the placeholder of the secret for %s was sent to %s in the URL", sec.Host, name)
-		}
-		for k, vs := range r.Header {
-			if k == sec.Header && sec.Host == name && r.TLS != nil {
-				continue // replaced with the secret
-			}
-			for _, v := range vs {
-				if strings.Contains(v, sec.Placeholder) {
-					return fmt.Sprintf("the placeholder of the secret for %s was sent to %s in header %s", sec.Host, name, clipName(k))
-				}
-			}
-		}
-	}
-	if r.TLS == nil {
-		for _, sec := range g.cfg.Secrets {
-			if sec.Host == name {
-				return "the secret for " + name + " is injected over TLS only: use https"
-			}
-		}
-	}
-	return ""
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func addrPortString(s string) netip.AddrPort {
-	ap, _ := netip.ParseAddrPort(s)
-	return ap
-}
-
-// ScrubPath keeps a request target's path and its query's keys; values
-// (tokens, search terms) are replaced. At most 512 bytes are kept.
-func ScrubPath(uri string) string {
-	path, query, ok := strings.Cut(uri, "?")
-	if ok {
-		parts := strings.Split(query, "&")
-		for i, p := range parts {
-			if k, _, has := strings.Cut(p, "="); has {
-				parts[i] = k + "=..."
-			}
-		}
-		path += "?" + strings.Join(parts, "&")
-	}
-	if len(path) > 512 {
-		path = path[:512] + "...(truncated)"
-	}
-	return path
-}
-
-type countingWriter struct {
-	http.ResponseWriter
-	status int
-	n      int64
-}
-
-func (w *countingWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *countingWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.n += int64(n)
-	return n, err
-}
-
-func (w *countingWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-type countingBody struct {
-	io.ReadCloser
-	n int64
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n += int64(n)
-	return n, err
 }

@@ -27,7 +27,7 @@ func inspectFixture(t testing.TB) (*fixture, *CA) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{CA: ca, Secrets: []Secret{{Host: "b.test", Header: "Authorization", Value: "Bearer s3cret-value", Placeholder: placeholder}}}
+	cfg := Config{CA: ca, Secrets: []Secret{{Host: "b.test", Header: "Authorization", Value: "Bearer s3cret-value", Secret: "s3cret-value", Placeholder: placeholder}}}
 	f := newFixtureWith(t, true, cfg, func(port int) netpolicy.Plan {
 		p := &policy.Profile{
 			Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
@@ -89,11 +89,13 @@ func TestInspectedRules(t *testing.T) {
 		{"encoded slash", "a.test", "GET /api%2f..%2fadmin HTTP/1.1\r\nHost: a.test\r\n\r\n", "403 ", "encoded '/'"},
 		{"double slash", "a.test", "GET /api//x HTTP/1.1\r\nHost: a.test\r\n\r\n", "403 ", "not a clean absolute path"},
 		{"fronted: SNI allowed, Host another", "a.test", "GET /api/x HTTP/1.1\r\nHost: b.test\r\n\r\n", "403 ", "differs from the TLS server name a.test (fronting)"},
-		{"secret injected, agent's value replaced", "b.test", "GET /x HTTP/1.1\r\nHost: b.test\r\nAuthorization: Bearer " + placeholder + "\r\n\r\n", `200 site=b.test method=GET path=/x auth="Bearer s3cret-value"`, ""},
-		{"secret injected without a header sent", "b.test", "GET /y HTTP/1.1\r\nHost: b.test\r\n\r\n", `200 site=b.test method=GET path=/y auth="Bearer s3cret-value"`, ""},
+		{"secret injected, agent's value replaced", "b.test", "GET /x HTTP/1.1\r\nHost: b.test\r\nAuthorization: Bearer " + placeholder + "\r\n\r\n", `200 site=b.test method=GET path=/x auth="Bearer ` + placeholder + `"`, ""},
+		{"secret injected without a header sent", "b.test", "GET /y HTTP/1.1\r\nHost: b.test\r\n\r\n", `200 site=b.test method=GET path=/y auth="Bearer ` + placeholder + `"`, ""},
 		{"placeholder in another header of its host", "b.test", "GET /x HTTP/1.1\r\nHost: b.test\r\nX-Token: " + placeholder + "\r\n\r\n", "403 ", "in header X-Token"},
 		{"placeholder replayed to another host", "a.test", "GET /api/x HTTP/1.1\r\nHost: a.test\r\nAuthorization: Bearer " + placeholder + "\r\n\r\n", "403 ", "secret for b.test was sent to a.test in header Authorization"},
 		{"placeholder in the URL", "a.test", "GET /api/x?k=" + placeholder + " HTTP/1.1\r\nHost: a.test\r\n\r\n", "403 ", "in the URL"},
+		{"placeholder percent-encoded in the URL", "a.test", "GET /api/x?k=" + strings.ReplaceAll(placeholder, "-", "%2D") + " HTTP/1.1\r\nHost: a.test\r\n\r\n", "403 ", "in the URL"},
+		{"placeholder partly encoded in the path", "a.test", "GET /api/" + strings.Replace(placeholder, "p", "%70", 1) + " HTTP/1.1\r\nHost: a.test\r\n\r\n", "403 ", "in the URL"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -119,6 +121,13 @@ func TestInspectedRules(t *testing.T) {
 	}
 	if n := f.site.count("b.test"); n != 2 {
 		t.Fatalf("b.test saw %d requests, want the 2 allowed", n)
+	}
+	// The origin got the secret itself; the agent read the placeholder
+	// where the origin echoed it.
+	for _, path := range []string{"b.test /x", "b.test /y"} {
+		if got := f.site.authOf(path); got != "Bearer s3cret-value" {
+			t.Errorf("%s received %q", path, got)
+		}
 	}
 }
 

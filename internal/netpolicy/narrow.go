@@ -138,6 +138,7 @@ func intersect(c, n Rule) (Rule, bool) {
 	r := c
 	r.Ports, r.Name = ports, n.Name
 	r.AllowPrivate = c.AllowPrivate && n.AllowPrivate
+	r.WebSocket = c.WebSocket && n.WebSocket
 	switch {
 	case c.Host != "" && n.Host != "":
 		switch {
@@ -167,7 +168,8 @@ func within(n, c Rule) bool {
 	if !ok {
 		return false
 	}
-	return r.Host == n.Host && r.Prefix == n.Prefix && slices.Equal(r.Ports, n.Ports) && (r.AllowPrivate || !n.AllowPrivate)
+	return r.Host == n.Host && r.Prefix == n.Prefix && slices.Equal(r.Ports, n.Ports) && (r.AllowPrivate || !n.AllowPrivate) &&
+		(r.WebSocket || !n.WebSocket)
 }
 
 // intersectPorts intersects two sorted port lists (empty: any port).
@@ -190,7 +192,8 @@ func intersectPorts(a, b []int) ([]int, bool) {
 func isPattern(host string) bool { return len(host) > 1 && host[0] == '*' }
 
 func sameRule(a, b Rule) bool {
-	return a.Host == b.Host && a.Prefix == b.Prefix && slices.Equal(a.Ports, b.Ports) && a.AllowPrivate == b.AllowPrivate
+	return a.Host == b.Host && a.Prefix == b.Prefix && slices.Equal(a.Ports, b.Ports) && a.AllowPrivate == b.AllowPrivate &&
+		a.WebSocket == b.WebSocket
 }
 
 func describeRule(r Rule) string {
@@ -200,6 +203,9 @@ func describeRule(r Rule) string {
 	}
 	if len(r.Ports) > 0 {
 		what += fmt.Sprintf(" ports %v", r.Ports)
+	}
+	if r.WebSocket {
+		what += " websocket"
 	}
 	return what
 }

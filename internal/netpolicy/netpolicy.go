@@ -56,6 +56,8 @@ type Rule struct {
 	// request (it restricts methods or paths, or a secret is injected
 	// toward a name it allows).
 	Inspect bool
+	// WebSocket: the rule's requests may upgrade to a WebSocket.
+	WebSocket bool
 }
 
 // Inject is a secret the gateway adds to one host's requests (its value is
@@ -120,7 +122,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			if len(ports) == 0 {
 				return nil, fmt.Errorf("network.allow[%d]: host %s names no ports: the egress gateway serves a host rule's listed ports", i, host)
 			}
-			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate,
+			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate, WebSocket: r.WebSocket,
 				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)}
 			if r.HTTP != nil {
 				rule.Methods, rule.Paths, rule.Inspect = r.HTTP.Methods, r.HTTP.Paths, true

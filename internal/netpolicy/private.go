@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net/netip"
 )
 
@@ -34,8 +35,13 @@ var privateRanges = []struct {
 
 // Destinations decides which answered addresses a host rule may open.
 type Destinations struct {
-	// Node are the node's own addresses.
-	Node []netip.Addr
+	// Local says whether the node's kernel would deliver a to the node
+	// itself (a route of type local: its own addresses, a VIP added to an
+	// interface, a local route). It is asked at each decision, never
+	// taken from a list at start: an address the node gains while a
+	// sandbox runs is its own from then on.
+	// An error (the kernel could not be asked) refuses the address.
+	Local func(netip.Addr) (bool, error)
 	// Cluster are the cluster's pod and service ranges, and any other
 	// range the admin names.
 	Cluster []netip.Prefix
@@ -47,8 +53,24 @@ type Destinations struct {
 // resolver link is refused whatever the rule says; the node's own
 // addresses, the cluster's ranges and the private ranges unless the rule
 // sets allowPrivate (a CIDR rule can name any of them too).
+//
+// An IPv6 address that carries an IPv4 one (NAT64 64:ff9b::/96, 6to4
+// 2002::/16, IPv4-compatible ::a.b.c.d, Teredo's client) is decided by
+// the IPv4 address too: on a NAT64 cluster 64:ff9b::7f00:1 is 127.0.0.1.
 func (d Destinations) Refuse(r Rule, a netip.Addr) string {
 	a = a.Unmap()
+	if why := d.refuse(r, a); why != "" {
+		return why
+	}
+	if v4, how, ok := EmbeddedIPv4(a); ok {
+		if why := d.refuse(r, v4); why != "" {
+			return fmt.Sprintf("%s embeds %s (%s): %s", a, v4, how, why)
+		}
+	}
+	return ""
+}
+
+func (d Destinations) refuse(r Rule, a netip.Addr) string {
 	for _, l := range d.Link {
 		if l.Unmap() == a {
 			return "the pod's resolver link"
@@ -58,9 +80,12 @@ func (d Destinations) Refuse(r Rule, a netip.Addr) string {
 		return ""
 	}
 	const optIn = " (the rule does not set allowPrivate)"
-	for _, n := range d.Node {
-		if n.Unmap() == a {
-			return "the node's own address" + optIn
+	if d.Local != nil {
+		switch local, err := d.Local(a); {
+		case err != nil:
+			return "cannot tell whether the node routes it to itself: " + err.Error()
+		case local:
+			return "the node's own address (the node's kernel routes it locally)" + optIn
 		}
 	}
 	for _, p := range d.Cluster {
@@ -74,4 +99,33 @@ func (d Destinations) Refuse(r Rule, a netip.Addr) string {
 		}
 	}
 	return ""
+}
+
+// The IPv6 ranges that carry an IPv4 address, and where.
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	v4Compat  = netip.MustParsePrefix("::/96")
+	teredo    = netip.MustParsePrefix("2001::/32")
+)
+
+// EmbeddedIPv4 is the IPv4 address an IPv6 address carries, and by which
+// scheme; false for one that carries none (an IPv4 address included).
+func EmbeddedIPv4(a netip.Addr) (netip.Addr, string, bool) {
+	if !a.Is6() || a.Is4In6() {
+		return netip.Addr{}, "", false
+	}
+	b := a.As16()
+	switch {
+	case nat64.Contains(a):
+		return netip.AddrFrom4([4]byte(b[12:16])), "NAT64 64:ff9b::/96", true
+	case sixToFour.Contains(a):
+		return netip.AddrFrom4([4]byte(b[2:6])), "6to4 2002::/16", true
+	case teredo.Contains(a):
+		// The client's address, inverted (RFC 4380).
+		return netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]}), "Teredo 2001::/32", true
+	case v4Compat.Contains(a) && a != netip.IPv6Unspecified() && a != netip.IPv6Loopback():
+		return netip.AddrFrom4([4]byte(b[12:16])), "IPv4-compatible ::/96", true
+	}
+	return netip.Addr{}, "", false
 }

@@ -602,6 +602,9 @@ func checkEgressRule(field string, r EgressRule) []error {
 		if r.AllowPrivate {
 			errs = append(errs, ferr(field+".allowPrivate", "only a host rule takes it; a CIDR rule names its addresses already"))
 		}
+		if r.WebSocket {
+			errs = append(errs, ferr(field+".websocket", "only a host rule takes it: the gateway decides upgrades by name, and a CIDR rule's connections do not pass it"))
+		}
 		if _, _, err := net.ParseCIDR(r.CIDR); err != nil {
 			errs = append(errs, ferr(field+".cidr", "%q is not a CIDR (like 10.0.0.0/8)", r.CIDR))
 		}

@@ -143,6 +143,13 @@ type EgressRule struct {
 	// gateway then terminates the rule's TLS (with the sandbox's own CA)
 	// to see each request.
 	HTTP *HTTPRule `yaml:"http,omitempty" json:"http,omitempty"`
+	// WebSocket lets the rule's requests upgrade to a WebSocket (off by
+	// default): the gateway forwards an Upgrade to websocket only under
+	// it, and no other Upgrade (h2c) under any rule. An open WebSocket
+	// carries whatever the agent writes to the name, unseen, until it is
+	// idle for the gateway's idle timeout, the role drops the rule, or the
+	// sandbox is quarantined.
+	WebSocket bool `yaml:"websocket,omitempty" json:"websocket,omitempty"`
 }
 
 // HTTPRule is what requests a host rule lets through. Empty lists allow

@@ -6,11 +6,12 @@
 #                run make setup, or hack/setup.sh, first)
 #   make setup   toolchain, binaries and images, cached (root)
 #   make bench   benchmarks against the stock gVisor shim and runc (root)
+#   make fuzz    every fuzz target for a short fixed time (FUZZTIME, 10s)
 
 # staticcheck, pinned; run through the Go module proxy.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: check test e2e setup build bench
+.PHONY: check test e2e setup build bench fuzz
 check:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted" >&2; exit 1; }
@@ -25,6 +26,9 @@ test:
 
 e2e:
 	hack/e2e.sh
+
+fuzz:
+	hack/fuzz.sh
 
 setup:
 	hack/setup.sh

@@ -15,4 +15,6 @@ step "static checks (make check: gofmt, go vet, staticcheck)"
 make --no-print-directory check
 step "unit tests (make test)"
 make --no-print-directory test
+step "fuzz targets, 10s each (make fuzz)"
+make --no-print-directory fuzz
 make --no-print-directory e2e

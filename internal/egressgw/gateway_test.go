@@ -61,6 +61,9 @@ type site struct {
 	hits map[string]int
 	// auth is the Authorization each "host path" last received.
 	auth map[string]string
+	// check, when set, sees every request the site receives (set before
+	// any is sent).
+	check func(*http.Request)
 }
 
 func (s *site) handler() http.Handler {
@@ -72,6 +75,9 @@ func (s *site) handler() http.Handler {
 			s.auth[host+" "+r.URL.Path] = r.Header.Get("Authorization")
 		}
 		s.mu.Unlock()
+		if s.check != nil {
+			s.check(r)
+		}
 		if originEdge(w, r) {
 			return
 		}

@@ -58,13 +58,17 @@ func (s *dnsServer) serve() {
 		s.asked[name]++
 		s.mu.Unlock()
 		m.Response, m.RecursionAvailable, m.Additionals = true, true, nil
-		if a, ok := s.answers[name]; ok && q.Type == dnsmessage.TypeA {
-			m.Answers = []dnsmessage.Resource{{
-				Header: dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60},
-				Body:   &dnsmessage.AResource{A: a.As4()},
-			}}
-		} else if !ok {
+		// A name's address is answered for its family's question (an
+		// IPv6 one, for AAAA only); another question gets no answer.
+		a, ok := s.answers[name]
+		hdr := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}
+		switch {
+		case !ok:
 			m.RCode = dnsmessage.RCodeNameError
+		case q.Type == dnsmessage.TypeA && a.Is4():
+			m.Answers = []dnsmessage.Resource{{Header: hdr, Body: &dnsmessage.AResource{A: a.As4()}}}
+		case q.Type == dnsmessage.TypeAAAA && a.Is6():
+			m.Answers = []dnsmessage.Resource{{Header: hdr, Body: &dnsmessage.AAAAResource{AAAA: a.As16()}}}
 		}
 		if b, err := m.Pack(); err == nil {
 			s.conn.WriteToUDPAddrPort(b, from)
@@ -112,6 +116,11 @@ func startDNSServers(d *daemon) error {
 	for _, n := range []string{gwAllowA, gwAllowB, gwOther} {
 		answers[n+"."] = netip.MustParseAddr(webAddr)
 	}
+	// The gateway edges' names (edges_test.go): one whose address moves
+	// onto the node while a sandbox runs, one whose only address is a
+	// NAT64 spelling of loopback.
+	answers[gwLate+"."] = netip.MustParseAddr(lateAddr)
+	answers[gwNAT64+"."] = netip.MustParseAddr(nat64Loopback)
 	var err error
 	if egress.upstream, err = newDNSServer("127.0.0.1:0", answers); err != nil {
 		return err

@@ -26,6 +26,8 @@ import (
 
 	"agentbox.dev/agentbox/internal/nsthread"
 	"agentbox.dev/agentbox/shim"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
 )
 
 // The test web host: one address, in a network namespace of its own on
@@ -162,6 +164,9 @@ func startWebHost() error {
 			}
 		}
 		w.mu.Unlock()
+		if originEdge(rw, r) {
+			return
+		}
 		io.Copy(io.Discard, r.Body)
 		if b, ok := w.files[r.URL.Path]; ok {
 			rw.Write(b)
@@ -193,8 +198,11 @@ func startWebHost() error {
 		}
 		fmt.Fprintf(rw, "site=%s path=%s\n", host, r.URL.Path)
 	})
-	s1 := &http.Server{Handler: h}
-	s2 := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	// Like real origins and CDN edges, it upgrades to h2c when asked.
+	//lint:ignore SA1019 the deprecated h2c package is what still answers the HTTP/1.1 Upgrade
+	hh := h2c.NewHandler(h, &http2.Server{})
+	s1 := &http.Server{Handler: hh}
+	s2 := &http.Server{Handler: hh, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	go s1.Serve(plain)
 	go s2.ServeTLS(secure, "", "")
 	w.srv = []*http.Server{s1, s2}

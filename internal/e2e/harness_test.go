@@ -477,7 +477,12 @@ spec:
 	if err := os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e.yaml"), []byte(roles), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"), []byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles), 0o644)
+	echoSecretFile := filepath.Join(d.dir, "echo-secret-token")
+	if err := os.WriteFile(echoSecretFile, []byte(echoSecret+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"),
+		[]byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles+"---\n"+fmt.Sprintf(edgesRoles, echoSecretFile)), 0o644)
 }
 
 func cacheDir() string {

@@ -5,8 +5,10 @@
 // address to connect to (like curl --resolve).
 //
 //	abx-fetch [-X METHOD] [-H 'Name: value']... [-host H] [-sni S] [-connect HOST:PORT] [-n N] [-progress D] URL
+//	abx-fetch -ws MESSAGE ws://HOST/PATH
 //
-// It prints "status=N body=..." or "error: ...". With -n it makes N
+// It prints "status=N body=..." or "error: ...". With -ws it opens the URL
+// as a WebSocket, sends MESSAGE and prints "ws: REPLY". With -n it makes N
 // requests one after another, each on a new connection, and prints their
 // latency (p50, p90, p99) and the bytes and seconds in all (benchmarks).
 // With -progress it reads the whole body and prints "progress MS BYTES"
@@ -29,6 +31,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/websocket"
 )
 
 func main() {
@@ -48,7 +52,11 @@ func main() {
 		headers = append(headers, [2]string{strings.TrimSpace(k), strings.TrimSpace(val)})
 		return nil
 	})
+	ws := flag.String("ws", "", "open the URL as a WebSocket, send this message and print the reply")
 	flag.Parse()
+	if flag.NArg() == 1 && *ws != "" {
+		os.Exit(webSocket(flag.Arg(0), *ws))
+	}
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: abx-fetch [-host H] [-sni S] [-connect HOST:PORT] URL")
 		os.Exit(2)
@@ -102,6 +110,32 @@ func main() {
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	fmt.Printf("status=%d body=%s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// webSocket sends msg on a WebSocket to url and prints the reply.
+func webSocket(url, msg string) int {
+	cfg, err := websocket.NewConfig(url, "http://agent.invalid")
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	ws, err := websocket.DialConfig(cfg)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	defer ws.Close()
+	ws.SetDeadline(time.Now().Add(8 * time.Second))
+	var reply string
+	if err := websocket.Message.Send(ws, msg); err == nil {
+		err = websocket.Message.Receive(ws, &reply)
+	}
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println("ws:", reply)
+	return 0
 }
 
 // follow reads body to its end, printing how much arrived every tick; it

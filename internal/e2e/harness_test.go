@@ -339,29 +339,6 @@ spec:
   role: e2e-gw-cidr
   subjects: [{namespace: e2e-gw-cidr}]
 ---
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-bench}
-spec:
-  inherits: baseline
-  credentials:
-    env: {allow: [PATH, "AGENT_*"]}
-  network:
-    egress: allowlist
-    # The gateway benchmark's downloads, interleaved in one pod: through
-    # the gateway inspected (a) and passthrough (b), and by address.
-    allow:
-      - {host: a.gw.e2e.test, ports: [443], http: {methods: [GET], paths: ["/bytes/*"]}}
-      - {host: b.gw.e2e.test, ports: [443]}
-      - {cidr: 198.51.100.10/32, ports: [443]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-bench}
-spec:
-  role: e2e-gw-bench
-  subjects: [{namespace: e2e-gw-bench}]
----
 # Checkpoint and restore: e2e-cp-loose opens what e2e-cp does not (a
 # restore under it of a checkpoint taken under e2e-cp is refused).
 apiVersion: agentbox.dev/v1
@@ -482,7 +459,7 @@ spec:
 		return err
 	}
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"),
-		[]byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles+"---\n"+fmt.Sprintf(edgesRoles, echoSecretFile)), 0o644)
+		[]byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles+"---\n"+fmt.Sprintf(edgesRoles, echoSecretFile)+"---\n"+fmt.Sprintf(gatewayBenchRoles, echoSecretFile)), 0o644)
 }
 
 func cacheDir() string {

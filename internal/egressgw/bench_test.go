@@ -59,3 +59,7 @@ func cpuTime() time.Duration {
 
 func BenchmarkInspectedDownload(b *testing.B)   { benchmarkDownload(b, "a.test", 64<<20) }
 func BenchmarkPassthroughDownload(b *testing.B) { benchmarkDownload(b, "other.test", 64<<20) }
+
+// BenchmarkScannedDownload: inspected, toward the host a secret is
+// injected for, so the response is scanned for the secret as it streams.
+func BenchmarkScannedDownload(b *testing.B) { benchmarkDownload(b, "b.test", 64<<20) }

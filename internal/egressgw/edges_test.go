@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -439,7 +440,7 @@ func TestSecretNeverComesBack(t *testing.T) {
 		if !encodings[tc.encoding] {
 			t.Errorf("%q: reflected %+v, want %s", tc.req, e.Reflected, tc.encoding)
 		}
-		if tc.encoding != "base64" && !strings.Contains(raw, placeholder) {
+		if tc.encoding != "base64" && !strings.Contains(raw, placeholder[:len(reflectSecret)]) {
 			t.Errorf("%q: the placeholder did not take the secret's place: %q", tc.req, raw)
 		}
 	}
@@ -452,7 +453,8 @@ func TestSecretNeverComesBack(t *testing.T) {
 	f.event(t)
 	// The twin: an ordinary response of the host comes as the origin sent
 	// it, but for the secret the site's line echoes.
-	if got := f.tlsDo(t, roots, "b.test", "GET /plain HTTP/1.1\r\nHost: b.test\r\n\r\n"); got != `200 site=b.test method=GET path=/plain auth="Bearer `+placeholder+`"` {
+	// (In a body, the placeholder is cut to the secret's length.)
+	if got := f.tlsDo(t, roots, "b.test", "GET /plain HTTP/1.1\r\nHost: b.test\r\n\r\n"); got != `200 site=b.test method=GET path=/plain auth="Bearer `+placeholder[:len(strconv.Quote(reflectSecret))-2]+`"` {
 		t.Errorf("plain: %q", got)
 	}
 	// (%q escapes the secret's quotes as JSON does.)

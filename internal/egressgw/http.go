@@ -383,9 +383,6 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 	if err != nil {
 		return err
 	}
-	// A replacement may change the length.
-	res.Header.Del("Content-Length")
-	res.ContentLength = -1
 	res.Body = readCloser{newScrubReader(body, x.forms, &x.found, func() {
 		if len(res.Trailer) > 0 {
 			res.Trailer = scrubHeader(x.forms, res.Trailer, "trailer", &x.found)
@@ -409,11 +406,17 @@ func scrubHeader(forms []secretForm, h http.Header, where string, found *reflect
 // coding is refused: the gateway asked for none.
 func decoded(res *http.Response) (io.Reader, error) {
 	ce := strings.ToLower(strings.TrimSpace(res.Header.Get("Content-Encoding")))
-	res.Header.Del("Content-Encoding")
 	body := res.Body
 	switch ce {
 	case "", "identity":
+		// A body's replacements keep its length.
 		return body, nil
+	}
+	// Decoded, the body has another length.
+	res.Header.Del("Content-Encoding")
+	res.Header.Del("Content-Length")
+	res.ContentLength = -1
+	switch ce {
 	case "gzip", "x-gzip":
 		return &lazyReader{open: func() (io.Reader, error) { return gzip.NewReader(body) }}, nil
 	case "deflate":

@@ -25,9 +25,13 @@ type secretForm struct {
 	// "json", "base64-decoded").
 	Encoding string
 	find     []byte
-	// repl replaces it: the placeholder, spelled the same way where the
-	// spelling keeps it whole, else a mask of the same length.
+	// repl replaces it in a header: the placeholder (a mask of X for a
+	// base64 spelling).
 	repl []byte
+	// bodyRepl replaces it in a body: repl cut or padded with 'x' to the
+	// found spelling's length, so the body keeps its length and framing
+	// (Content-Length, length-prefixed formats) as the origin sent them.
+	bodyRepl []byte
 }
 
 // minFormLen is the shortest spelling scanned for: shorter ones (the
@@ -51,7 +55,8 @@ func secretForms(secret, placeholder string) []secretForm {
 			return
 		}
 		seen[find] = true
-		forms = append(forms, secretForm{Encoding: enc, find: []byte(find), repl: []byte(repl)})
+		body := (repl + strings.Repeat("x", len(find)))[:len(find)]
+		forms = append(forms, secretForm{Encoding: enc, find: []byte(find), repl: []byte(repl), bodyRepl: []byte(body)})
 	}
 	add("raw", secret, placeholder)
 	// URL-encoded (a query string, a form body, a redirect's Location),
@@ -166,50 +171,60 @@ func replaceForms(forms []secretForm, s, where string, rs *reflections) string {
 // scrubReader reads src with every form replaced, as it streams: it holds
 // back only the bytes that could begin a form (never a whole read), so a
 // stream (server-sent events) is not buffered, and a form split across
-// reads is still found.
+// reads is still found. Its buffers are made once: a read of src goes
+// after the held-back tail, and what is scanned out is copied to the
+// caller from out.
 type scrubReader struct {
 	src   io.Reader
 	forms []secretForm
 	// onEOF runs once, when src ends (trailers are scrubbed then).
 	onEOF func()
 	found *reflections
-	in    []byte // read, not yet scanned out
-	out   []byte // scanned, not yet returned
-	buf   []byte
-	err   error
+	// buf[:held] is the tail held back from the last scan.
+	buf  []byte
+	held int
+	out  []byte
+	pos  int // out[pos:] is not yet returned
+	err  error
 }
 
+// scrubReadSize matches the HTTP front's copy buffer: a response is
+// written to the agent in writes as large as unscanned.
+const scrubReadSize = 128 << 10
+
 func newScrubReader(src io.Reader, forms []secretForm, found *reflections, onEOF func()) *scrubReader {
-	return &scrubReader{src: src, forms: forms, found: found, onEOF: onEOF, buf: make([]byte, 32<<10)}
+	longest := 0
+	for _, f := range forms {
+		longest = max(longest, len(f.find))
+	}
+	return &scrubReader{src: src, forms: forms, found: found, onEOF: onEOF,
+		buf: make([]byte, scrubReadSize+longest), out: make([]byte, 0, scrubReadSize+longest)}
 }
 
 func (r *scrubReader) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
+	for r.pos == len(r.out) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		n, err := r.src.Read(r.buf)
-		r.in = append(r.in, r.buf[:n]...)
+		n, err := r.src.Read(r.buf[r.held:])
 		if err != nil {
 			r.err = err
 			if r.onEOF != nil && err == io.EOF {
 				r.onEOF()
 			}
 		}
-		r.scan(r.err != nil)
+		r.scan(r.buf[:r.held+n], r.err != nil)
 	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	if len(r.out) == 0 {
-		r.out = nil
-	}
+	n := copy(p, r.out[r.pos:])
+	r.pos += n
 	return n, nil
 }
 
-// scan moves what of r.in can no longer change into r.out: all of it at the
-// end, else all but the longest tail that begins a form.
-func (r *scrubReader) scan(final bool) {
-	in := r.in
+// scan moves what of in can no longer change into out: all of it at the
+// end, else all but the longest tail that begins a form, which it keeps at
+// the start of buf.
+func (r *scrubReader) scan(in []byte, final bool) {
+	r.out, r.pos = r.out[:0], 0
 	pos := 0
 	for {
 		at, f := -1, -1
@@ -223,7 +238,7 @@ func (r *scrubReader) scan(final bool) {
 			break
 		}
 		r.out = append(r.out, in[pos:pos+at]...)
-		r.out = append(r.out, r.forms[f].repl...)
+		r.out = append(r.out, r.forms[f].bodyRepl...)
 		r.found.add("body", r.forms[f].Encoding, 1)
 		pos += at + len(r.forms[f].find)
 	}
@@ -233,7 +248,7 @@ func (r *scrubReader) scan(final bool) {
 		hold = r.partial(rest)
 	}
 	r.out = append(r.out, rest[:len(rest)-hold]...)
-	r.in = append(r.in[:0], rest[len(rest)-hold:]...)
+	r.held = copy(r.buf, rest[len(rest)-hold:])
 }
 
 // partial is the length of the longest tail of b that is a proper prefix

@@ -375,7 +375,7 @@ func reflectFixture(t *testing.T) (*fixture, *x509.CertPool) {
 	f := newFixtureWith(t, true, cfg, func(port int) netpolicy.Plan {
 		pl, err := netpolicy.Compile(&policy.Profile{
 			Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
-				{Host: "a.test", Ports: []int{port}}, {Host: "b.test", Ports: []int{port}},
+				{Host: "a.test", Ports: []int{port}}, {Host: "b.test", Ports: []int{port}, WebSocket: true},
 			}},
 			Credentials: policy.CredentialsProfile{Secrets: []policy.Secret{{Env: "TOKEN", File: "/f", Inject: &policy.Inject{Host: "b.test", Header: "authorization", Format: "Bearer {secret}"}}}},
 		})
@@ -444,6 +444,12 @@ func TestSecretNeverComesBack(t *testing.T) {
 			t.Errorf("%q: the placeholder did not take the secret's place: %q", tc.req, raw)
 		}
 	}
+	// A WebSocket's messages are not scanned: none toward the secret's
+	// host, even under a rule with websocket: true.
+	if got := f.tlsDo(t, roots, "b.test", "GET /api/ws HTTP/1.1\r\nHost: b.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"); !strings.HasPrefix(got, "403 ") || !strings.Contains(got, "not scanned") {
+		t.Errorf("websocket to the secret's host: %q", got)
+	}
+	f.event(t)
 	// The origin received the secret itself, every time it was forwarded.
 	// The header echo's trailer and X-Echo are scrubbed too.
 	raw := f.tlsRaw(t, roots, "b.test", "GET /api/echo-header HTTP/1.1\r\nHost: b.test\r\n\r\n")

@@ -294,6 +294,11 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			}
 		}
 	}
+	if websocket && len(x.forms) > 0 {
+		// Its messages are not scanned: the secret could come back.
+		refuse("websocket to " + name + " is not served: a secret is injected toward it, and a WebSocket's messages are not scanned for it")
+		return
+	}
 	if websocket {
 		cw.tunnel = func(c net.Conn) net.Conn {
 			tun = g.openTunnel(c, name, port)

@@ -9,7 +9,7 @@
 #                              # examples/kubernetes/installer.yaml
 #   hack/images.sh realagent   # the real-agent image: Debian bookworm (glibc)
 #                              # with python3, venv, pip, CPython's test suite, node, npm, git,
-#                              # curl, sqlite3, openssl, make, from Debian's
+#                              # curl, sqlite3, openssl, make, chromium, from Debian's
 #                              # packages (mmdebstrap), for the e2e suite
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
@@ -24,8 +24,10 @@ if [ "$mode" = realagent ]; then
   # pinned snapshot would make it reproducible; Debian's mirror is what
   # this machine reaches, so the stamp names the day's package versions
   # only through the list below.
-  ra_pkgs=python3,python3-venv,python3-pip,libpython3.11-testsuite,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps
-  ra_stamp="bookworm $ra_pkgs v3"
+  # chromium and libnss3-tools: a browsing agent (headless Chromium, which
+  # trusts certificates through an NSS database).
+  ra_pkgs=python3,python3-venv,python3-pip,libpython3.11-testsuite,nodejs,npm,git,curl,ca-certificates,sqlite3,openssl,make,procps,chromium,libnss3-tools
+  ra_stamp="bookworm $ra_pkgs v4"
   if [ -f "$img_dir/realagent.tar" ] && [ "$(cat "$img_dir/.realagent.stamp" 2>/dev/null)" = "$ra_stamp" ]; then
     step "real-agent image cached"
     exit 0
@@ -51,6 +53,9 @@ if [ "$mode" = realagent ]; then
   # localhost resolves without a runtime's /etc/hosts (plain ctr mounts none).
   printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$rootfs/etc/hosts"
   mkdir -p "$rootfs/home/agent" "$rootfs/workspace"
+  # Where Chromium reads an admin's policies (a browsing agent's pod may
+  # mount one there: EncryptedClientHelloEnabled=false for passthrough rules).
+  mkdir -p "$rootfs/etc/chromium/policies/managed"
   chown 65532:65532 "$rootfs/home/agent"
   chmod 1777 "$rootfs/workspace"
   rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/*

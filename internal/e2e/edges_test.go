@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +34,8 @@ const (
 
 // edgesRoles: a.gw.e2e.test allows WebSockets (and is inspected), b.gw.e2e.test gets a
 // secret (whose host echoes it), late.gw.e2e.test's address moves onto the
-// node, nat64.gw.e2e.test resolves to loopback through NAT64. %s is the
-// secret's node file.
+// node, nat64.gw.e2e.test resolves to loopback through NAT64. %[1]s is
+// the secret's node file, %[2]s the node's Chromium policy directory.
 const edgesRoles = `# The gateway's edges (internal/e2e/edges_test.go).
 apiVersion: agentbox.dev/v1
 kind: Role
@@ -45,7 +46,7 @@ spec:
     env: {allow: [PATH, HOME, "AGENT_*"]}
     secrets:
       - env: AGENT_ECHO_TOKEN
-        file: %s
+        file: %[1]s
         inject: {host: b.gw.e2e.test, header: Authorization, format: "Bearer {secret}"}
   network:
     egress: allowlist
@@ -61,6 +62,30 @@ metadata: {name: e2e-gw-edges}
 spec:
   role: e2e-gw-edges
   subjects: [{namespace: e2e-gw-edges}]
+---
+# A browsing agent: a.gw.e2e.test inspected, other.gw.e2e.test passed
+# through (internal/e2e/edges_test.go, TestGatewayBrowser); the node's
+# Chromium policy directory (%[2]s) may be mounted.
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: e2e-gw-browse}
+spec:
+  inherits: coder
+  filesystem: {hostMounts: [{path: %[2]s}]}
+  credentials:
+    env: {allow: [PATH, HOME, "AGENT_*"]}
+  network:
+    egress: allowlist
+    allow:
+      - {host: a.gw.e2e.test, ports: [80, 443], http: {methods: [GET], paths: ["/*"]}}
+      - {host: other.gw.e2e.test, ports: [443]}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: e2e-gw-browse}
+spec:
+  role: e2e-gw-browse
+  subjects: [{namespace: e2e-gw-browse}]
 `
 
 // edgesAgentScript runs in the glibc image, with curl as agents use it:
@@ -247,11 +272,7 @@ func TestGatewayEdges(t *testing.T) {
 		}
 	}
 	if !wsOpen || !wsClosed || !lateRefused {
-		for _, r := range recs {
-			if strings.HasPrefix(r.Event, "agentbox/egress") || strings.HasPrefix(r.Event, "agentbox/websocket") {
-				t.Logf("%s %s %v", r.Event, r.Message, r.Detail)
-			}
-		}
+		logGatewayRecords(t, recs)
 		t.Errorf("trail: websocket opened %v, closed %v; late address refused %v", wsOpen, wsClosed, lateRefused)
 	}
 	// What the echoing host received: the secret itself.
@@ -288,4 +309,118 @@ func serveInWebNetns(t *testing.T, addr, reply string) io.Closer {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return srv
+}
+
+// browserScript: headless Chromium as a browsing agent runs it (no
+// sandbox of its own: gVisor is the sandbox), trusting the sandbox's CA,
+// and the web host's for the passthrough rule, through its NSS database.
+const browserScript = `
+# The page's text, or the error Chromium shows instead.
+step() { name=$1; shift; out=$( ( "$@" ) 2>&1 ); rc=$?; echo "== $name: rc=$rc $(printf '%s' "$out" | grep -o 'site=[^<]*\|ERR_[A-Z_]*' | head -n 1)"; }
+db=sql:$HOME/.pki/nssdb
+mkdir -p $HOME/.pki/nssdb && certutil -d $db -N --empty-password
+certutil -d $db -A -t C,, -n agentbox-sandbox -i /etc/agentbox/ca.pem
+printf '%s' "$AGENT_CA_PEM" > /workspace/webca.pem && certutil -d $db -A -t C,, -n e2e-web -i /workspace/webca.pem
+chrome() { dir=$1; shift; timeout 60 chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking \
+  --disable-component-update --disable-sync --user-data-dir=/workspace/chr-$dir --dump-dom "$@"; }
+P=$AGENT_ECH
+step inspected-$P chrome inspected https://a.gw.e2e.test/page-inspected-$P
+step plain-$P chrome plain http://a.gw.e2e.test/page-plain-$P
+step passthrough-$P chrome pass https://other.gw.e2e.test/page-pass-$P
+step not-allowed-$P chrome other https://b.gw.e2e.test/page-b-$P
+echo probes-done
+sleep 600
+`
+
+// TestGatewayBrowser: headless Chromium in the sandbox reaches the sites
+// its role allows. Chromium sends a GREASE ECH extension on every
+// ClientHello: an inspected rule's connection goes on (the gateway is the
+// server and answers for the outer name), while a passthrough rule's is
+// refused for ECH, recorded with the reason and the fix; with the policy
+// that turns ECH off (mounted from the node where Chromium reads its
+// managed policies) the passthrough rule works too. A site off the list
+// stays closed either way.
+func TestGatewayBrowser(t *testing.T) {
+	requireEnv(t)
+	requireRealAgentImage(t)
+	expectNoLeaks(t, dev)
+	p := newPodIn(t, "gwbrowse", "e2e-gw-browse", map[string]string{"agentbox.dev/role": "e2e-gw-browse"})
+	browser := func(name, ech string, mounts []map[string]any) string {
+		return p.containerWith(t, name, map[string]any{
+			"image":   map[string]any{"image": realAgentImage},
+			"command": []string{"bash", "-c", browserScript},
+			"envs": []map[string]string{{"key": "HOME", "value": "/workspace"}, {"key": "AGENT_CA_PEM", "value": web.caPEM},
+				{"key": "AGENT_ECH", "value": ech}},
+			"mounts": mounts,
+			"linux":  map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
+		})
+	}
+	grease := browser("browser", "grease", nil)
+	off := browser("browser-ech-off", "off", []map[string]any{{"host_path": chromiumPolicyDir(), "container_path": "/etc/chromium/policies/managed", "readonly": true}})
+	lines := map[string]string{}
+	var out strings.Builder
+	for _, id := range []string{grease, off} {
+		logs := waitLogsWithin(t, id, "probes-done", 5*time.Minute)
+		out.WriteString(logs.stdout)
+		for k, v := range stepLines(logs.stdout) {
+			lines[k] = v
+		}
+	}
+	for _, ech := range []string{"grease", "off"} {
+		for step, want := range map[string]string{
+			"inspected": "site=" + gwAllowA + " path=/page-inspected-" + ech,
+			"plain":     "site=" + gwAllowA + " path=/page-plain-" + ech,
+		} {
+			if got := lines[step+"-"+ech]; !strings.Contains(got, want) {
+				t.Errorf("%s-%s: %q, want %q", step, ech, got, want)
+			}
+		}
+		if got := lines["not-allowed-"+ech]; !strings.Contains(got, "ERR_") || strings.Contains(got, "site=") {
+			t.Errorf("not-allowed-%s: %q", ech, got)
+		}
+	}
+	if got := lines["passthrough-grease"]; !strings.Contains(got, "ERR_") || strings.Contains(got, "site=") {
+		t.Errorf("passthrough with GREASE ECH: %q", got)
+	}
+	if got, want := lines["passthrough-off"], "site="+gwOther+" path=/page-pass-off"; !strings.Contains(got, want) {
+		t.Errorf("passthrough with ECH off: %q, want %q", got, want)
+	}
+	p.remove()
+	recs := readTrail(t, p.id)
+	if t.Failed() {
+		logGatewayRecords(t, recs)
+		t.Fatalf("browser output:\n%s", out.String())
+	}
+	var echRefused, inspectedSeen bool
+	for _, r := range recs {
+		d := r.Detail
+		switch r.Event {
+		case "agentbox/egress_refused":
+			if d["sni"] == gwOther && strings.Contains(d["reason"], "ECH") && strings.Contains(d["reason"], "EncryptedClientHelloEnabled=false") {
+				echRefused = true
+			}
+		case "agentbox/egress_request":
+			if d["host"] == gwAllowA && d["path"] == "/page-inspected-grease" && d["protocol"] == "https" && d["http_status"] == "200" {
+				inspectedSeen = true
+			}
+		}
+	}
+	if !echRefused || !inspectedSeen {
+		logGatewayRecords(t, recs)
+		t.Errorf("trail: the passthrough ECH refusal %v, the inspected page's request %v", echRefused, inspectedSeen)
+	}
+}
+
+// chromiumPolicyDir is the node directory the browsing test mounts where
+// Chromium reads managed policies: ECH off.
+func chromiumPolicyDir() string { return filepath.Join(dev.dir, "chromium-policy") }
+
+// logGatewayRecords logs the gateway's records of a trail.
+func logGatewayRecords(t *testing.T, recs []record) {
+	t.Helper()
+	for _, r := range recs {
+		if strings.HasPrefix(r.Event, "agentbox/egress") || strings.HasPrefix(r.Event, "agentbox/websocket") || r.Event == "agentbox/secret_reflected" {
+			t.Logf("%s %s %v", r.Event, r.Message, r.Detail)
+		}
+	}
 }

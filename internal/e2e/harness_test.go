@@ -458,8 +458,15 @@ spec:
 	if err := os.WriteFile(echoSecretFile, []byte(echoSecret+"\n"), 0o600); err != nil {
 		return err
 	}
+	// The Chromium policy a browsing agent's pod may mount: ECH off.
+	if err := os.MkdirAll(filepath.Join(d.dir, "chromium-policy"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, "chromium-policy", "ech.json"), []byte(`{"EncryptedClientHelloEnabled": false}`+"\n"), 0o644); err != nil {
+		return err
+	}
 	return os.WriteFile(filepath.Join(d.dir, "agentbox", "policies", "zz-e2e-gw.yaml"),
-		[]byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles+"---\n"+fmt.Sprintf(edgesRoles, echoSecretFile)+"---\n"+fmt.Sprintf(gatewayBenchRoles, echoSecretFile)), 0o644)
+		[]byte(fmt.Sprintf(inspectRoles, secret)+"---\n"+realClientRoles+"---\n"+fmt.Sprintf(edgesRoles, echoSecretFile, filepath.Join(d.dir, "chromium-policy"))+"---\n"+fmt.Sprintf(gatewayBenchRoles, echoSecretFile)), 0o644)
 }
 
 func cacheDir() string {

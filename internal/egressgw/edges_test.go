@@ -324,7 +324,7 @@ func TestECH(t *testing.T) {
 	if err := hs("other.test", "hidden.test"); err == nil {
 		t.Fatal("an ECH hello to a passthrough rule was spliced")
 	}
-	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "ECH") || !strings.Contains(e.Reason, "--disable-features=EncryptedClientHello") {
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "ECH") || !strings.Contains(e.Reason, "EncryptedClientHelloEnabled=false") {
 		t.Fatalf("event %+v", e)
 	}
 	// a.test (the outer name, inspected): the gateway answers for it and

@@ -519,9 +519,10 @@ func (g *Gateway) passthrough(c net.Conn, br *bufio.Reader, ev *Event, start tim
 	// names. Terminated, it cannot: the gateway is the server, holds no
 	// ECH key, and answers for the outer name alone (a client using real
 	// ECH then gives up; Chrome's GREASE ECH, sent on every connection,
-	// goes on).
+	// goes on). Chromium 156 sends GREASE ECH whatever --disable-features
+	// says; its policy EncryptedClientHelloEnabled=false stops it.
 	if h.ECH && !rule.Inspect {
-		g.refuse(c, ev, start, "an encrypted ClientHello (ECH) hides the name it is for, and "+rule.Name+" passes TLS through: inspect the rule, or turn ECH off in the client (Chromium: --disable-features=EncryptedClientHello)")
+		g.refuse(c, ev, start, "an encrypted ClientHello (ECH) hides the name it is for, and "+rule.Name+" passes TLS through: inspect the rule, or turn ECH off in the client (Chrome and Chromium: the policy EncryptedClientHelloEnabled=false)")
 		return
 	}
 	g.allowedAs(c, h.SNI, ev.Port)

@@ -27,6 +27,7 @@ import (
 	"agentbox.dev/agentbox/internal/nsthread"
 	"agentbox.dev/agentbox/shim"
 	"golang.org/x/net/http2"
+	//lint:ignore SA1019 the deprecated h2c package is what still answers an HTTP/1.1 Upgrade: h2c, as origins do
 	"golang.org/x/net/http2/h2c"
 )
 
@@ -199,7 +200,7 @@ func startWebHost() error {
 		fmt.Fprintf(rw, "site=%s path=%s\n", host, r.URL.Path)
 	})
 	// Like real origins and CDN edges, it upgrades to h2c when asked.
-	//lint:ignore SA1019 the deprecated h2c package is what still answers the HTTP/1.1 Upgrade
+	//lint:ignore SA1019 see the import
 	hh := h2c.NewHandler(h, &http2.Server{})
 	s1 := &http.Server{Handler: hh}
 	s2 := &http.Server{Handler: hh, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}

@@ -26,6 +26,7 @@ import (
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 	"golang.org/x/net/http2"
+	//lint:ignore SA1019 the deprecated h2c package is what still answers an HTTP/1.1 Upgrade: h2c, as origins do
 	"golang.org/x/net/http2/h2c"
 )
 
@@ -162,7 +163,7 @@ func newFixtureWith(t testing.TB, useTLS bool, cfg Config, plan func(port int) n
 	port := gln.Addr().(*net.TCPAddr).Port
 	f := &fixture{port: port, site: &site{hits: map[string]int{}, auth: map[string]string{}}, events: make(chan Event, 100)}
 	// The site honours h2c upgrades, as real origins (and CDN edges) do.
-	//lint:ignore SA1019 the deprecated h2c package is what still speaks the HTTP/1.1 Upgrade an origin answers
+	//lint:ignore SA1019 see the import
 	srv := &http.Server{Handler: h2c.NewHandler(f.site.handler(), &http2.Server{})}
 	if useTLS {
 		var cert tls.Certificate

@@ -127,7 +127,8 @@ func webSocket(url, msg string) int {
 	defer ws.Close()
 	ws.SetDeadline(time.Now().Add(8 * time.Second))
 	var reply string
-	if err := websocket.Message.Send(ws, msg); err == nil {
+	err = websocket.Message.Send(ws, msg)
+	if err == nil {
 		err = websocket.Message.Receive(ws, &reply)
 	}
 	if err != nil {

@@ -472,26 +472,14 @@ func TestSecretNeverComesBack(t *testing.T) {
 	}
 }
 
-// tlsRaw makes one request over TLS and returns the raw response, its
-// body decoded from chunks.
+// tlsRaw makes one request over TLS and returns the response's status,
+// headers, trailers and body.
 func (f *fixture) tlsRaw(t *testing.T, roots *x509.CertPool, sni, raw string) string {
 	t.Helper()
-	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
-	if err != nil {
-		t.Fatal(err)
+	resp, b, why := f.tlsRoundTrip(t, roots, sni, raw)
+	if resp == nil {
+		return why
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: roots})
-	if _, err := io.WriteString(tc, raw); err != nil {
-		return "write: " + err.Error()
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
-	if err != nil {
-		return "read: " + err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var h strings.Builder
 	resp.Header.Write(&h)
 	resp.Trailer.Write(&h)

@@ -46,9 +46,9 @@ func inspectFixture(t testing.TB) (*fixture, *CA) {
 	return f, ca
 }
 
-// tlsDo makes one request over TLS to the gateway with sni, trusting
-// roots, and returns "status body" or the error.
-func (f *fixture) tlsDo(t *testing.T, roots *x509.CertPool, sni, raw string) string {
+// tlsRoundTrip makes one request over TLS to the gateway with sni,
+// trusting roots: the response with its body read, or why there is none.
+func (f *fixture) tlsRoundTrip(t *testing.T, roots *x509.CertPool, sni, raw string) (*http.Response, []byte, string) {
 	t.Helper()
 	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
 	if err != nil {
@@ -58,17 +58,27 @@ func (f *fixture) tlsDo(t *testing.T, roots *x509.CertPool, sni, raw string) str
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: roots})
 	if err := tc.Handshake(); err != nil {
-		return "handshake: " + err.Error()
+		return nil, nil, "handshake: " + err.Error()
 	}
 	if _, err := io.WriteString(tc, raw); err != nil {
-		return "write: " + err.Error()
+		return nil, nil, "write: " + err.Error()
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
 	if err != nil {
-		return "read: " + err.Error()
+		return nil, nil, "read: " + err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return resp, b, ""
+}
+
+// tlsDo makes one request over TLS and returns "status body" or the error.
+func (f *fixture) tlsDo(t *testing.T, roots *x509.CertPool, sni, raw string) string {
+	t.Helper()
+	resp, b, why := f.tlsRoundTrip(t, roots, sni, raw)
+	if resp == nil {
+		return why
+	}
 	return fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
 }
 

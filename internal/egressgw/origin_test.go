@@ -2,61 +2,25 @@ package egressgw
 
 import (
 	"bufio"
-	"compress/gzip"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"sort"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/egressgw/origintest"
 )
 
 // originEdge serves what real origins do that an agent could turn against
-// the gateway, and says whether it answered r:
-//   - TRACE is echoed (Apache's default);
-//   - /api/echo* echo the request's headers: as text (gzipped when the
-//     client asks), always gzipped, "br"-encoded, base64, JSON, or in
-//     response headers;
+// the gateway (origintest, under /api), and more, and says whether it
+// answered r:
+//   - /api/echo-header echoes the Authorization in response headers and a
+//     trailer;
 //   - /api/ws upgrades to a WebSocket and echoes its bytes;
 //   - /api/switch answers 101 to any request, unasked, then echoes.
 func originEdge(w http.ResponseWriter, r *http.Request) bool {
-	dump := func() string {
-		var lines []string
-		for k, vs := range r.Header {
-			for _, v := range vs {
-				lines = append(lines, k+": "+v)
-			}
-		}
-		sort.Strings(lines)
-		return strings.Join(lines, "\n") + "\n"
-	}
-	gz := func(s string) {
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		io.WriteString(zw, s)
-		zw.Close()
-	}
 	switch {
-	case r.Method == "TRACE":
-		w.Header().Set("Content-Type", "message/http")
-		fmt.Fprintf(w, "TRACE %s HTTP/1.1\n%s", r.RequestURI, dump())
-	case r.URL.Path == "/api/echo":
-		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			gz(dump())
-		} else {
-			io.WriteString(w, dump())
-		}
-	case r.URL.Path == "/api/echo-gzip":
-		gz(dump())
-	case r.URL.Path == "/api/echo-br":
-		w.Header().Set("Content-Encoding", "br")
-		io.WriteString(w, dump())
-	case r.URL.Path == "/api/echo-base64":
-		io.WriteString(w, "dump="+base64.StdEncoding.EncodeToString([]byte(dump()))+"\n")
-	case r.URL.Path == "/api/echo-json":
-		json.NewEncoder(w).Encode(r.Header)
+	case origintest.Serve(w, r, "/api"):
 	case r.URL.Path == "/api/echo-header":
 		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
 		w.Header().Set("Location", "/login?auth="+url.QueryEscape(r.Header.Get("Authorization")))

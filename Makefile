@@ -1,7 +1,8 @@
 # agentbox's entry points. hack/test.sh (and so .ci/run) calls them.
 #
 #   make check   gofmt, go vet and staticcheck (no root)
-#   make test    unit tests (no root: the ones that need root skip)
+#   make test    unit tests, under the race detector (no root: the ones
+#                that need root skip)
 #   make e2e     the end-to-end suite against a private containerd (root;
 #                run make setup, or hack/setup.sh, first)
 #   make setup   toolchain, binaries and images, cached (root)
@@ -22,7 +23,7 @@ check:
 	hack/crds.sh --check
 
 test:
-	go test -count=1 ./...
+	go test -race -count=1 ./...
 
 e2e:
 	hack/e2e.sh

@@ -179,17 +179,16 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	if err != nil {
 		return nil, "", err
 	}
-	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub)
-	if err != nil {
-		return nil, "", fmt.Errorf("audit receiver: %w", err)
-	}
-	rcv.SetRate(cfg.Audit.MaxEventsPerSecond)
-	rcv.SetSentryRetries(cfg.Audit.SentryRetries)
+	opts := audit.ReceiverOptions{SentryRetries: cfg.Audit.SentryRetries, MaxEventsPerSecond: cfg.Audit.MaxEventsPerSecond}
 	if egress != nil && egress.Enforced {
-		rcv.Annotate = egressDecision(egress, &sb.live, sb.dnsAddr)
+		opts.Annotate = egressDecision(egress, &sb.live, sb.dnsAddr)
 	}
 	if sb.connects != nil {
-		rcv.Emitted = sb.connects.Note
+		opts.Emitted = sb.connects.Note
+	}
+	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub, opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
 	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries, cfg.Audit.SentrySendBuffer)
 	if err == nil {

@@ -77,13 +77,8 @@ const outOfOrderSlack = time.Second
 // oversized or out-of-order messages become anomaly records, never a crash
 // or a stall of the shim.
 type Receiver struct {
-	// Annotate, when set, may add to each event record before it is
-	// sealed (the shim adds egress decisions). Set it before the sandbox
-	// connects.
-	Annotate func(*Record)
-	// Emitted, when set, sees each event record once it is in the trail
-	// (its Seq set; 0 if it was lost). Set it before the sandbox connects.
-	Emitted func(*Record)
+	// opts is the configuration Listen was given: read-only after.
+	opts ReceiverOptions
 
 	path  string
 	ln    *net.UnixListener
@@ -104,7 +99,8 @@ type Receiver struct {
 	// drained until drainUntil (Unix nanoseconds).
 	wake       int
 	drainUntil atomic.Int64
-	// pauseLo and pauseHi bound the reader's pause (SetSentryRetries).
+	// pauseLo and pauseHi bound the reader's pause (SentryRetries):
+	// read-only after Listen.
 	pauseLo, pauseHi time.Duration
 
 	// Owned by the serving goroutine.
@@ -121,8 +117,27 @@ type Receiver struct {
 	anomalies   int
 }
 
-// Listen creates the socket (mode 0600) and serves it.
-func Listen(path string, trail *Trail, scrub Scrubber) (*Receiver, error) {
+// ReceiverOptions is a receiver's whole configuration, fixed at Listen:
+// nothing is set on a receiver that serves.
+type ReceiverOptions struct {
+	// SentryRetries is how often gVisor retries a full socket (the pod
+	// init config's sink "retries"): it bounds how long the reader may
+	// pause between reads.
+	SentryRetries int
+	// MaxEventsPerSecond bounds the events taken from the sandbox (0: no
+	// bound). Past it the receiver reads more slowly: gVisor's sink then
+	// retries a full socket, which slows the sandbox down.
+	MaxEventsPerSecond int
+	// Annotate, when set, may add to each event record before it is
+	// sealed (the shim adds egress decisions).
+	Annotate func(*Record)
+	// Emitted, when set, sees each event record once it is in the trail
+	// (its Seq set; 0 if it was lost).
+	Emitted func(*Record)
+}
+
+// Listen creates the socket (mode 0600) and serves it, configured by opts.
+func Listen(path string, trail *Trail, scrub Scrubber, opts ReceiverOptions) (*Receiver, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("audit socket dir: %w", err)
 	}
@@ -142,19 +157,12 @@ func Listen(path string, trail *Trail, scrub Scrubber) (*Receiver, error) {
 		ln.Close()
 		return nil, fmt.Errorf("audit socket %s: eventfd: %w", path, err)
 	}
-	r := &Receiver{path: path, ln: ln, trail: trail, scrub: scrub, wake: wake, done: make(chan struct{}), handled: make(chan struct{})}
-	r.SetSentryRetries(0)
+	r := &Receiver{opts: opts, path: path, ln: ln, trail: trail, scrub: scrub, wake: wake, done: make(chan struct{}), handled: make(chan struct{})}
+	r.pauseLo, r.pauseHi = pauseBounds(opts.SentryRetries)
+	r.rate.Store(int64(opts.MaxEventsPerSecond))
 	go r.serve()
 	return r, nil
 }
-
-// SetSentryRetries tells the receiver how often gVisor retries a full
-// socket (the pod init config's sink "retries"), which bounds how long the
-// reader may pause between reads. Call it before the sandbox connects.
-func (r *Receiver) SetSentryRetries(n int) { r.pauseLo, r.pauseHi = pauseBounds(n) }
-
-// SetRate bounds the events per second taken from the sandbox (0: none).
-func (r *Receiver) SetRate(perSecond int) { r.rate.Store(int64(perSecond)) }
 
 // throttle waits, when the sandbox is over its rate, until the next event
 // may be taken (a token bucket holding one second's worth).
@@ -380,12 +388,12 @@ func (r *Receiver) Process(b []byte) {
 			r.lastTime = t
 		}
 	}
-	if r.Annotate != nil {
-		r.Annotate(rec)
+	if r.opts.Annotate != nil {
+		r.opts.Annotate(rec)
 	}
 	r.trail.Emit(rec, false)
-	if r.Emitted != nil {
-		r.Emitted(rec)
+	if r.opts.Emitted != nil {
+		r.opts.Emitted(rec)
 	}
 }
 

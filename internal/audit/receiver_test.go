@@ -77,7 +77,7 @@ func TestReceiverSession(t *testing.T) {
 	tt := newTestTrail(t, "sb")
 	sock := filepath.Join(t.TempDir(), "r.sock")
 	scrub, _ := NewScrubber(func(n string) bool { return n == "PATH" }, nil)
-	r, err := Listen(sock, tt.trail, scrub)
+	r, err := Listen(sock, tt.trail, scrub, ReceiverOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,11 +192,10 @@ func TestReceiverBatchesKeepEveryEvent(t *testing.T) {
 func testBatches(t *testing.T, retries int) {
 	tt := newTestTrail(t, "sb")
 	sock := filepath.Join(t.TempDir(), "r.sock")
-	r, err := Listen(sock, tt.trail, nil)
+	r, err := Listen(sock, tt.trail, nil, ReceiverOptions{SentryRetries: retries})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.SetSentryRetries(retries)
 	c := dialSession(t, sock)
 	const events = 5000
 	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 5, ThreadGroupId: 5, ContainerId: "c1", Cwd: "/", ProcessName: "ls"}
@@ -231,7 +230,7 @@ func TestReceiverCloseEndsSession(t *testing.T) {
 		t.Run(tc, func(t *testing.T) {
 			tt := newTestTrail(t, "sb")
 			sock := filepath.Join(t.TempDir(), "r.sock")
-			r, err := Listen(sock, tt.trail, nil)
+			r, err := Listen(sock, tt.trail, nil, ReceiverOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,8 +18,10 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/egressrec"
 	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 // podInitFile is the runsc --pod-init-config the shim writes per sandbox.
@@ -181,7 +183,7 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	}
 	opts := audit.ReceiverOptions{SentryRetries: cfg.Audit.SentryRetries, MaxEventsPerSecond: cfg.Audit.MaxEventsPerSecond}
 	if egress != nil && egress.Enforced {
-		opts.Annotate = egressDecision(egress, &sb.live, sb.dnsAddr)
+		opts.Annotate = egressrec.ConnectDecision(egress, &sb.live, sb.dnsAddr)
 	}
 	if sb.connects != nil {
 		opts.Emitted = sb.connects.Note
@@ -237,8 +239,8 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 		// event: each container in the sandbox was killed with it, and the
 		// CRI reports OOMKilled only for a container named in a TaskOOM.
 		if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
-			p.s.sandboxes.markOOM(sb.id)
-			for _, id := range p.s.sandboxes.containersOf(sb) {
+			sb.oomKills.Add(1)
+			for _, id := range sb.members.List() {
 				if id != e.ContainerID {
 					if err := p.Publisher.Publish(ctx, topic, &events.TaskOOM{ContainerID: id}); err != nil {
 						log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: publishing OOM")
@@ -251,6 +253,7 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
 				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
+				sb.fire(ctx, sandbox.Exit)
 				// Off the publishing path: the shim holds the pod's
 				// namespace, so the counters outlive the CRI's teardown;
 				// Delete waits for them.

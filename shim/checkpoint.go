@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
@@ -36,6 +37,8 @@ import (
 	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/tighten"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 // PointerFile is what a checkpoint taken through containerd's task API
@@ -48,10 +51,24 @@ const PointerFile = "agentbox-checkpoint.json"
 type restoring struct {
 	image *checkpoint.Image
 	// pending counts the containers not yet restored (runsc restores the
-	// sandbox when its last container is). Protected by the registry's mu.
-	pending int
+	// sandbox when its last container is).
+	pending atomic.Int64
 	// template: the role's template, not the pod's own checkpoint.
 	template bool
+}
+
+// take counts a container of a restoring sandbox as restored; false when
+// all were (the container starts as any other).
+func (r *restoring) take() bool {
+	for {
+		n := r.pending.Load()
+		if n <= 0 {
+			return false
+		}
+		if r.pending.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 // Checkpoint is containerd's task API checkpoint (ctr task checkpoint):
@@ -72,9 +89,9 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 	}
 	name := defaultCheckpointName(sb.id)
 	who := map[string]string{"requested_by": "containerd's task API (ctr task checkpoint, or the CRI's CheckpointContainer)"}
-	sb.resp.applying.Lock()
+	sb.ops.Lock()
 	cp, err := s.checkpoint(ctx, sb, name, !exit, who)
-	sb.resp.applying.Unlock()
+	sb.ops.Unlock()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -145,7 +162,7 @@ func storeOf(cfg *config.Config) (*checkpoint.Store, error) {
 // checkpoint has gVisor write the sandbox's memory into the store under
 // name, records it in the trail, and signs the image with that record's
 // hash. leaveRunning: a snapshot; otherwise the sandbox stops (a suspend).
-// The caller holds sb.resp.applying.
+// The caller holds sb.ops.
 func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string, leaveRunning bool, detail map[string]string) (*control.Checkpointed, error) {
 	fail := func(err error) (*control.Checkpointed, error) {
 		d := map[string]string{"checkpoint": name, "error": err.Error()}
@@ -155,12 +172,19 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 		sb.audit.trail.Emit(audit.TypeCheckpointFailed.New("Failure", fmt.Sprintf("checkpoint %s not made: %v", name, err), d), true)
 		return nil, err
 	}
-	if sb.restore != nil && s.sandboxes.restorePending(sb) > 0 {
+	if sb.restore != nil && sb.restore.pending.Load() > 0 {
 		return fail(errkind.FailedPrecondition(errors.New("the sandbox is still being restored (not all its containers have started)")))
 	}
-	if sb.resp.isFrozen() {
+	if sb.life.Now().Phase == sandbox.Frozen {
 		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (gVisor checkpoints a running sandbox)")))
 	}
+	if _, err := sb.life.Fire(sandbox.Checkpoint, ""); err != nil {
+		return fail(errkind.FailedPrecondition(err))
+	}
+	// Made or not, a snapshot leaves the sandbox running; a suspend that
+	// was made stops it.
+	done := sandbox.CheckpointDone
+	defer func() { sb.fire(ctx, done) }()
 	store, err := storeOf(sb.cfg)
 	if err != nil {
 		return fail(err)
@@ -189,7 +213,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if err != nil {
 		return fail(err)
 	}
-	used := s.sandboxes.wallClockUsed(sb)
+	used := sb.clock.Spent()
 	start := time.Now()
 	gts := runsc.NewGvisorTaskServer(s.next)
 	if gts == nil {
@@ -229,36 +253,21 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 			pod = meta.PodNamespace + "/" + meta.PodName
 		}
 	}
-	sb.resp.mu.Lock()
-	quarantined := sb.resp.quarantined
-	sb.resp.mu.Unlock()
 	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
-		Quarantined: quarantined, Placeholders: sb.placeholdersNow(),
-		Role: sb.profile.Role, PolicyDigest: sb.liveDigest(), Profile: profile, Egress: egress,
-		Containers: s.sandboxes.containersOf(sb), WallClockUsed: used, Suspended: !leaveRunning,
+		Quarantined: sb.life.Now().Quarantine, Placeholders: sb.placeholdersNow(),
+		Role: sb.profile.Role, PolicyDigest: sb.liveDigestNow(), Profile: profile, Egress: egress,
+		Containers: sb.members.List(), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
 	digest, err := store.Commit(tmp, m)
 	if err != nil {
 		return fail(fmt.Errorf("signing the image: %w", err))
 	}
 	committed = true
+	if !leaveRunning {
+		done = sandbox.Suspend
+	}
 	return &control.Checkpointed{Name: name, Digest: digest, Dir: filepath.Join(store.Dir, name), Bytes: size,
 		Millis: took.Milliseconds(), Suspended: !leaveRunning}, nil
-}
-
-// liveDigest is the digest of the role version the sandbox runs under now.
-func (sb *sandboxState) liveDigest() string {
-	sb.resp.mu.Lock()
-	defer sb.resp.mu.Unlock()
-	return sb.liveDigestLocked()
-}
-
-// liveDigestLocked is liveDigest with sb.resp.mu held.
-func (sb *sandboxState) liveDigestLocked() string {
-	if sb.resp.liveDigest != "" {
-		return sb.resp.liveDigest
-	}
-	return sb.profile.Digest
 }
 
 // checkpointByAdmin is the control socket's checkpoint and suspend.
@@ -274,9 +283,6 @@ func (s *service) checkpointByAdmin(ctx context.Context, sb *sandboxState, req c
 	verb := "checkpointed"
 	if cp.Suspended {
 		verb = "suspended"
-		sb.resp.mu.Lock()
-		sb.resp.stopped = true
-		sb.resp.mu.Unlock()
 	}
 	return fmt.Sprintf("%s into %s (%d bytes in %d ms)", verb, cp.Dir, cp.Bytes, cp.Millis), cp, nil
 }
@@ -300,21 +306,22 @@ func openRestore(cfg *config.Config, sb *sandboxState, name string, template boo
 		return errkind.PermissionDenied(fmt.Errorf("%s: %w", from, err))
 	}
 	m := img.Manifest
-	sb.restore = &restoring{image: img, pending: len(m.Containers), template: template}
+	sb.restore = &restoring{image: img, template: template}
+	sb.restore.pending.Store(int64(len(m.Containers)))
 	if !template && len(m.Placeholders) > 0 {
 		// The restored agent holds these in its memory: the gateway keeps
 		// knowing them for what they are.
 		sb.placeholders = maps.Clone(m.Placeholders)
 	}
 	if !template {
-		sb.wallUsed = m.WallClockUsed
+		sb.clock.CountFrom(m.WallClockUsed)
 	}
 	sb.audit.trail.Emit(audit.TypeRestored.New("Success",
 		fmt.Sprintf("restores checkpoint %s (%s) of sandbox %s, taken %s under role %s; that trail's record %d links here",
 			m.Name, img.Digest, m.SandboxID, m.Created.Format(time.RFC3339), m.Role, m.Trail.LastSeq),
 		map[string]string{"checkpoint": m.Name, "image_digest": img.Digest, "previous_sandbox": m.Trail.Sandbox,
 			"previous_seq": fmt.Sprint(m.Trail.LastSeq), "previous_hash": m.Trail.LastHash, "previous_pod": m.Pod,
-			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": sb.wallUsed.String(),
+			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": sb.clock.Used().String(),
 			"containers": fmt.Sprint(len(m.Containers)), "template": fmt.Sprint(template)}), true)
 	return nil
 }
@@ -346,7 +353,7 @@ func checkRestore(r *restoring, p *policy.Profile, req policy.Request) error {
 	if err := json.Unmarshal(img.Manifest.Egress, &wasEgress); err != nil {
 		return fmt.Errorf("checkpoint %s: its egress: %w", img.Manifest.Name, err)
 	}
-	if looser := looserThan(&was, &wasEgress, p); len(looser) > 0 {
+	if looser := tighten.LooserThan(&was, &wasEgress, p); len(looser) > 0 {
 		return errkind.PermissionDenied(fmt.Errorf("restore: role %s (%s) is looser than role %s (%s), which checkpoint %s was taken under: %s",
 			p.Role, short(p.Digest), was.Role, short(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
 	}
@@ -357,29 +364,6 @@ func checkRestore(r *restoring, p *policy.Profile, req policy.Request) error {
 	return nil
 }
 
-// looserThan lists how profile now would be looser than was (whose egress,
-// narrowed live perhaps, was wasEgress). A restore takes exactly what a
-// running sandbox would take of its role's new version live: egress that
-// is the same or narrower, memory and CPU limits the same or lower; any
-// other difference (filesystem, process, credentials, wall clock and
-// other limits, audit) is refused, as it cannot be ordered.
-func looserThan(was *policy.Profile, wasEgress *netpolicy.Plan, now *policy.Profile) []string {
-	nowPlan, err := netpolicy.Compile(now)
-	if err != nil {
-		return []string{"egress: " + err.Error()}
-	}
-	_, _, pending := netpolicy.Narrow(wasEgress, nowPlan)
-	var out []string
-	for _, p := range pending {
-		out = append(out, "egress: "+p)
-	}
-	for _, part := range unchangeable(was, now) {
-		out = append(out, part+" differs")
-	}
-	_, _, lim := lowerLimits(was.Limits.MemoryBytes, was.Limits.CPUMillis, was.Limits, now.Limits)
-	return append(out, lim...)
-}
-
 // restoreStart restores a container of a sandbox being restored, in place
 // of starting it. It says false when the container is not to be restored.
 func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task.StartResponse, bool, error) {
@@ -387,7 +371,7 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 		return nil, false, nil
 	}
 	sb, ok := s.sandboxes.of(r.ID)
-	if !ok || sb.restore == nil || !s.sandboxes.takeRestore(sb) {
+	if !ok || sb.restore == nil || !sb.restore.take() {
 		return nil, false, nil
 	}
 	start := time.Now()

@@ -3,32 +3,25 @@ package shim
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
-	"github.com/BurntSushi/toml"
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 	"gvisor.dev/gvisor/pkg/shim/v1/utils"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/bundle"
 	"agentbox.dev/agentbox/internal/compile"
 	"agentbox.dev/agentbox/internal/config"
-	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/ocispec"
-	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -132,15 +125,6 @@ func (s *service) prepare(ctx context.Context, r *task.CreateTaskRequest, ph *ph
 	return plan, s.apply(ctx, r, plan, res)
 }
 
-// oomFloor is the lowest oom_score_adj this host allows, when it refuses
-// to go lower.
-func oomFloor() *int {
-	if adj := oomadj.Host(); adj.Refused != nil {
-		return &adj.Floor
-	}
-	return nil
-}
-
 // resolve reads what the container is compiled from. For a sandbox root
 // it opens the trail; for a joining container it finds the pod's sandbox.
 func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *createPlan) error {
@@ -187,7 +171,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 			return err
 		}
 		plan.phases.mark("resolve_trail")
-		plan.sandbox = &sandboxState{id: r.ID, cfg: cfg, claims: plan.claims, audit: &sandboxAudit{trail: trail}, started: time.Now()}
+		plan.sandbox = newSandboxState(r.ID, cfg, plan.claims, trail)
 		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status) })
 		if name, ok := plan.claims[policy.RestoreAnnotation]; ok {
 			// The image is checked, and the trail linked to its
@@ -282,7 +266,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	}
 	if sb != nil && sb.dnsAddr.IsValid() {
 		// Every container of the pod resolves through its resolver.
-		more, err := ocispec.Apply(spec, resolvConfFor(r.Bundle, sb.dnsAddr))
+		more, err := ocispec.Apply(spec, bundle.ResolvConf(r.Bundle, sb.dnsAddr))
 		if err != nil {
 			return err
 		}
@@ -290,7 +274,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		if names := sb.gatewayNames(); len(names) > 0 {
 			// The host rules' names are the gateway's without asking the
 			// resolver: no lookup round trip out of the sandbox.
-			more, err := ocispec.Apply(spec, hostsFor(r.Bundle, sb.dnsAddr, names, plan.layers))
+			more, err := ocispec.Apply(spec, bundle.Hosts(r.Bundle, sb.dnsAddr, names, plan.layers))
 			if err != nil {
 				return err
 			}
@@ -300,7 +284,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	if ca := sb.gatewayCA(); ca != nil {
 		// Every container of the pod trusts the gateway's CA, after its
 		// image's own roots.
-		more, err := ocispec.Apply(spec, trustFor(r.Bundle, ca.PEM(), plan.layers))
+		more, err := ocispec.Apply(spec, bundle.Trust(r.Bundle, ca.PEM(), plan.layers))
 		if err != nil {
 			return err
 		}
@@ -352,267 +336,9 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	return nil
 }
 
-// effectiveLimits are the memory limit (bytes) and CPU limit (millicores)
-// a sandbox root's spec asks runsc for: its role's, or the pod's own when
-// lower (0: none).
-func effectiveLimits(spec *specs.Spec) (memory, cpuMillis int64) {
-	if spec.Linux == nil || spec.Linux.Resources == nil {
-		return 0, 0
-	}
-	r := spec.Linux.Resources
-	if r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 {
-		memory = *r.Memory.Limit
-	}
-	if r.CPU != nil && r.CPU.Quota != nil && r.CPU.Period != nil && *r.CPU.Quota > 0 && *r.CPU.Period > 0 {
-		cpuMillis = *r.CPU.Quota * 1000 / int64(*r.CPU.Period)
-	}
-	return memory, cpuMillis
-}
-
-// resolvConfFor returns the rewrite that writes the container's resolv.conf
-// (naming the pod's resolver, keeping the pod's search and options) into
-// its bundle and mounts it. It runs after the mounts were checked and
-// staged, so the pod's resolv.conf it reads is the one that was checked.
-func resolvConfFor(bundle string, resolver netip.Addr) ocispec.Rewrite {
-	return func(spec *specs.Spec) (string, error) {
-		var original []byte
-		if src := ocispec.ResolvConfSource(spec); src != "" {
-			b, err := readSmallFile(src, 64<<10)
-			if err != nil && !os.IsNotExist(err) {
-				return "", fmt.Errorf("read the pod's resolv.conf: %w", err)
-			}
-			original = b
-		}
-		path := filepath.Join(bundle, resolvConfFile)
-		if err := os.WriteFile(path, dnsproxy.ResolvConf(original, resolver), 0o644); err != nil {
-			return "", fmt.Errorf("write resolv.conf: %w", err)
-		}
-		return ocispec.MountResolvConf(path)(spec)
-	}
-}
-
-// hostsFor writes the container's /etc/hosts into its bundle, the pod's
-// own (the runtime's mount, else the image's) with the host rules' exact
-// names mapped to the gateway, and mounts it read-only in place of any
-// other.
-func hostsFor(bundle string, gateway netip.Addr, names []string, layers func() (mountguard.Layers, error)) ocispec.Rewrite {
-	return func(spec *specs.Spec) (string, error) {
-		var original []byte
-		from := "localhost only"
-		if src := ocispec.MountSource(spec, ocispec.HostsPath); src != "" {
-			b, err := readSmallFile(src, maxHostsFile)
-			if err != nil && !os.IsNotExist(err) {
-				return "", fmt.Errorf("read the pod's hosts file: %w", err)
-			}
-			original, from = b, src
-		} else if l, err := layers(); err == nil {
-			if b, err := l.ReadFile(ocispec.HostsPath, maxHostsFile); err == nil {
-				original, from = b, "the image's "+ocispec.HostsPath
-			}
-		}
-		path := filepath.Join(bundle, hostsFile)
-		if err := os.WriteFile(path, dnsproxy.Hosts(original, gateway, names), 0o644); err != nil {
-			return "", fmt.Errorf("write the hosts file: %w", err)
-		}
-		if _, err := ocispec.MountFile(ocispec.HostsPath, path)(spec); err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("%s: %s with the host rules' names at the egress gateway %s, mounted read-only", ocispec.HostsPath, from, gateway), nil
-	}
-}
-
-// hostsFile is the hosts file the shim writes into a bundle; maxHostsFile
-// bounds the pod's or image's it starts from.
-const (
-	hostsFile    = "agentbox-hosts"
-	maxHostsFile = 1 << 20
-)
-
-// pathKinds says what masked paths are at start: beneath a staged bind
-// source, or in the container's image layers (read when first needed:
-// the runtime's own masked paths are all gVisor's).
-func pathKinds(layers func() (mountguard.Layers, error)) func(root, rel string) (policy.PathKind, string, error) {
-	return func(root, rel string) (policy.PathKind, string, error) {
-		if root != "" {
-			k, err := mountguard.KindBeneath(root, rel)
-			return k, "", err
-		}
-		l, err := layers()
-		if err != nil {
-			return 0, "", fmt.Errorf("cannot tell what it is in the image: %w", err)
-		}
-		return l.Lookup(rel)
-	}
-}
-
-// criMountEnv is where the runtime made this pod's files: containerd's CRI
-// directories for its sandbox id and for the container's own id, the
-// kubelet's for the pod's UID.
-func criMountEnv(cfg *config.Config, bundle, containerID, sandboxID, podUID string) policy.MountEnv {
-	const cri = "io.containerd.grpc.v1.cri"
-	env := policy.MountEnv{
-		SandboxRootDir: filepath.Join(cfg.CRI.ContainerdRoot, cri, "sandboxes", sandboxID),
-		ContainerDir:   filepath.Join(cfg.CRI.ContainerdRoot, cri, "containers", containerID),
-	}
-	state := cfg.CRI.ContainerdState
-	if state == "" {
-		// containerd puts bundles at STATE/io.containerd.runtime.v2.task/NS/ID.
-		if tasks := filepath.Dir(filepath.Dir(bundle)); filepath.Base(tasks) == "io.containerd.runtime.v2.task" {
-			state = filepath.Dir(tasks)
-		}
-	}
-	if state != "" {
-		env.SandboxStateDir = filepath.Join(state, cri, "sandboxes", sandboxID)
-	}
-	if podUID != "" {
-		env.PodDir = filepath.Join(cfg.CRI.KubeletRoot, "pods", podUID)
-	}
-	return env
-}
-
-// hostNamespaces refuses a container that joins one of the shim's own (the
-// host's) network, PID or IPC namespaces by path. A missing namespace is
-// the policy's to refuse (checkHostOptions).
-func hostNamespaces(spec *specs.Spec) error {
-	if spec.Linux == nil {
-		return nil
-	}
-	for _, ns := range spec.Linux.Namespaces {
-		var own string
-		switch ns.Type {
-		case specs.NetworkNamespace:
-			own = "/proc/self/ns/net"
-		case specs.PIDNamespace:
-			own = "/proc/self/ns/pid"
-		case specs.IPCNamespace:
-			own = "/proc/self/ns/ipc"
-		default:
-			continue
-		}
-		if ns.Path == "" {
-			continue
-		}
-		var a, b unix.Stat_t
-		if err := unix.Stat(ns.Path, &a); err != nil {
-			return fmt.Errorf("linux.namespaces: %s namespace %s: %w", ns.Type, ns.Path, err)
-		}
-		if err := unix.Stat(own, &b); err == nil && a.Dev == b.Dev && a.Ino == b.Ino {
-			return fmt.Errorf("linux.namespaces: %s namespace %s is the host's: agentbox does not run pods in the host's namespaces", ns.Type, ns.Path)
-		}
-	}
-	return nil
-}
-
 // releaseMounts unmounts a container's staged mounts.
 func releaseMounts(ctx context.Context, st *mountguard.Stager) {
 	if err := mountguard.Release(st.Dir()); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: releasing staged mounts")
 	}
-}
-
-// readSmallFile reads a regular file of at most limit bytes. The path comes
-// from a spec: a FIFO or device there must not hang or flood the shim.
-func readSmallFile(path string, limit int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if st.Size() > limit {
-		return nil, fmt.Errorf("%s is over %d bytes", path, limit)
-	}
-	return io.ReadAll(io.LimitReader(f, limit))
-}
-
-// resolvConfFile is the resolv.conf the shim writes into a bundle.
-const resolvConfFile = "agentbox-resolv.conf"
-
-func netnsPath(spec *specs.Spec) string {
-	if spec.Linux == nil {
-		return ""
-	}
-	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace {
-			return ns.Path
-		}
-	}
-	return ""
-}
-
-// agentboxAnnotations returns the agentbox.dev/* annotations. A key that
-// is agentbox.dev/ in another case is refused: it would otherwise be
-// ignored, and the pod run looser than its author meant.
-func agentboxAnnotations(ann map[string]string) (map[string]string, error) {
-	out := map[string]string{}
-	for k, v := range ann {
-		if strings.HasPrefix(k, policy.AnnotationPrefix) {
-			out[k] = v
-		} else if strings.HasPrefix(strings.ToLower(k), policy.AnnotationPrefix) {
-			return nil, fmt.Errorf("annotation %s: agentbox reads %s* keys in lower case only", k, policy.AnnotationPrefix)
-		}
-	}
-	return out, nil
-}
-
-func sameClaims(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
-}
-
-// configPathOf returns the config file containerd named for this container,
-// or config.UnnamedPath() when it named none.
-func configPathOf(r *task.CreateTaskRequest) (path string, named bool, err error) {
-	if r.Options == nil || len(r.Options.GetValue()) == 0 && r.Options.GetTypeUrl() == "" {
-		return config.UnnamedPath(), false, nil
-	}
-	if r.Options.GetTypeUrl() != runtimeOptionsTypeURL {
-		return "", false, fmt.Errorf("unsupported runtime options type %q: agentbox takes %q with a ConfigPath (ctr --runtime-config-path, CRI options.ConfigPath)", r.Options.GetTypeUrl(), runtimeOptionsTypeURL)
-	}
-	var o runtimeoptions.Options
-	if err := proto.Unmarshal(r.Options.GetValue(), &o); err != nil {
-		return "", false, fmt.Errorf("decode runtime options: %w", err)
-	}
-	if o.ConfigPath == "" {
-		return config.UnnamedPath(), false, nil
-	}
-	return o.ConfigPath, true, nil
-}
-
-// gvisorOptions mirrors the fields of gVisor's runsc.Options that the shim
-// sets; gVisor's task service reads them back from the file.
-type gvisorOptions struct {
-	BinaryName  string            `toml:"binary_name"`
-	Root        string            `toml:"root"`
-	LogLevel    string            `toml:"log_level,omitempty"`
-	RunscConfig map[string]string `toml:"runsc_config,omitempty"`
-}
-
-func writeRunscOptions(path string, cfg *config.Config, root string, flags map[string]string) error {
-	b, err := toml.Marshal(gvisorOptions{
-		BinaryName:  cfg.Runsc.Binary,
-		Root:        root,
-		LogLevel:    cfg.Shim.LogLevel,
-		RunscConfig: flags,
-	})
-	if err != nil {
-		return fmt.Errorf("encode runsc options: %w", err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return fmt.Errorf("write runsc options: %w", err)
-	}
-	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -25,6 +24,7 @@ import (
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/egressrec"
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
@@ -123,9 +123,9 @@ func startResolver(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, ns 
 		MinTTL:  time.Duration(cfg.Network.MinTTLSeconds) * time.Second,
 		MaxTTL:  time.Duration(cfg.Network.MaxTTLSeconds) * time.Second,
 		Record: func(d dnsproxy.Decision) {
-			trail.Emit(dnsRecord(d, scrub), false)
+			trail.Emit(egressrec.DNS(d, scrub), false)
 			for _, w := range d.Withheld {
-				trail.Emit(withheldRecord(d, w, scrub), false)
+				trail.Emit(egressrec.Withheld(d, w, scrub), false)
 			}
 		},
 		ID: func() uint16 { return uint16(rand.Uint32()) },
@@ -179,8 +179,8 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
 			emit := func(r *audit.Record) { trail.Emit(r, false) }
-			connects.Emit(gatewayRecord(e, scrub), emit)
-			for _, r := range reflectedRecords(e, scrub) {
+			connects.Emit(egressrec.Gateway(e, scrub), emit)
+			for _, r := range egressrec.Reflected(e, scrub) {
 				connects.Emit(r, emit)
 			}
 		},
@@ -197,98 +197,6 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	sb.gateway, sb.ca = gw, ca
 	sb.egressMu.Unlock()
 	return nil
-}
-
-// gatewayRecord turns a gateway event into a record. Names, methods and
-// paths come from the sandbox: scrubbed like argv.
-func gatewayRecord(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
-	clean := func(s string) string {
-		if s == "" || scrub == nil {
-			return s
-		}
-		return scrub.Args([]string{s})[0]
-	}
-	name := e.SNI
-	if e.Host != "" {
-		name = e.Host
-	}
-	name = clean(name)
-	detail := map[string]string{"protocol": e.Proto, "sni": clean(e.SNI), "host": clean(e.Host), "egress_rule": e.Rule,
-		"method": clean(e.Method), "path": clean(e.Path), "dialled": e.Dialled, "reason": clean(e.Reason),
-		"bytes_sent": fmt.Sprint(e.Sent), "bytes_received": fmt.Sprint(e.Received), "duration": e.Duration.Round(time.Microsecond).String()}
-	if e.Client.IsValid() {
-		detail["client"] = e.Client.String()
-	}
-	if e.Status != 0 {
-		detail["http_status"] = fmt.Sprint(e.Status)
-	}
-	var typ audit.RecordType
-	status, msg := "Success", ""
-	switch e.Kind {
-	case egressgw.Request:
-		typ, detail["egress"] = audit.TypeEgressRequest, "allow"
-		scheme := "http"
-		if e.Proto == "https" {
-			scheme = "https"
-		}
-		if len(e.Injected) > 0 {
-			detail["injected"] = strings.Join(e.Injected, ", ")
-		}
-		msg = fmt.Sprintf("%s %s://%s%s -> %d (%s)", detail["method"], scheme, name, detail["path"], e.Status, e.Rule)
-	case egressgw.Passthrough:
-		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
-		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)
-	case egressgw.WebSocketClosed:
-		typ, detail["egress"] = audit.TypeWebSocketClosed, "allow"
-		msg = fmt.Sprintf("websocket %s%s via %s closed after %s: %d bytes sent, %d received (%s)", name, detail["path"], e.Dialled,
-			e.Duration.Round(time.Millisecond), e.Sent, e.Received, detail["reason"])
-	default:
-		typ, detail["egress"], status = audit.TypeEgressRefused, "deny", "Failure"
-		target := name
-		if target == "" {
-			target = "port " + fmt.Sprint(e.Port)
-		}
-		msg = fmt.Sprintf("%s refused: %s", target, detail["reason"])
-	}
-	for k, v := range detail {
-		if v == "" || ((k == "bytes_sent" || k == "bytes_received") && v == "0") {
-			delete(detail, k)
-		}
-	}
-	r := typ.New(status, msg, detail)
-	if e.Client.IsValid() {
-		r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
-	}
-	if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
-		r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
-	} else {
-		r.Dst = &audit.Endpoint{Port: e.Port}
-	}
-	return r
-}
-
-// reflectedRecords are the records of the injected secrets e's response
-// carried back, one per place and encoding (the gateway replaced them).
-func reflectedRecords(e egressgw.Event, scrub *audit.RoleScrubber) []*audit.Record {
-	var out []*audit.Record
-	for _, x := range e.Reflected {
-		path := e.Path
-		if scrub != nil {
-			path = scrub.Args([]string{path})[0]
-		}
-		detail := map[string]string{"host": e.Host, "method": e.Method, "path": path, "where": x.Where, "encoding": x.Encoding,
-			"count": fmt.Sprint(x.Count), "egress_rule": e.Rule, "http_status": fmt.Sprint(e.Status)}
-		r := audit.TypeSecretReflected.New("Success", fmt.Sprintf("the secret injected toward %s came back in its response (%s, %s, %d time(s)): replaced before the agent read it",
-			e.Host, x.Where, x.Encoding, x.Count), detail)
-		if e.Client.IsValid() {
-			r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
-		}
-		if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
-			r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
-		}
-		out = append(out, r)
-	}
-	return out
 }
 
 // nodeLocal says whether the node's kernel delivers a to the node itself
@@ -311,10 +219,6 @@ func nodeLocal(a netip.Addr) (bool, error) {
 	}
 	return false, nil
 }
-
-// RuleGateway names, in connect records, a connection to the pod's egress
-// gateway: the gateway's own record says what it decided by name.
-const RuleGateway = "egress gateway (decided by name)"
 
 // dropsWait bounds how long Delete waits for the drop counters.
 const dropsWait = 10 * time.Second
@@ -431,109 +335,4 @@ func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
 	}
 	sb.audit.trail.Emit(audit.TypeEgressDrops.New("Success",
 		fmt.Sprintf("%d packets dropped by egress rules (%s)", total, strings.Join(parts, ", ")), detail), true)
-}
-
-// dnsRecord turns a resolver decision into a record. The name comes from
-// the sandbox: it is scrubbed like argv.
-func dnsRecord(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
-	name := d.Name
-	if scrub != nil {
-		name = scrub.Args([]string{name})[0]
-	}
-	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
-		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
-	status := "Failure"
-	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
-		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
-	var msg string
-	switch d.Outcome {
-	case dnsproxy.Answered:
-		status = "Success"
-		var addrs []string
-		for _, a := range d.Addrs {
-			addrs = append(addrs, a.String())
-		}
-		detail["addresses"] = strings.Join(addrs, ", ")
-		if d.Gateway.IsValid() {
-			detail["answered_with"] = d.Gateway.String() + " (the egress gateway)"
-		}
-		if d.Kept {
-			detail["answered_from"] = "the kept answer (upstream not asked)"
-		}
-		var withheld []string
-		for _, w := range d.Withheld {
-			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
-		}
-		detail["withheld"] = strings.Join(withheld, "; ")
-		if d.TTL > 0 {
-			detail["allowed_for"] = d.TTL.String()
-		}
-		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
-	case dnsproxy.Refused:
-		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
-	default:
-		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
-	}
-	for k, v := range detail {
-		if v == "" {
-			delete(detail, k)
-		}
-	}
-	if d.Err != nil {
-		detail["error"] = d.Err.Error()
-		msg += ": " + d.Err.Error()
-	}
-	return typ.New(status, msg, detail)
-}
-
-// withheldRecord says that an answered address was not opened, and why.
-func withheldRecord(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
-	name := d.Name
-	if scrub != nil {
-		name = scrub.Args([]string{name})[0]
-	}
-	return audit.TypeDNSWithheld.New("Failure",
-		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
-		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
-}
-
-// egressDecision adds to each connect record what the egress rules do with
-// its destination (the live plan's, once the role tightened), and which
-// rule decides. The pod's resolver and gateway
-// (dnsAddr) do not pass the rules: they have a link of their own, and the
-// gateway decides each connection by name (its own records).
-func egressDecision(start *netpolicy.Plan, live *atomic.Pointer[netpolicy.Plan], dnsAddr netip.Addr) func(*audit.Record) {
-	gwPorts := map[int]bool{}
-	for _, p := range egressgw.Ports(start) {
-		gwPorts[p] = true
-	}
-	return func(r *audit.Record) {
-		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
-			return
-		}
-		pl := start
-		if p := live.Load(); p != nil {
-			pl = p
-		}
-		addr, err := netip.ParseAddr(r.Dst.IP)
-		if err != nil {
-			return
-		}
-		allow, rule := pl.Decide(addr, r.Dst.Port)
-		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr {
-			switch {
-			case r.Dst.Port == netpolicy.DNSPort:
-				allow, rule = true, "pod resolver"
-			case gwPorts[r.Dst.Port]:
-				allow, rule = true, RuleGateway
-			default:
-				allow, rule = false, "pod resolver: no gateway port"
-			}
-		}
-		if r.Detail == nil {
-			r.Detail = map[string]string{}
-		}
-		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
-		r.Detail["egress_rule"] = rule
-	}
 }

@@ -10,52 +10,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-
+	"agentbox.dev/agentbox/internal/bundle"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
-	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/netpolicy"
-	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/policy"
 )
-
-// Where a sandbox finds its gateway's CA: the CA alone (for clients that
-// add to their roots), and the image's system bundle with the CA appended
-// (for clients whose variable replaces their roots).
-const (
-	caFile       = "/etc/agentbox/ca.pem"
-	caBundleFile = "/etc/agentbox/ca-bundle.pem"
-)
-
-// trustEnv are the variables that make common clients trust the bundle:
-// OpenSSL (curl, Python's ssl, git), requests, curl, git, Node.
-var trustEnv = [][2]string{
-	{"SSL_CERT_FILE", caBundleFile},
-	{"REQUESTS_CA_BUNDLE", caBundleFile},
-	{"CURL_CA_BUNDLE", caBundleFile},
-	{"GIT_SSL_CAINFO", caBundleFile},
-	{"PIP_CERT", caBundleFile},
-	{"NODE_EXTRA_CA_CERTS", caFile},
-}
-
-// systemBundles are where images keep their roots (Debian and Ubuntu,
-// Fedora and RHEL, Alpine, openSUSE); the first found is used.
-var systemBundles = []string{
-	"/etc/ssl/certs/ca-certificates.crt",
-	"/etc/pki/tls/certs/ca-bundle.crt",
-	"/etc/ssl/cert.pem",
-	"/etc/ssl/ca-bundle.pem",
-}
-
-// maxBundle bounds an image's bundle the shim reads (Debian's is ~220 KiB).
-const maxBundle = 4 << 20
 
 // inspection makes what the gateway needs for the plan's inspected rules:
 // a CA of the sandbox's own (name-constrained to those rules), the roots
@@ -165,7 +129,7 @@ func secretsFor(sb *sandboxState) func(*policy.Profile) (map[string]string, erro
 
 // readSecret reads a secret's node file, without its trailing newlines.
 func readSecret(file string) (string, error) {
-	b, err := readSmallFile(file, 64<<10)
+	b, err := bundle.ReadSmallFile(file, 64<<10)
 	if err != nil {
 		return "", err
 	}
@@ -206,68 +170,4 @@ func caTTL(p *policy.Profile) time.Duration {
 		return p.Limits.WallClock + 24*time.Hour
 	}
 	return 30 * 24 * time.Hour
-}
-
-// trustFor returns the rewrite that writes the gateway CA and the image's
-// bundle with it into the container's bundle, mounts both read-only and
-// points the clients' variables at them (replacing the pod's: a pod that
-// sets its own bundle would not reach inspected hosts).
-func trustFor(bundle string, ca []byte, layers func() (mountguard.Layers, error)) ocispec.Rewrite {
-	return func(spec *specs.Spec) (string, error) {
-		system, from := []byte(nil), "none"
-		if l, err := layers(); err == nil {
-			for _, p := range systemBundles {
-				b, err := l.ReadFile(p, maxBundle)
-				if err == nil {
-					system, from = b, p
-					break
-				}
-			}
-		}
-		combined := append(append([]byte(nil), system...), '\n')
-		combined = append(combined, ca...)
-		for name, content := range map[string][]byte{"agentbox-ca.pem": ca, "agentbox-ca-bundle.pem": combined} {
-			if err := os.WriteFile(filepath.Join(bundle, name), content, 0o644); err != nil {
-				return "", fmt.Errorf("write the gateway CA: %w", err)
-			}
-		}
-		for dst, name := range map[string]string{caFile: "agentbox-ca.pem", caBundleFile: "agentbox-ca-bundle.pem"} {
-			if _, err := ocispec.MountFile(dst, filepath.Join(bundle, name))(spec); err != nil {
-				return "", err
-			}
-		}
-		if spec.Process != nil {
-			spec.Process.Env = withTrustEnv(spec.Process.Env)
-		}
-		return fmt.Sprintf("the gateway CA mounted at %s and, after the image's roots (%s), at %s; %s set", caFile, from, caBundleFile, trustEnvNames()), nil
-	}
-}
-
-// withTrustEnv sets the trust variables in env, replacing earlier values.
-func withTrustEnv(env []string) []string {
-	out := make([]string, 0, len(env)+len(trustEnv))
-	for _, kv := range env {
-		name, _, _ := strings.Cut(kv, "=")
-		keep := true
-		for _, t := range trustEnv {
-			if t[0] == name {
-				keep = false
-			}
-		}
-		if keep {
-			out = append(out, kv)
-		}
-	}
-	for _, t := range trustEnv {
-		out = append(out, t[0]+"="+t[1])
-	}
-	return out
-}
-
-func trustEnvNames() string {
-	var names []string
-	for _, t := range trustEnv {
-		names = append(names, t[0])
-	}
-	return strings.Join(names, ", ")
 }

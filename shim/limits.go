@@ -6,6 +6,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/log"
@@ -13,6 +14,7 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 // WallClockExitStatus is the exit status of a container stopped because its
@@ -24,11 +26,16 @@ const WallClockExitStatus = 124
 // it is killed, and their exits report WallClockExitStatus.
 func (s *service) expire(sandboxID string) {
 	ctx := log.WithLogger(context.Background(), log.L.WithField("sandbox_id", sandboxID))
-	ids := s.sandboxes.expire(sandboxID)
-	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", len(ids))
-	s.record(sandboxID, audit.TypeLimit.New("Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", len(ids), WallClockExitStatus),
+	sb, ok := s.sandboxes.sandbox(sandboxID)
+	if !ok {
+		return
+	}
+	sb.expired.Store(true)
+	n := len(sb.members.List())
+	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", n)
+	s.record(sandboxID, audit.TypeLimit.New("Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", n, WallClockExitStatus),
 		map[string]string{"limit": "wallClock"}), true)
-	s.killAll(ctx, ids)
+	s.stopAll(ctx, sb)
 }
 
 // stopSandbox kills every container of a sandbox for a limit other than
@@ -39,21 +46,17 @@ func (s *service) stopSandbox(sandboxID, limit, why string) {
 	if !ok {
 		return
 	}
-	ids := s.sandboxes.containersOf(sb)
-	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(ids))
+	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(sb.members.List()))
 	s.record(sandboxID, audit.TypeLimit.New("Failure", why, map[string]string{"limit": limit}), true)
-	s.killAll(ctx, ids)
+	s.stopAll(ctx, sb)
 }
 
-// killAll kills the containers ids, of one sandbox. A frozen sandbox is
-// thawed first: runsc signals no container of a paused sandbox.
-func (s *service) killAll(ctx context.Context, ids []string) {
-	if len(ids) > 0 {
-		if sb, ok := s.sandboxes.of(ids[0]); ok {
-			s.thawForKill(ctx, sb)
-		}
-	}
-	for _, id := range ids {
+// stopAll kills every container of a sandbox, the root last. A frozen
+// sandbox is thawed first: runsc signals no container of a paused sandbox.
+func (s *service) stopAll(ctx context.Context, sb *sandboxState) {
+	s.thawForKill(ctx, sb)
+	sb.fire(ctx, sandbox.Stop)
+	for _, id := range sb.members.RootLast() {
 		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
 			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill")
 		}
@@ -71,4 +74,13 @@ func (s *service) adjustExit(e *proc.Exit) {
 		// it (SIGKILL), as Kubernetes expects of an OOMKilled container.
 		e.Status = 128 + int(unix.SIGKILL)
 	}
+}
+
+// armWallClock arms a started sandbox root's wall clock, once, with its
+// role's limit.
+func armWallClock(sb *sandboxState, root bool, fire func(string)) (time.Duration, bool) {
+	if !root || sb.profile == nil {
+		return 0, false
+	}
+	return sb.clock.Arm(sb.profile.Limits.WallClock, func() { fire(sb.id) })
 }

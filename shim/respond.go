@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
@@ -24,39 +23,10 @@ import (
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
-
-// response is what an admin's responses hold on a sandbox now.
-type response struct {
-	// applying serializes what changes the sandbox's enforcement: an
-	// admin's requests and its role's live tightening (a release must not
-	// load rules a tightening is replacing).
-	applying sync.Mutex
-	mu       sync.Mutex
-	// quarantined is the quarantine's reason ("" when there is none).
-	// Protected by mu.
-	quarantined   string
-	quarantinedAt time.Time
-	// frozen: runsc paused the sandbox at frozenAt. Protected by mu.
-	frozen   bool
-	frozenAt time.Time
-	// stopped: an admin (or a failed quarantine) stopped it. Protected
-	// by mu.
-	stopped bool
-	// commands numbers the requests applied. Protected by mu.
-	commands int
-	// liveDigest is the digest of the role version the sandbox took the
-	// tightenings of (its start digest until its role changes); seen the
-	// newest version it was told of. Protected by mu.
-	liveDigest, seen string
-}
-
-func (r *response) isFrozen() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.frozen
-}
 
 // startControl serves the sandbox's control socket. A sandbox that could
 // not be reached to respond to does not start.
@@ -84,10 +54,7 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
 	who := map[string]string{"requested_by_uid": fmt.Sprint(peer.UID), "requested_by_pid": fmt.Sprint(peer.PID)}
 	if req.Op != control.OpInfo {
-		sb.resp.mu.Lock()
-		sb.resp.commands++
-		who["command_uid"] = fmt.Sprintf("%s/%s-%d", sb.id, req.Op, sb.resp.commands)
-		sb.resp.mu.Unlock()
+		who["command_uid"] = fmt.Sprintf("%s/%s-%d", sb.id, req.Op, sb.commands.Add(1))
 		if req.Reason != "" {
 			who["reason"] = req.Reason
 		}
@@ -96,8 +63,8 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 	var err error
 	var cp *control.Checkpointed
 	if req.Op != control.OpInfo {
-		sb.resp.applying.Lock()
-		defer sb.resp.applying.Unlock()
+		sb.ops.Lock()
+		defer sb.ops.Unlock()
 	}
 	switch req.Op {
 	case control.OpInfo:
@@ -134,29 +101,24 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	p := sb.profile
 	in := &control.Sandbox{ID: sb.id, Namespace: sb.audit.trail.Meta().Namespace, Role: p.Role, StartDigest: p.Digest,
 		Egress: string(p.Network.Egress), EgressNow: string(p.Network.Egress), State: "running",
-		Containers: s.sandboxes.containersOf(sb), Trail: filepath.Join(cfg.Audit.Dir, audit.FileName(sb.id)), Started: sb.started}
+		Containers: sb.members.List(), Trail: filepath.Join(cfg.Audit.Dir, audit.FileName(sb.id)), Started: sb.started}
 	if m := sb.audit.trail.Meta(); sb.inCRI && m.PodName != "" {
 		// Only a CRI pod sandbox: its name is the CRI's, not a claim.
 		in.Pod = m.PodNamespace + "/" + m.PodName
 	}
-	if d, ok := s.sandboxes.wallClockLeft(sb); ok {
+	if d, ok := sb.clock.Left(); ok {
 		in.WallClockLeft = d.Round(time.Second).String()
 	}
 	if pl := sb.live.Load(); pl != nil {
 		in.EgressNow = pl.Mode()
 	}
-	sb.resp.mu.Lock()
-	defer sb.resp.mu.Unlock()
-	in.LiveDigest = sb.liveDigestLocked()
-	if sb.resp.quarantined != "" {
-		in.Quarantined, in.QuarantineReason, in.EgressNow = true, sb.resp.quarantined, "none (quarantined)"
+	in.LiveDigest = sb.liveDigestNow()
+	st := sb.life.Now()
+	if st.Quarantined() {
+		in.Quarantined, in.QuarantineReason, in.EgressNow = true, st.Quarantine, "none (quarantined)"
 	}
-	switch {
-	case sb.resp.stopped:
-		in.State = "stopping"
-	case sb.resp.frozen:
-		in.State = "frozen"
-	}
+	// The phase: a quarantine is said by its own fields.
+	in.State = st.Phase.String()
 	return in
 }
 
@@ -185,11 +147,11 @@ func egressSummary(sb *sandboxState) string {
 // fails too, stopped.
 func (s *service) quarantine(ctx context.Context, sb *sandboxState, detail map[string]string) (string, error) {
 	start := time.Now()
-	sb.resp.mu.Lock()
-	already, since := sb.resp.quarantined, sb.resp.quarantinedAt
-	sb.resp.mu.Unlock()
-	if already != "" {
-		return fmt.Sprintf("already quarantined since %s: %s", since.UTC().Format(time.RFC3339), already), nil
+	if st := sb.life.Now(); st.Quarantined() {
+		return fmt.Sprintf("already quarantined since %s: %s", st.QuarantinedAt.UTC().Format(time.RFC3339), st.Quarantine), nil
+	}
+	if err := sb.life.Can(sandbox.Quarantine); err != nil {
+		return "", errkind.FailedPrecondition(err)
 	}
 	detail["egress_before"] = egressSummary(sb)
 	detail["egress_after"] = "none: every packet the sandbox sends is dropped; its resolver and gateway answer nothing"
@@ -205,9 +167,11 @@ func (s *service) quarantine(ctx context.Context, sb *sandboxState, detail map[s
 		}
 		return "", fmt.Errorf("quarantine failed (%v): the sandbox was %s instead", err, fallback)
 	}
-	sb.resp.mu.Lock()
-	sb.resp.quarantined, sb.resp.quarantinedAt = detail["reason"], time.Now()
-	sb.resp.mu.Unlock()
+	if _, err := sb.life.Fire(sandbox.Quarantine, detail["reason"]); err != nil {
+		// Only a stop or an exit could have moved it meanwhile: the cuts
+		// stay, and the trail says the quarantine was applied.
+		log.G(ctx).WithError(err).Warn("agentbox: quarantine applied to a sandbox that moved on")
+	}
 	took := time.Since(start)
 	detail["applied_in"] = took.Round(time.Microsecond).String()
 	msg := fmt.Sprintf("quarantined in %v: %s", took.Round(time.Microsecond), detail["cut"])
@@ -247,7 +211,7 @@ func cutEgress(sb *sandboxState, why string) ([]string, error) {
 // failClosed freezes a sandbox whose rules could not be loaded (a
 // quarantine, a tightening), else stops it, and says which.
 func (s *service) failClosed(ctx context.Context, sb *sandboxState) (string, error) {
-	return fallBack(func() error { return s.pause(ctx, sb) }, func() error { s.kill(ctx, sb); return nil })
+	return fallBack(func() error { return s.pause(ctx, sb) }, func() error { s.stopAll(ctx, sb); return nil })
 }
 
 // fallBack is failClosed's order: freeze, else stop.
@@ -266,12 +230,14 @@ func fallBack(freeze, stop func() error) (string, error) {
 // gateway decide by them. A release that cannot load them leaves the
 // sandbox quarantined.
 func (s *service) release(sb *sandboxState, detail map[string]string) (string, error) {
-	sb.resp.mu.Lock()
-	reason, since := sb.resp.quarantined, sb.resp.quarantinedAt
-	sb.resp.mu.Unlock()
-	if reason == "" {
-		return "", errors.New("the sandbox is not quarantined")
+	st := sb.life.Now()
+	if !st.Quarantined() {
+		return "", errkind.FailedPrecondition(errors.New("the sandbox is not quarantined"))
 	}
+	if err := sb.life.Can(sandbox.Release); err != nil {
+		return "", errkind.FailedPrecondition(err)
+	}
+	reason, since := st.Quarantine, st.QuarantinedAt
 	e := sb.egress()
 	detail["quarantine_reason"] = reason
 	if e.netns != "" {
@@ -289,9 +255,9 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 	if e.gateway != nil {
 		e.gateway.Resume()
 	}
-	sb.resp.mu.Lock()
-	sb.resp.quarantined = ""
-	sb.resp.mu.Unlock()
+	if _, err := sb.life.Fire(sandbox.Release, ""); err != nil {
+		log.L.WithField("sandbox_id", sb.id).WithError(err).Warn("agentbox: release applied to a sandbox that moved on")
+	}
 	d := time.Since(since).Round(time.Millisecond)
 	detail["quarantined_for"] = d.String()
 	detail["egress_after"] = egressSummary(sb)
@@ -303,13 +269,14 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 // pause freezes the whole sandbox (runsc pause stops its kernel: every
 // container) and holds its wall clock.
 func (s *service) pause(ctx context.Context, sb *sandboxState) error {
+	if err := sb.life.Can(sandbox.Freeze); err != nil {
+		return errkind.FailedPrecondition(err)
+	}
 	if _, err := s.next.Pause(ctx, &task.PauseRequest{ID: sb.id}); err != nil {
 		return err
 	}
-	s.sandboxes.holdTimer(sb)
-	sb.resp.mu.Lock()
-	sb.resp.frozen, sb.resp.frozenAt = true, time.Now()
-	sb.resp.mu.Unlock()
+	sb.clock.Hold()
+	sb.fire(ctx, sandbox.Freeze)
 	return nil
 }
 
@@ -319,16 +286,16 @@ func (s *service) unpause(ctx context.Context, sb *sandboxState) (time.Duration,
 	if _, err := s.next.Resume(ctx, &task.ResumeRequest{ID: sb.id}); err != nil {
 		return 0, err
 	}
-	sb.resp.mu.Lock()
-	d := time.Since(sb.resp.frozenAt)
-	sb.resp.frozen = false
-	sb.resp.mu.Unlock()
-	s.sandboxes.thawTimer(sb, s.expire)
-	return d, nil
+	before, err := sb.life.Fire(sandbox.Thaw, "")
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: thawed a sandbox that was not frozen")
+	}
+	sb.clock.Thaw()
+	return time.Since(before.FrozenAt), nil
 }
 
 func (s *service) freeze(ctx context.Context, sb *sandboxState, detail map[string]string) (string, error) {
-	if sb.resp.isFrozen() {
+	if sb.life.Now().Phase == sandbox.Frozen {
 		return "already frozen", nil
 	}
 	if err := s.pause(ctx, sb); err != nil {
@@ -342,8 +309,8 @@ func (s *service) freeze(ctx context.Context, sb *sandboxState, detail map[strin
 }
 
 func (s *service) thaw(ctx context.Context, sb *sandboxState, detail map[string]string) (string, error) {
-	if !sb.resp.isFrozen() {
-		return "", errors.New("the sandbox is not frozen")
+	if sb.life.Now().Phase != sandbox.Frozen {
+		return "", errkind.FailedPrecondition(errors.New("the sandbox is not frozen"))
 	}
 	d, err := s.unpause(ctx, sb)
 	if err != nil {
@@ -361,26 +328,18 @@ func (s *service) thaw(ctx context.Context, sb *sandboxState, detail map[string]
 // stopByAdmin kills every container of the sandbox; their exits report
 // 137, and the trail says who and why.
 func (s *service) stopByAdmin(ctx context.Context, sb *sandboxState, detail map[string]string) (string, error) {
-	ids := s.sandboxes.containersOf(sb)
+	ids := sb.members.List()
 	msg := fmt.Sprintf("stopping %d container(s) (SIGKILL)", len(ids))
 	sb.audit.trail.Emit(audit.TypeStopped.New("Success", msg, detail), true)
-	s.kill(ctx, sb)
+	s.stopAll(ctx, sb)
 	return msg, nil
-}
-
-// kill kills every container of the sandbox, the root last.
-func (s *service) kill(ctx context.Context, sb *sandboxState) {
-	sb.resp.mu.Lock()
-	sb.resp.stopped = true
-	sb.resp.mu.Unlock()
-	s.killAll(ctx, s.sandboxes.containersRootLast(sb))
 }
 
 // thawForKill resumes a frozen sandbox that is to be killed: runsc signals
 // no container of a paused sandbox. Its tasks run between the thaw and the
 // kill (milliseconds).
 func (s *service) thawForKill(ctx context.Context, sb *sandboxState) {
-	if !sb.resp.isFrozen() {
+	if sb.life.Now().Phase != sandbox.Frozen {
 		return
 	}
 	if d, err := s.unpause(ctx, sb); err != nil {

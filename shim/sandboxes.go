@@ -1,12 +1,15 @@
 package shim
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/containerd/log"
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
@@ -15,10 +18,16 @@ import (
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 // sandboxState is what the shim remembers about one gVisor sandbox: the
-// profile it runs under, the containers in it and its wall-clock timer.
+// profile it runs under, its lifecycle (shim/sandbox), its containers and
+// its wall clock, and what enforces its egress.
+//
+// Locks, in order: ops first; then any one of life's, clock's, members',
+// egressMu or the registry's, each held only to read or write its own
+// fields (shim/sandbox's package doc).
 type sandboxState struct {
 	id      string
 	cfg     *config.Config
@@ -29,40 +38,43 @@ type sandboxState struct {
 	// inCRI: a Kubernetes pod (containerd's CRI namespace) of UID podUID;
 	// its containers' pod files and volumes are accepted from containerd's
 	// and the kubelet's directories for it.
-	inCRI      bool
-	podUID     string
-	containers []string
+	inCRI  bool
+	podUID string
 	// started is when the sandbox was created.
 	started time.Time
-	// restore is set for a sandbox restored from a checkpoint; wallUsed is
-	// what its agent had used of its wall clock before (the clock counts
-	// on from there).
-	restore  *restoring
-	wallUsed time.Duration
-	// timer fires at deadline, the wall-clock limit; while the sandbox
-	// is frozen it is stopped and left holds what remained. Protected by
-	// the registry's mu.
-	timer    *time.Timer
-	deadline time.Time
-	left     time.Duration
+	// ops serializes what changes the sandbox's enforcement: an admin's
+	// requests, its role's live tightening and a checkpoint (a release
+	// must not load rules a tightening is replacing).
+	ops sync.Mutex
+	// life is its phase and quarantine; clock its wall-clock limit;
+	// members its containers.
+	life    sandbox.Lifecycle
+	clock   *sandbox.WallClock
+	members *sandbox.Members
+	// restore is set for a sandbox restored from a checkpoint.
+	restore *restoring
 	// request is what selected the sandbox's role; live is the egress
 	// plan it runs under now (its role's, or narrowed since: the
 	// resolver, the gateway and connect records read it).
 	request policy.Request
 	live    atomic.Pointer[netpolicy.Plan]
+	// liveDigest is the digest of the role version the sandbox took the
+	// tightenings of (nil: its start digest); seen is the newest version
+	// it was told of (guarded by ops).
+	liveDigest atomic.Pointer[string]
+	seen       string
+	// commands numbers the admin requests applied.
+	commands atomic.Int64
 	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
-	// (0: none); a tightened role lowers them live. Owned by the policy
-	// watcher after Create.
+	// (0: none); a tightened role lowers them live. Guarded by ops after
+	// Create.
 	memoryLimit, cpuMillis int64
-	// ctl is the sandbox's control socket; resp what an admin's
-	// responses (quarantine, freeze) hold now.
-	ctl  *control.Server
-	resp response
+	// ctl is the sandbox's control socket.
+	ctl *control.Server
 	// expired is set when the wall-clock limit stopped the sandbox;
 	// oomKills counts the OOM kills gVisor reported for its cgroup.
-	// Protected by the registry's mu.
-	expired  bool
-	oomKills uint64
+	expired  atomic.Bool
+	oomKills atomic.Uint64
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
 	// egressMu guards the egress fields below. Create sets them before the
@@ -189,7 +201,32 @@ func (sb *sandboxState) scheduleDrops(record func(netns string)) {
 	}()
 }
 
-// sandboxRegistry maps containers to their sandboxes. Safe for concurrent use.
+// newSandboxState is a sandbox being created, of root container id.
+func newSandboxState(id string, cfg *config.Config, claims map[string]string, trail *audit.Trail) *sandboxState {
+	now := time.Now()
+	return &sandboxState{id: id, cfg: cfg, claims: claims, audit: &sandboxAudit{trail: trail}, started: now,
+		clock: sandbox.NewWallClock(now), members: sandbox.NewMembers(id)}
+}
+
+// liveDigestNow is the digest of the role version the sandbox runs under
+// now.
+func (sb *sandboxState) liveDigestNow() string {
+	if d := sb.liveDigest.Load(); d != nil {
+		return *d
+	}
+	return sb.profile.Digest
+}
+
+// fire moves the sandbox's lifecycle on ev; a move its state does not
+// allow is logged, as the shim did the work regardless (a kill, an exit).
+func (sb *sandboxState) fire(ctx context.Context, ev sandbox.Event) {
+	if _, err := sb.life.Fire(ev, ""); err != nil {
+		log.G(ctx).WithField("sandbox_id", sb.id).WithError(err).Debug("agentbox: lifecycle")
+	}
+}
+
+// sandboxRegistry maps containers to their sandboxes. Safe for concurrent
+// use; its lock guards only its maps.
 type sandboxRegistry struct {
 	mu sync.Mutex
 	// sandboxes by sandbox id (the root container's id). Protected by mu.
@@ -207,16 +244,18 @@ func (r *sandboxRegistry) addSandbox(sb *sandboxState) {
 	defer r.mu.Unlock()
 	r.sandboxes[sb.id] = sb
 	r.sandboxOf[sb.id] = sb.id
-	sb.containers = append(sb.containers, sb.id)
 }
 
 // join adds a container to an existing sandbox.
 func (r *sandboxRegistry) join(sandboxID, id string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb, ok := r.sandboxes[sandboxID]; ok {
-		sb.containers = append(sb.containers, id)
+	sb, ok := r.sandboxes[sandboxID]
+	if ok {
 		r.sandboxOf[id] = sandboxID
+	}
+	r.mu.Unlock()
+	if ok {
+		sb.members.Join(id)
 	}
 }
 
@@ -236,181 +275,37 @@ func (r *sandboxRegistry) of(containerID string) (*sandboxState, bool) {
 }
 
 // remove forgets a container; removing a sandbox's root forgets the sandbox
-// and stops its timer.
+// and stops its wall clock.
 func (r *sandboxRegistry) remove(id string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	sbID, ok := r.sandboxOf[id]
-	if !ok {
-		return
-	}
 	delete(r.sandboxOf, id)
 	sb := r.sandboxes[sbID]
-	if sb == nil {
+	if ok && id == sbID {
+		delete(r.sandboxes, sbID)
+	}
+	r.mu.Unlock()
+	if !ok || sb == nil {
 		return
 	}
-	for i, c := range sb.containers {
-		if c == id {
-			sb.containers = append(sb.containers[:i], sb.containers[i+1:]...)
-			break
-		}
-	}
+	sb.members.Leave(id)
 	if id == sbID {
-		if sb.timer != nil {
-			sb.timer.Stop()
-		}
-		delete(r.sandboxes, sbID)
+		sb.clock.Stop()
 	}
 }
 
 // expiredContainer reports whether the container's sandbox was stopped by
 // its wall-clock limit.
 func (r *sandboxRegistry) expiredContainer(id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[r.sandboxOf[id]]
-	return sb != nil && sb.expired
-}
-
-// markOOM records that a sandbox's cgroup ran out of memory.
-func (r *sandboxRegistry) markOOM(sandboxID string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb, ok := r.sandboxes[sandboxID]; ok {
-		sb.oomKills++
-	}
-}
-
-// oomKills returns the OOM kills of a container's sandbox.
-func (r *sandboxRegistry) oomKills(id string) (uint64, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[r.sandboxOf[id]]
-	if sb == nil {
-		return 0, false
-	}
-	return sb.oomKills, true
+	sb, ok := r.of(id)
+	return ok && sb.expired.Load()
 }
 
 // oomKilledContainer reports whether a container's sandbox ran out of
 // memory.
 func (r *sandboxRegistry) oomKilledContainer(id string) bool {
-	n, _ := r.oomKills(id)
-	return n > 0
-}
-
-// expire marks a sandbox as stopped by its wall clock and returns the
-// containers to kill, the root last.
-func (r *sandboxRegistry) expire(sandboxID string) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb, ok := r.sandboxes[sandboxID]
-	if !ok {
-		return nil
-	}
-	sb.expired = true
-	var ids []string
-	for _, c := range sb.containers {
-		if c != sandboxID {
-			ids = append(ids, c)
-		}
-	}
-	return append(ids, sandboxID)
-}
-
-// armTimer starts the sandbox's wall-clock timer once.
-func (r *sandboxRegistry) armTimer(sandboxID string, fire func(string)) (time.Duration, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb, ok := r.sandboxes[sandboxID]
-	if !ok || sb.timer != nil || sb.profile == nil || sb.profile.Limits.WallClock <= 0 {
-		return 0, false
-	}
-	d := sb.profile.Limits.WallClock - sb.wallUsed
-	if d <= 0 {
-		d = time.Millisecond
-	}
-	sb.deadline = time.Now().Add(d)
-	sb.timer = time.AfterFunc(d, func() { fire(sandboxID) })
-	return d, true
-}
-
-// holdTimer stops a sandbox's wall clock while it is frozen: what remains
-// of it is kept for thawTimer. A clock that has run out stays run out.
-func (r *sandboxRegistry) holdTimer(sb *sandboxState) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb.timer == nil || sb.left > 0 {
-		return
-	}
-	if sb.timer.Stop() {
-		sb.left = max(time.Until(sb.deadline), time.Millisecond)
-	}
-}
-
-// thawTimer starts the wall clock again with what it had left.
-func (r *sandboxRegistry) thawTimer(sb *sandboxState, fire func(string)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb.left <= 0 {
-		return
-	}
-	d := sb.left
-	sb.left, sb.deadline = 0, time.Now().Add(d)
-	sb.timer = time.AfterFunc(d, func() { fire(sb.id) })
-}
-
-// wallClockLeft is what remains of a sandbox's wall-clock limit (false:
-// it has none).
-func (r *sandboxRegistry) wallClockLeft(sb *sandboxState) (time.Duration, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return wallClockLeftLocked(sb)
-}
-
-// wallClockLeftLocked is wallClockLeft with the registry's mu held.
-func wallClockLeftLocked(sb *sandboxState) (time.Duration, bool) {
-	switch {
-	case sb.timer == nil:
-		return 0, false
-	case sb.left > 0:
-		return sb.left, true
-	}
-	return max(time.Until(sb.deadline), 0), true
-}
-
-// wallClockUsed is how much of its wall clock the sandbox's agent has used
-// (before a restore too); without a limit, how long it has run.
-func (r *sandboxRegistry) wallClockUsed(sb *sandboxState) time.Duration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if left, ok := wallClockLeftLocked(sb); ok {
-		return max(sb.profile.Limits.WallClock-left, 0)
-	}
-	return sb.wallUsed + time.Since(sb.started)
-}
-
-// takeRestore counts a container of a restoring sandbox as restored; false
-// when all were (the container starts as any other).
-func (r *sandboxRegistry) takeRestore(sb *sandboxState) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb.restore == nil || sb.restore.pending <= 0 {
-		return false
-	}
-	sb.restore.pending--
-	return true
-}
-
-// restorePending counts the containers of a restoring sandbox not yet
-// restored.
-func (r *sandboxRegistry) restorePending(sb *sandboxState) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sb.restore == nil {
-		return 0
-	}
-	return sb.restore.pending
+	sb, ok := r.of(id)
+	return ok && sb.oomKills.Load() > 0
 }
 
 // all lists the sandboxes.
@@ -422,25 +317,4 @@ func (r *sandboxRegistry) all() []*sandboxState {
 		out = append(out, sb)
 	}
 	return out
-}
-
-// containersRootLast lists a sandbox's containers, its root last (the
-// order to kill them in).
-func (r *sandboxRegistry) containersRootLast(sb *sandboxState) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var ids []string
-	for _, c := range sb.containers {
-		if c != sb.id {
-			ids = append(ids, c)
-		}
-	}
-	return append(ids, sb.id)
-}
-
-// containersOf lists a sandbox's containers.
-func (r *sandboxRegistry) containersOf(sb *sandboxState) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), sb.containers...)
 }

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
-	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
@@ -25,20 +23,20 @@ import (
 	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/types/known/anypb"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/bundle"
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/errkind"
 	"agentbox.dev/agentbox/internal/hostexec"
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 // RuntimeName is the containerd runtime type this shim serves.
@@ -262,7 +260,11 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 		if restored {
 			msg = "container restored from checkpoint " + s.restoredFrom(r.ID)
 		}
-		if d, ok := s.sandboxes.armTimer(r.ID, s.expire); ok {
+		sb, root := s.sandboxes.sandbox(r.ID)
+		if root {
+			sb.fire(ctx, sandbox.Started)
+		}
+		if d, ok := armWallClock(sb, root, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
 			if restored {
 				msg = fmt.Sprintf("sandbox restored from checkpoint %s; wall-clock limit armed with the %v it had left", s.restoredFrom(r.ID), d.Round(time.Millisecond))
@@ -317,7 +319,7 @@ func (s *service) prepareExec(r *task.ExecProcessRequest) ([]string, error) {
 		return nil, err
 	}
 	if sb.gatewayCA() != nil {
-		proc.Env = withTrustEnv(proc.Env)
+		proc.Env = bundle.WithTrustEnv(proc.Env)
 	}
 	b, err := json.Marshal(&proc)
 	if err != nil {
@@ -369,6 +371,9 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
+			if sb.life.Now().Phase != sandbox.Ended {
+				sb.fire(ctx, sandbox.Exit)
+			}
 			ph.mark("close_audit")
 		} else {
 			s.record(r.ID, audit.TypeContainerDeleted.New("Success",
@@ -379,122 +384,39 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	return resp, errgrpc.ToGRPC(err)
 }
 
-func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
-	resp, err := s.next.State(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResponse, error) {
-	resp, err := s.next.Pids(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
+// Pause freezes the container's whole sandbox (runsc pauses its kernel),
+// as an admin's freeze does: its wall clock is held, and the trail says
+// who asked.
 func (s *service) Pause(ctx context.Context, r *task.PauseRequest) (*types.Empty, error) {
-	resp, err := s.next.Pause(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Resume(ctx context.Context, r *task.ResumeRequest) (*types.Empty, error) {
-	resp, err := s.next.Resume(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-// Kill forwards. A SIGKILL for a frozen sandbox thaws it first: runsc
-// signals no container of a paused sandbox (containerd stopping a frozen
-// pod).
-func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
-	if r.Signal == uint32(unix.SIGKILL) {
-		if sb, ok := s.sandboxes.of(r.ID); ok {
-			s.thawForKill(ctx, sb)
-		}
-	}
-	resp, err := s.next.Kill(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) ResizePty(ctx context.Context, r *task.ResizePtyRequest) (*types.Empty, error) {
-	resp, err := s.next.ResizePty(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) CloseIO(ctx context.Context, r *task.CloseIORequest) (*types.Empty, error) {
-	resp, err := s.next.CloseIO(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Update(ctx context.Context, r *task.UpdateTaskRequest) (*types.Empty, error) {
-	resp, err := s.next.Update(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-func (s *service) Wait(ctx context.Context, r *task.WaitRequest) (*task.WaitResponse, error) {
-	resp, err := s.next.Wait(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-// Stats adds what gVisor's task service leaves out of a container's
-// cgroup metrics: the OOM kill count (memory.oom_control in v1,
-// memory.events in v2), from the OOM kills gVisor reported for the
-// container's sandbox. gVisor enforces memory per sandbox, so each
-// container of a pod reports its sandbox's count. The CRI's pod metrics
-// (container_oom_events_total) read it.
-func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsResponse, error) {
-	resp, err := s.next.Stats(ctx, r)
-	if err != nil || resp == nil || resp.Stats == nil {
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok {
+		resp, err := s.next.Pause(ctx, r)
 		return resp, errgrpc.ToGRPC(err)
 	}
-	kills, ok := s.sandboxes.oomKills(r.ID)
+	sb.ops.Lock()
+	defer sb.ops.Unlock()
+	if _, err := s.freeze(ctx, sb, taskAPI()); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &types.Empty{}, nil
+}
+
+// Resume thaws it, and its wall clock.
+func (s *service) Resume(ctx context.Context, r *task.ResumeRequest) (*types.Empty, error) {
+	sb, ok := s.sandboxes.of(r.ID)
 	if !ok {
-		return resp, nil
+		resp, err := s.next.Resume(ctx, r)
+		return resp, errgrpc.ToGRPC(err)
 	}
-	if stats, err := withOOMKills(resp.Stats, kills); err == nil {
-		resp.Stats = stats
-	} else {
-		log.G(ctx).WithError(err).Debug("agentbox: stats left as gVisor gave them")
+	sb.ops.Lock()
+	defer sb.ops.Unlock()
+	if _, err := s.thaw(ctx, sb, taskAPI()); err != nil {
+		return nil, errgrpc.ToGRPC(err)
 	}
-	return resp, nil
+	return &types.Empty{}, nil
 }
 
-// withOOMKills sets the OOM kill count in cgroup v1 or v2 metrics where
-// gVisor left it out.
-func withOOMKills(stats *anypb.Any, kills uint64) (*anypb.Any, error) {
-	m, err := typeurl.UnmarshalAny(stats)
-	if err != nil {
-		return nil, err
-	}
-	switch v := m.(type) {
-	case *cgroup1stats.Metrics:
-		if v.MemoryOomControl == nil {
-			v.MemoryOomControl = &cgroup1stats.MemoryOomControl{}
-		}
-		v.MemoryOomControl.OomKill = kills
-	case *cgroup2stats.Metrics:
-		if v.MemoryEvents == nil {
-			v.MemoryEvents = &cgroup2stats.MemoryEvents{}
-		}
-		v.MemoryEvents.OomKill = kills
-	default:
-		return nil, fmt.Errorf("metrics of type %T", m)
-	}
-	return typeurl.MarshalAnyToProto(m)
-}
-
-func (s *service) Connect(ctx context.Context, r *task.ConnectRequest) (*task.ConnectResponse, error) {
-	resp, err := s.next.Connect(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
-}
-
-// Shutdown ends the shim once it serves no container. gVisor's task service
-// answers an error while containers remain; that is not a failure.
-func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types.Empty, error) {
-	resp, err := s.next.Shutdown(ctx, r)
-	if err != nil {
-		log.G(ctx).WithError(err).Debug("agentbox: shutdown deferred")
-		return &types.Empty{}, nil
-	}
-	// gVisor forgets a container when runsc deletes it, before the shim
-	// has closed what it keeps for it (the root's rules, its trail).
-	s.deleting.Wait()
-	s.sd.Shutdown()
-	return resp, nil
+// taskAPI is who asked, for a request through containerd's task API.
+func taskAPI() map[string]string {
+	return map[string]string{"requested_by": "containerd's task API (ctr task pause, resume)"}
 }

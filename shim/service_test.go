@@ -2,8 +2,6 @@ package shim
 
 import (
 	"context"
-	"errors"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,61 +14,9 @@ import (
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/typeurl/v2"
-	"golang.org/x/sys/unix"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/dnsproxy"
 )
-
-func TestReadSmallFile(t *testing.T) {
-	dir := t.TempDir()
-	ok := filepath.Join(dir, "resolv.conf")
-	os.WriteFile(ok, []byte("search a\n"), 0o644)
-	if b, err := readSmallFile(ok, 64); err != nil || string(b) != "search a\n" {
-		t.Fatalf("%q %v", b, err)
-	}
-	fifo := filepath.Join(dir, "fifo")
-	if err := unix.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readSmallFile(fifo, 64); err == nil || !strings.Contains(err.Error(), "not a regular file") {
-		t.Errorf("a FIFO must be refused at once: %v", err)
-	}
-	big := filepath.Join(dir, "big")
-	os.WriteFile(big, make([]byte, 100), 0o644)
-	if _, err := readSmallFile(big, 64); err == nil {
-		t.Error("a file over the limit must be refused")
-	}
-	link := filepath.Join(dir, "link")
-	os.Symlink(ok, link)
-	if _, err := readSmallFile(link, 64); err == nil {
-		t.Error("a symlink must not be followed")
-	}
-}
-
-func TestDNSRecord(t *testing.T) {
-	scrub, err := audit.NewScrubber(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A token smuggled in a name is redacted like one in argv.
-	r := dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Refused, Name: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Type: "A", Rule: "no host rule matches", Rcode: "RCodeNameError"}, scrub)
-	if r.Event != "agentbox/dns_refused" || r.Status != "Failure" || strings.Contains(r.Message, "ghp_abc") || !strings.Contains(r.Detail["name"], audit.Redacted) {
-		t.Errorf("refused: %+v %v", r, r.Detail)
-	}
-	r = dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Answered, Name: "api.example.com", Type: "A", Rule: "allow[0] host api.example.com",
-		Rcode: "RCodeSuccess", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")}, TTL: 5 * time.Minute}, scrub)
-	if r.Event != "agentbox/dns_answered" || r.Status != "Success" || r.Detail["addresses"] != "192.0.2.1, 192.0.2.2" || r.Detail["allowed_for"] != "5m0s" || r.Detail["transport"] != "udp" {
-		t.Errorf("answered: %+v %v", r, r.Detail)
-	}
-	r = dnsRecord(dnsproxy.Decision{Outcome: dnsproxy.Failed, Name: "api.example.com", Type: "AAAA", Err: errors.New("upstream down"), TCP: true}, scrub)
-	if r.Event != "agentbox/dns_failed" || r.Detail["error"] != "upstream down" || r.Detail["transport"] != "tcp" || !strings.HasSuffix(r.Message, ": upstream down") {
-		t.Errorf("failed: %+v %v", r, r.Detail)
-	}
-	if _, ok := r.Detail["addresses"]; ok {
-		t.Error("empty details are left out")
-	}
-}
 
 func TestNamespaceFromTheRequest(t *testing.T) {
 	if got := namespaceOf(namespaces.WithNamespace(context.Background(), "k8s.io")); got != "k8s.io" {

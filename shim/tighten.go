@@ -22,6 +22,7 @@ import (
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/tighten"
 )
 
 // policyPoll is how often a shim looks for a changed policy directory
@@ -67,19 +68,15 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		return
 	}
 	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
-	sb.resp.applying.Lock()
-	defer sb.resp.applying.Unlock()
+	sb.ops.Lock()
+	defer sb.ops.Unlock()
 	next, err := set.Select(sb.request)
-	sb.resp.mu.Lock()
-	seen, live := sb.resp.seen, sb.liveDigestLocked()
-	sb.resp.mu.Unlock()
+	seen, live := sb.seen, sb.liveDigestNow()
 	if err != nil {
 		// The role no longer selects for this sandbox: what it runs under
 		// stays, and the trail says so once.
 		if seen != "refused: "+err.Error() {
-			sb.resp.mu.Lock()
-			sb.resp.seen = "refused: " + err.Error()
-			sb.resp.mu.Unlock()
+			sb.seen = "refused: " + err.Error()
 			sb.audit.trail.Emit(audit.TypePolicyPending.New("Failure",
 				"the role's new version does not select for this sandbox ("+err.Error()+"): it keeps its profile; new sandboxes are refused",
 				map[string]string{"error": err.Error(), "live_digest": live}), true)
@@ -89,27 +86,18 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	if next.Digest == seen || (seen == "" && next.Digest == live) {
 		return
 	}
-	sb.resp.mu.Lock()
-	sb.resp.seen = next.Digest
-	sb.resp.mu.Unlock()
-	nextPlan, err := netpolicy.Compile(next)
+	sb.seen = next.Digest
+	change, err := tighten.Diff(tighten.Running{Profile: sb.profile, Plan: sb.live.Load(), MemoryBytes: sb.memoryLimit, CPUMillis: sb.cpuMillis}, next)
 	if err != nil {
-		log.G(ctx).WithError(err).Warn("agentbox: the role's new egress does not compile")
+		log.G(ctx).WithError(err).Warn("agentbox: the role's new version is not applied")
+		sb.audit.trail.Emit(audit.TypePolicyPending.New("Failure", fmt.Sprintf("role %s changed (%s), and %v: the sandbox keeps its profile", next.Role, short(next.Digest), err),
+			map[string]string{"error": err.Error(), "live_digest": live, "new_digest": next.Digest}), true)
 		return
 	}
-	cur := sb.live.Load()
-	if cur == nil {
-		cur = &netpolicy.Plan{}
-	}
-	livePlan, applied, pending := netpolicy.Narrow(cur, nextPlan)
-	for _, part := range unchangeable(sb.profile, next) {
-		pending = append(pending, part+": applies to new sandboxes")
-	}
-	res, limApplied, limPending := lowerLimits(sb.memoryLimit, sb.cpuMillis, sb.profile.Limits, next.Limits)
-	applied, pending = append(applied, limApplied...), append(pending, limPending...)
+	applied, pending := change.Applied, change.Pending
 	detail := map[string]string{"start_digest": sb.profile.Digest, "previous_digest": live, "new_digest": next.Digest,
 		"applied": strings.Join(applied, "; "), "pending": strings.Join(pending, "; ")}
-	if len(applied) == 0 {
+	if !change.Tightens() {
 		if len(pending) > 0 {
 			sb.audit.trail.Emit(audit.TypePolicyPending.New("Success",
 				fmt.Sprintf("role %s changed (%s): nothing tightens this sandbox; for new sandboxes only: %s", next.Role, short(next.Digest), detail["pending"]), detail), true)
@@ -117,9 +105,9 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		return
 	}
 	start := time.Now()
-	closed, err := s.loadLive(sb, livePlan)
-	if err == nil && res != nil {
-		err = s.updateLimits(ctx, sb, res)
+	closed, err := s.loadLive(sb, change.Plan)
+	if err == nil && change.Resources != nil {
+		err = s.updateLimits(ctx, sb, change.Resources)
 	}
 	if err != nil {
 		fallback, ferr := s.failClosed(ctx, sb)
@@ -131,9 +119,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 			fmt.Sprintf("role %s tightened, and its rules could not be loaded (%v): the sandbox was %s instead", next.Role, err, fallback), detail), true)
 		return
 	}
-	sb.resp.mu.Lock()
-	sb.resp.liveDigest = next.Digest
-	sb.resp.mu.Unlock()
+	sb.liveDigest.Store(&next.Digest)
 	detail["applied_in"] = time.Since(start).Round(time.Microsecond).String()
 	if closed > 0 {
 		detail["gateway_connections_closed"] = fmt.Sprint(closed)
@@ -150,10 +136,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 // connections it closed.
 func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 	e := sb.egress()
-	sb.resp.mu.Lock()
-	quarantined := sb.resp.quarantined != ""
-	sb.resp.mu.Unlock()
-	if e.netns != "" && !quarantined {
+	if e.netns != "" && !sb.life.Now().Quarantined() {
 		if err := netpolicy.Restore(e.held, pl, e.iface); err != nil {
 			return 0, err
 		}
@@ -163,63 +146,6 @@ func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 		return 0, nil
 	}
 	return e.gateway.Revalidate(), nil
-}
-
-// unchangeable names the parts of two profiles, other than egress, that
-// differ and that a running sandbox cannot take: a role's new version's
-// apply to new sandboxes only, and a restore refuses them.
-func unchangeable(cur, next *policy.Profile) []string {
-	var out []string
-	for _, part := range []struct {
-		name      string
-		cur, next any
-	}{
-		{"filesystem", cur.Filesystem, next.Filesystem},
-		{"process (user, capabilities, syscalls, maxProcesses)", cur.Process, next.Process},
-		{"credentials", cur.Credentials, next.Credentials},
-		{"limits (wall clock, CPU time, open files)", []any{cur.Limits.WallClock, cur.Limits.CPUTimeSeconds, cur.Limits.OpenFiles},
-			[]any{next.Limits.WallClock, next.Limits.CPUTimeSeconds, next.Limits.OpenFiles}},
-		{"audit", cur.Audit, next.Audit},
-	} {
-		a, _ := json.Marshal(part.cur)
-		b, _ := json.Marshal(part.next)
-		if string(a) != string(b) {
-			out = append(out, part.name)
-		}
-	}
-	return out
-}
-
-// lowerLimits is the cgroup update that takes a running sandbox's memory
-// and CPU limits (memory, cpuMillis: what its cgroup has; 0 none) down to
-// its role's new version's where that is lower (nil: none), what it
-// applies, and what it does not: a role's higher limit loosens. A role
-// limit that did not change changes nothing (the pod may have asked for
-// less).
-func lowerLimits(memory, cpuMillis int64, old, next policy.LimitsProfile) (*specs.LinuxResources, []string, []string) {
-	var res *specs.LinuxResources
-	var applied, pending []string
-	if m := next.MemoryBytes; m != old.MemoryBytes {
-		if m > 0 && (memory == 0 || m < memory) {
-			res = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &m}}
-			applied = append(applied, fmt.Sprintf("memory limit %d -> %d bytes", memory, m))
-		} else if m == 0 || m > old.MemoryBytes {
-			pending = append(pending, fmt.Sprintf("memory limit %d -> %d bytes (loosens)", old.MemoryBytes, m))
-		}
-	}
-	if c := next.CPUMillis; c != old.CPUMillis {
-		if c > 0 && (cpuMillis == 0 || c < cpuMillis) {
-			if res == nil {
-				res = &specs.LinuxResources{}
-			}
-			quota, period := c*100, uint64(100000)
-			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
-			applied = append(applied, fmt.Sprintf("cpu limit %dm -> %dm", cpuMillis, c))
-		} else if c == 0 || c > old.CPUMillis {
-			pending = append(pending, fmt.Sprintf("cpu limit %dm -> %dm (loosens)", old.CPUMillis, c))
-		}
-	}
-	return res, applied, pending
 }
 
 // updateLimits applies res to the sandbox's cgroup (runsc update, through

@@ -24,9 +24,11 @@ import (
 	"testing"
 	"time"
 
-	"agentbox.dev/agentbox/internal/nsthread"
-	"agentbox.dev/agentbox/shim"
 	"golang.org/x/net/http2"
+
+	"agentbox.dev/agentbox/internal/egressrec"
+	"agentbox.dev/agentbox/internal/nsthread"
+
 	//lint:ignore SA1019 the deprecated h2c package is what still answers an HTTP/1.1 Upgrade: h2c, as origins do
 	"golang.org/x/net/http2/h2c"
 )
@@ -414,7 +416,7 @@ func TestEgressGateway(t *testing.T) {
 				continue
 			}
 			switch {
-			case r.Dst.IP == gwAddress && r.Dst.Port == 80 && d["egress_rule"] == shim.RuleGateway && d["egress"] == "allow":
+			case r.Dst.IP == gwAddress && r.Dst.Port == 80 && d["egress_rule"] == egressrec.RuleGateway && d["egress"] == "allow":
 				s.connectGateway = r.Status == "Success"
 			case r.Dst.IP == webAddr && d["egress"] == "deny" && d["egress_rule"] == "default deny":
 				s.connectDirect = true

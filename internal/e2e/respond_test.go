@@ -285,6 +285,23 @@ func TestRespondFreezeAndStop(t *testing.T) {
 	if r := sandboxCLI("thaw", id); r.code == 0 || !strings.Contains(r.stderr, "not frozen") {
 		t.Errorf("thawing a running sandbox: %v", r)
 	}
+	// containerd's task API freezes and thaws it as an admin does: the
+	// sandbox's state and its trail know.
+	if r := dev.ctr(30*time.Second, "task", "pause", id); r.code != 0 {
+		t.Fatalf("ctr task pause: %v", r)
+	}
+	if sb := findSandbox(t, id); sb == nil || sb.State != "frozen" {
+		t.Errorf("after ctr task pause: %+v", sb)
+	}
+	if r := dev.ctr(30*time.Second, "task", "resume", id); r.code != 0 {
+		t.Fatalf("ctr task resume: %v", r)
+	}
+	if sb := findSandbox(t, id); sb == nil || sb.State != "running" {
+		t.Errorf("after ctr task resume: %+v", sb)
+	}
+	if r := dev.ctr(30*time.Second, "task", "resume", id); r.code == 0 {
+		t.Errorf("ctr task resume of a running sandbox: %v", r)
+	}
 	// Frozen again, then stopped: the kill reaches it.
 	if r := sandboxCLI("freeze", "--reason", "again", id); r.code != 0 {
 		t.Fatalf("freeze: %v", r)
@@ -310,6 +327,13 @@ func TestRespondFreezeAndStop(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("trail events %s lack %s", got, want)
 		}
+	}
+	byTaskAPI := false
+	for _, r := range recs {
+		byTaskAPI = byTaskAPI || r.Event == "agentbox/frozen" && strings.Contains(r.Detail["requested_by"], "task API")
+	}
+	if !byTaskAPI {
+		t.Error("no frozen record says containerd's task API asked")
 	}
 	if st := findRecord(recs, "agentbox/stopped"); st == nil || st.Detail["reason"] != "e2e: enough" || st.Detail["requested_by_uid"] != "0" {
 		t.Errorf("stop record %+v", st)

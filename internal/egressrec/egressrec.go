@@ -1,0 +1,216 @@
+// Package egressrec turns what a sandbox's egress decided into its trail's
+// records: the gateway's connections and requests, the secrets it found
+// echoed back, the resolver's answers and refusals, and the egress rules'
+// verdict added to each connect the Sentry saw. Pure: names, methods and
+// paths come from the sandbox, and are scrubbed like argv.
+package egressrec
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/dnsproxy"
+	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// Gateway turns a gateway event into a record. Names, methods and
+// paths come from the sandbox: scrubbed like argv.
+func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
+	clean := func(s string) string { return scrubbed(scrub, s) }
+	name := e.SNI
+	if e.Host != "" {
+		name = e.Host
+	}
+	name = clean(name)
+	detail := map[string]string{"protocol": e.Proto, "sni": clean(e.SNI), "host": clean(e.Host), "egress_rule": e.Rule,
+		"method": clean(e.Method), "path": clean(e.Path), "dialled": e.Dialled, "reason": clean(e.Reason),
+		"bytes_sent": fmt.Sprint(e.Sent), "bytes_received": fmt.Sprint(e.Received), "duration": e.Duration.Round(time.Microsecond).String()}
+	if e.Client.IsValid() {
+		detail["client"] = e.Client.String()
+	}
+	if e.Status != 0 {
+		detail["http_status"] = fmt.Sprint(e.Status)
+	}
+	var typ audit.RecordType
+	status, msg := "Success", ""
+	switch e.Kind {
+	case egressgw.Request:
+		typ, detail["egress"] = audit.TypeEgressRequest, "allow"
+		scheme := "http"
+		if e.Proto == "https" {
+			scheme = "https"
+		}
+		if len(e.Injected) > 0 {
+			detail["injected"] = strings.Join(e.Injected, ", ")
+		}
+		msg = fmt.Sprintf("%s %s://%s%s -> %d (%s)", detail["method"], scheme, name, detail["path"], e.Status, e.Rule)
+	case egressgw.Passthrough:
+		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
+		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)
+	case egressgw.WebSocketClosed:
+		typ, detail["egress"] = audit.TypeWebSocketClosed, "allow"
+		msg = fmt.Sprintf("websocket %s%s via %s closed after %s: %d bytes sent, %d received (%s)", name, detail["path"], e.Dialled,
+			e.Duration.Round(time.Millisecond), e.Sent, e.Received, detail["reason"])
+	default:
+		typ, detail["egress"], status = audit.TypeEgressRefused, "deny", "Failure"
+		target := name
+		if target == "" {
+			target = "port " + fmt.Sprint(e.Port)
+		}
+		msg = fmt.Sprintf("%s refused: %s", target, detail["reason"])
+	}
+	for k, v := range detail {
+		if v == "" || ((k == "bytes_sent" || k == "bytes_received") && v == "0") {
+			delete(detail, k)
+		}
+	}
+	r := typ.New(status, msg, detail)
+	endpoints(r, e)
+	if r.Dst == nil {
+		r.Dst = &audit.Endpoint{Port: e.Port}
+	}
+	return r
+}
+
+// scrubbed is s as the role's scrubber leaves it ("" stays "").
+func scrubbed(scrub *audit.RoleScrubber, s string) string {
+	if s == "" || scrub == nil {
+		return s
+	}
+	return scrub.Args([]string{s})[0]
+}
+
+// endpoints sets a gateway record's source (the agent's end) and its
+// destination (the address the gateway dialled, where it did).
+func endpoints(r *audit.Record, e egressgw.Event) {
+	if e.Client.IsValid() {
+		r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
+	}
+	if ap, err := netip.ParseAddrPort(e.Dialled); err == nil {
+		r.Dst = &audit.Endpoint{IP: ap.Addr().String(), Port: int(ap.Port())}
+	}
+}
+
+// Reflected are the records of the injected secrets e's response
+// carried back, one per place and encoding (the gateway replaced them).
+func Reflected(e egressgw.Event, scrub *audit.RoleScrubber) []*audit.Record {
+	var out []*audit.Record
+	path := scrubbed(scrub, e.Path)
+	for _, x := range e.Reflected {
+		detail := map[string]string{"host": e.Host, "method": e.Method, "path": path, "where": x.Where, "encoding": x.Encoding,
+			"count": fmt.Sprint(x.Count), "egress_rule": e.Rule, "http_status": fmt.Sprint(e.Status)}
+		r := audit.TypeSecretReflected.New("Success", fmt.Sprintf("the secret injected toward %s came back in its response (%s, %s, %d time(s)): replaced before the agent read it",
+			e.Host, x.Where, x.Encoding, x.Count), detail)
+		endpoints(r, e)
+		out = append(out, r)
+	}
+	return out
+}
+
+// RuleGateway names, in connect records, a connection to the pod's egress
+// gateway: the gateway's own record says what it decided by name.
+const RuleGateway = "egress gateway (decided by name)"
+
+// DNS turns a resolver decision into a record. The name comes from
+// the sandbox: it is scrubbed like argv.
+func DNS(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
+	name := scrubbed(scrub, d.Name)
+	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
+		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
+	status := "Failure"
+	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
+		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
+	var msg string
+	switch d.Outcome {
+	case dnsproxy.Answered:
+		status = "Success"
+		var addrs []string
+		for _, a := range d.Addrs {
+			addrs = append(addrs, a.String())
+		}
+		detail["addresses"] = strings.Join(addrs, ", ")
+		if d.Gateway.IsValid() {
+			detail["answered_with"] = d.Gateway.String() + " (the egress gateway)"
+		}
+		if d.Kept {
+			detail["answered_from"] = "the kept answer (upstream not asked)"
+		}
+		var withheld []string
+		for _, w := range d.Withheld {
+			withheld = append(withheld, w.Addr.String()+": "+w.Reason)
+		}
+		detail["withheld"] = strings.Join(withheld, "; ")
+		if d.TTL > 0 {
+			detail["allowed_for"] = d.TTL.String()
+		}
+		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
+	case dnsproxy.Refused:
+		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
+	default:
+		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
+	}
+	for k, v := range detail {
+		if v == "" {
+			delete(detail, k)
+		}
+	}
+	if d.Err != nil {
+		detail["error"] = d.Err.Error()
+		msg += ": " + d.Err.Error()
+	}
+	return typ.New(status, msg, detail)
+}
+
+// Withheld says that an answered address was not opened, and why.
+func Withheld(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
+	name := scrubbed(scrub, d.Name)
+	return audit.TypeDNSWithheld.New("Failure",
+		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
+		map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "address": w.Addr.String(), "reason": w.Reason})
+}
+
+// ConnectDecision adds to each connect record what the egress rules do with
+// its destination (the live plan's, once the role tightened), and which
+// rule decides. The pod's resolver and gateway
+// (dnsAddr) do not pass the rules: they have a link of their own, and the
+// gateway decides each connection by name (its own records).
+func ConnectDecision(start *netpolicy.Plan, live *atomic.Pointer[netpolicy.Plan], dnsAddr netip.Addr) func(*audit.Record) {
+	gwPorts := map[int]bool{}
+	for _, p := range egressgw.Ports(start) {
+		gwPorts[p] = true
+	}
+	return func(r *audit.Record) {
+		if r.Event != "syscall/connect" || r.Dst == nil || r.Dst.IP == "" {
+			return
+		}
+		pl := start
+		if p := live.Load(); p != nil {
+			pl = p
+		}
+		addr, err := netip.ParseAddr(r.Dst.IP)
+		if err != nil {
+			return
+		}
+		allow, rule := pl.Decide(addr, r.Dst.Port)
+		if dnsAddr.IsValid() && addr.Unmap() == dnsAddr {
+			switch {
+			case r.Dst.Port == netpolicy.DNSPort:
+				allow, rule = true, "pod resolver"
+			case gwPorts[r.Dst.Port]:
+				allow, rule = true, RuleGateway
+			default:
+				allow, rule = false, "pod resolver: no gateway port"
+			}
+		}
+		if r.Detail == nil {
+			r.Detail = map[string]string{}
+		}
+		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
+		r.Detail["egress_rule"] = rule
+	}
+}

@@ -1,0 +1,131 @@
+package shim
+
+// The task API calls the shim forwards to gVisor's task service as they
+// are, or nearly: Kill thaws a frozen sandbox first, Stats adds the OOM
+// kills, Shutdown waits for Delete's cleanup.
+
+import (
+	"context"
+	"fmt"
+
+	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
+	resp, err := s.next.State(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResponse, error) {
+	resp, err := s.next.Pids(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+// Kill forwards. A SIGKILL for a frozen sandbox thaws it first: runsc
+// signals no container of a paused sandbox (containerd stopping a frozen
+// pod).
+func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
+	if r.Signal == uint32(unix.SIGKILL) {
+		if sb, ok := s.sandboxes.of(r.ID); ok {
+			s.thawForKill(ctx, sb)
+		}
+	}
+	resp, err := s.next.Kill(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) ResizePty(ctx context.Context, r *task.ResizePtyRequest) (*types.Empty, error) {
+	resp, err := s.next.ResizePty(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) CloseIO(ctx context.Context, r *task.CloseIORequest) (*types.Empty, error) {
+	resp, err := s.next.CloseIO(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) Update(ctx context.Context, r *task.UpdateTaskRequest) (*types.Empty, error) {
+	resp, err := s.next.Update(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+func (s *service) Wait(ctx context.Context, r *task.WaitRequest) (*task.WaitResponse, error) {
+	resp, err := s.next.Wait(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+// Stats adds what gVisor's task service leaves out of a container's
+// cgroup metrics: the OOM kill count (memory.oom_control in v1,
+// memory.events in v2), from the OOM kills gVisor reported for the
+// container's sandbox. gVisor enforces memory per sandbox, so each
+// container of a pod reports its sandbox's count. The CRI's pod metrics
+// (container_oom_events_total) read it.
+func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsResponse, error) {
+	resp, err := s.next.Stats(ctx, r)
+	if err != nil || resp == nil || resp.Stats == nil {
+		return resp, errgrpc.ToGRPC(err)
+	}
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok {
+		return resp, nil
+	}
+	kills := sb.oomKills.Load()
+	if stats, err := withOOMKills(resp.Stats, kills); err == nil {
+		resp.Stats = stats
+	} else {
+		log.G(ctx).WithError(err).Debug("agentbox: stats left as gVisor gave them")
+	}
+	return resp, nil
+}
+
+// withOOMKills sets the OOM kill count in cgroup v1 or v2 metrics where
+// gVisor left it out.
+func withOOMKills(stats *anypb.Any, kills uint64) (*anypb.Any, error) {
+	m, err := typeurl.UnmarshalAny(stats)
+	if err != nil {
+		return nil, err
+	}
+	switch v := m.(type) {
+	case *cgroup1stats.Metrics:
+		if v.MemoryOomControl == nil {
+			v.MemoryOomControl = &cgroup1stats.MemoryOomControl{}
+		}
+		v.MemoryOomControl.OomKill = kills
+	case *cgroup2stats.Metrics:
+		if v.MemoryEvents == nil {
+			v.MemoryEvents = &cgroup2stats.MemoryEvents{}
+		}
+		v.MemoryEvents.OomKill = kills
+	default:
+		return nil, fmt.Errorf("metrics of type %T", m)
+	}
+	return typeurl.MarshalAnyToProto(m)
+}
+
+func (s *service) Connect(ctx context.Context, r *task.ConnectRequest) (*task.ConnectResponse, error) {
+	resp, err := s.next.Connect(ctx, r)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+// Shutdown ends the shim once it serves no container. gVisor's task service
+// answers an error while containers remain; that is not a failure.
+func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types.Empty, error) {
+	resp, err := s.next.Shutdown(ctx, r)
+	if err != nil {
+		log.G(ctx).WithError(err).Debug("agentbox: shutdown deferred")
+		return &types.Empty{}, nil
+	}
+	// gVisor forgets a container when runsc deletes it, before the shim
+	// has closed what it keeps for it (the root's rules, its trail).
+	s.deleting.Wait()
+	s.sd.Shutdown()
+	return resp, nil
+}

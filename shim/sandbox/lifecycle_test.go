@@ -1,0 +1,166 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// legal is every move a sandbox may make, written out by hand apart from
+// the transitions table: "from [quarantined] --event--> to".
+var legal = map[string]bool{
+	"creating --start--> running": true,
+	"creating --exit--> ended":    true,
+
+	"running --freeze--> frozen":                             true,
+	"running --checkpoint--> checkpointing":                  true,
+	"running --stop--> stopping":                             true,
+	"running --exit--> ended":                                true,
+	"running --quarantine--> running":                        true,
+	"running quarantined --freeze--> frozen":                 true,
+	"running quarantined --checkpoint--> checkpointing":      true,
+	"running quarantined --stop--> stopping":                 true,
+	"running quarantined --exit--> ended":                    true,
+	"running quarantined --release--> running":               true,
+	"frozen --thaw--> running":                               true,
+	"frozen --stop--> stopping":                              true,
+	"frozen --exit--> ended":                                 true,
+	"frozen --quarantine--> frozen":                          true,
+	"frozen quarantined --thaw--> running":                   true,
+	"frozen quarantined --stop--> stopping":                  true,
+	"frozen quarantined --exit--> ended":                     true,
+	"frozen quarantined --release--> frozen":                 true,
+	"checkpointing --checkpoint-done--> running":             true,
+	"checkpointing --suspend--> stopping":                    true,
+	"checkpointing --stop--> stopping":                       true,
+	"checkpointing --exit--> ended":                          true,
+	"checkpointing quarantined --checkpoint-done--> running": true,
+	"checkpointing quarantined --suspend--> stopping":        true,
+	"checkpointing quarantined --stop--> stopping":           true,
+	"checkpointing quarantined --exit--> ended":              true,
+	"stopping --stop--> stopping":                            true,
+	"stopping --exit--> ended":                               true,
+	"stopping quarantined --stop--> stopping":                true,
+	"stopping quarantined --exit--> ended":                   true,
+	// Ended allows nothing.
+}
+
+// Every phase, quarantined or not, on every event: the legal moves land
+// where the list says, and every other is refused with ErrIllegal and the
+// sandbox stays where it was.
+func TestTransitionTable(t *testing.T) {
+	seen := 0
+	for _, p := range Phases() {
+		for _, q := range []bool{false, true} {
+			if p == Creating && q {
+				continue // unreachable: nothing quarantines a sandbox being created
+			}
+			for _, ev := range Events() {
+				from := p.String()
+				if q {
+					from += " quarantined"
+				}
+				next, err := Next(p, q, ev)
+				move := fmt.Sprintf("%s --%s--> %s", from, ev, next)
+				switch {
+				case err == nil && !legal[move]:
+					t.Errorf("%s: allowed, and the list does not have it", move)
+				case err == nil:
+					seen++
+				case !errors.Is(err, ErrIllegal):
+					t.Errorf("%s --%s--> refused with %v, not ErrIllegal", from, ev, err)
+				case next != p:
+					t.Errorf("%s --%s--> refused, yet moved to %s", from, ev, next)
+				}
+			}
+		}
+	}
+	if seen != len(legal) {
+		t.Errorf("%d moves allowed, the list has %d", seen, len(legal))
+	}
+}
+
+// A Lifecycle keeps its quarantine through a freeze and a checkpoint, and
+// names the whole state.
+func TestLifecycle(t *testing.T) {
+	var l Lifecycle
+	step := func(ev Event, reason, wantState string) {
+		t.Helper()
+		if _, err := l.Fire(ev, reason); err != nil {
+			t.Fatalf("%s: %v", ev, err)
+		}
+		if got := l.Now().State(); got != wantState {
+			t.Fatalf("after %s: %s, want %s", ev, got, wantState)
+		}
+	}
+	if l.Now().State() != "creating" {
+		t.Fatalf("a new sandbox is %s", l.Now().State())
+	}
+	if err := l.Can(Quarantine); err == nil {
+		t.Fatal("a sandbox being created can be quarantined")
+	}
+	step(Started, "", "running")
+	step(Quarantine, "exfiltration", "quarantined")
+	if _, err := l.Fire(Quarantine, "again"); err == nil || l.Now().Quarantine != "exfiltration" {
+		t.Fatalf("a second quarantine: %v, reason %q", err, l.Now().Quarantine)
+	}
+	step(Freeze, "", "frozen")
+	if l.Now().FrozenAt.IsZero() || !l.Now().Quarantined() {
+		t.Fatalf("frozen: %+v", l.Now())
+	}
+	if err := l.Can(Checkpoint); err == nil {
+		t.Fatal("a frozen sandbox can be checkpointed")
+	}
+	step(Thaw, "", "quarantined")
+	step(Checkpoint, "", "checkpointing")
+	if err := l.Can(Quarantine); err == nil {
+		t.Fatal("a checkpointing sandbox can be quarantined again")
+	}
+	step(CheckpointDone, "", "quarantined")
+	before, err := l.Fire(Release, "")
+	if err != nil || before.Quarantine != "exfiltration" || l.Now().Quarantined() {
+		t.Fatalf("release: %v; before %+v, now %+v", err, before, l.Now())
+	}
+	step(Stop, "", "stopping")
+	for _, ev := range []Event{Started, Freeze, Thaw, Checkpoint, Quarantine} {
+		if err := l.Can(ev); err == nil {
+			t.Errorf("a stopping sandbox can %s", ev)
+		}
+	}
+	step(Exit, "", "ended")
+	for _, ev := range Events() {
+		if err := l.Can(ev); err == nil {
+			t.Errorf("an ended sandbox can %s", ev)
+		}
+	}
+}
+
+// Events from many goroutines (an admin, a limit, runsc's exit) move the
+// sandbox one at a time, and it ends where the last legal move left it.
+func TestLifecycleConcurrent(t *testing.T) {
+	var l Lifecycle
+	if _, err := l.Fire(Started, ""); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				l.Fire(Freeze, "")
+				l.Fire(Thaw, "")
+				l.Fire(Quarantine, fmt.Sprint(i))
+				l.Fire(Release, "")
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := l.Fire(Stop, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Fire(Exit, ""); err != nil || l.Now().Phase != Ended {
+		t.Fatalf("%v %v", err, l.Now().Phase)
+	}
+}

@@ -12,14 +12,11 @@ package checkpoint
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -127,96 +124,6 @@ func OpenStore(dir, keyFile string) (*Store, error) {
 		return nil, err
 	}
 	return &Store{Dir: dir, key: key}, nil
-}
-
-func ensureDir(dir string) error {
-	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("checkpoint store %q: not an absolute path", dir)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("checkpoint store: %w", err)
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return fmt.Errorf("checkpoint store: %w", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("checkpoint store %s: not a directory (a symlink?)", dir)
-	}
-	if !private(&st) {
-		return fmt.Errorf("checkpoint store %s: owned by uid %d with mode %o: it must be uid %d's alone (mode 0700): images hold agents' memory", dir, st.Uid, st.Mode&0o777, os.Geteuid())
-	}
-	return nil
-}
-
-// KeySize is the node key's length in bytes.
-const KeySize = 32
-
-func loadOrCreateKey(path string) ([]byte, error) {
-	if !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("node key %q: not an absolute path", path)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("node key: %w", err)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		key := make([]byte, KeySize)
-		if _, err := rand.Read(key); err != nil {
-			return nil, fmt.Errorf("node key: %w", err)
-		}
-		tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-		werr := writeFileSync(tmp, key)
-		if werr == nil {
-			// Link, not rename: two shims creating the key at once agree
-			// on the first one's.
-			werr = os.Link(tmp, path)
-		}
-		os.Remove(tmp)
-		if werr != nil && !errors.Is(werr, os.ErrExist) {
-			return nil, fmt.Errorf("node key: %w", werr)
-		}
-		return loadOrCreateKey(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || !private(&st) {
-		return nil, fmt.Errorf("node key %s: must be a regular file of uid %d with mode 0600 (it is uid %d, mode %o)", path, os.Geteuid(), st.Uid, st.Mode&0o7777)
-	}
-	key, err := io.ReadAll(io.LimitReader(f, KeySize+1))
-	if err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	if len(key) != KeySize {
-		return nil, fmt.Errorf("node key %s: %d bytes, want %d", path, len(key), KeySize)
-	}
-	return key, nil
-}
-
-// mac is the node key's MAC (hex) of v's JSON, under a context that says
-// what v is.
-func (s *Store) mac(context string, v any) (string, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "", err
-	}
-	h := hmac.New(sha256.New, s.key)
-	h.Write([]byte(context))
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// signedBy says whether got is the node key's MAC of v under context.
-func (s *Store) signedBy(context string, v any, got string) bool {
-	want, err := s.mac(context, v)
-	return err == nil && hmac.Equal([]byte(got), []byte(want))
 }
 
 // Begin makes the directory a checkpoint's files are written into before
@@ -380,113 +287,6 @@ func (s *Store) Open(name string) (*Image, error) {
 	return &Image{Manifest: m, Digest: digest, Dir: dir}, nil
 }
 
-// verifiedDir remembers, per checkpoint, each file's identity (device,
-// inode, size, modification and change times) as it was when its digest
-// last matched the manifest: a file with the same identity is not hashed
-// again (a template is restored by every new pod of its role). Any write
-// to a file changes its change time, which no one but root can set; the
-// record is under the node key too.
-const verifiedDir = ".verified"
-
-type fileStamp struct {
-	Name  string `json:"name"`
-	Dev   uint64 `json:"dev"`
-	Ino   uint64 `json:"ino"`
-	Size  int64  `json:"size"`
-	Mtime int64  `json:"mtime"`
-	Ctime int64  `json:"ctime"`
-}
-
-type verifiedRecord struct {
-	Digest string      `json:"digest"`
-	Files  []fileStamp `json:"files"`
-	MAC    string      `json:"mac"`
-}
-
-// verifiedContext separates a verification record's MAC from a manifest's.
-const verifiedContext = "agentbox checkpoint verified v1\n"
-
-// verifiedSigned is what a verification record's MAC covers.
-func (v *verifiedRecord) verifiedSigned() any {
-	return struct {
-		D string
-		F []fileStamp
-	}{v.Digest, v.Files}
-}
-
-// loadVerified is what an earlier Open of the checkpoint (with the
-// manifest of digest) found to match, by file name (none if anything is
-// off).
-func (s *Store) loadVerified(name, digest string) map[string]fileStamp {
-	dfd, err := unix.Open(filepath.Join(s.Dir, verifiedDir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(dfd)
-	if ownedDir(dfd, verifiedDir) != nil {
-		return nil
-	}
-	b, err := readAt(dfd, name+".json", 1<<20)
-	if err != nil {
-		return nil
-	}
-	var v verifiedRecord
-	if json.Unmarshal(b, &v) != nil || v.Digest != digest || !s.signedBy(verifiedContext, v.verifiedSigned(), v.MAC) {
-		return nil
-	}
-	out := map[string]fileStamp{}
-	for _, f := range v.Files {
-		out[f.Name] = f
-	}
-	return out
-}
-
-// saveVerified records the stamps of files that matched (best effort: a
-// failure only means hashing again next time).
-func (s *Store) saveVerified(name, digest string, stamps []fileStamp) {
-	dir := filepath.Join(s.Dir, verifiedDir)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return
-	}
-	v := verifiedRecord{Digest: digest, Files: stamps}
-	var err error
-	if v.MAC, err = s.mac(verifiedContext, v.verifiedSigned()); err != nil {
-		return
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%d.tmp", name, os.Getpid()))
-	if writeFileSync(tmp, b) != nil || os.Rename(tmp, filepath.Join(dir, name+".json")) != nil {
-		os.Remove(tmp)
-	}
-}
-
-// checkFile opens an image file and stamps it; it hashes it (sum set)
-// unless seen holds the same stamp.
-func (s *Store) checkFile(dfd int, f File, seen map[string]fileStamp) (fileStamp, string, error) {
-	fh, err := openAt(dfd, f.Name)
-	if err != nil {
-		return fileStamp{}, "", err
-	}
-	defer fh.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(fh.Fd()), &st); err != nil {
-		return fileStamp{}, "", err
-	}
-	stamp := fileStamp{Name: f.Name, Dev: uint64(st.Dev), Ino: st.Ino, Size: st.Size, Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano()}
-	if prev, ok := seen[f.Name]; ok && prev == stamp && stamp.Size == f.Size {
-		return stamp, "", nil
-	}
-	sum, n, err := sha256Of(fh)
-	if err != nil {
-		return stamp, "", err
-	}
-	stamp.Size = n
-	return stamp, sum, nil
-}
-
 // List returns the store's checkpoints by name (unchecked: Open checks one).
 func (s *Store) List() ([]Manifest, error) {
 	ents, err := os.ReadDir(s.Dir)
@@ -517,83 +317,6 @@ func (s *Store) Remove(name string) error {
 	}
 	os.Remove(filepath.Join(s.Dir, verifiedDir, name+".json"))
 	return os.RemoveAll(filepath.Join(s.Dir, name))
-}
-
-func ownedDir(fd int, dir string) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	if !private(&st) {
-		return fmt.Errorf("checkpoint %s: owned by uid %d with mode %o: refused (the runtime's images are uid %d's alone)", dir, st.Uid, st.Mode&0o777, os.Geteuid())
-	}
-	return nil
-}
-
-func openAt(dfd int, name string) (*os.File, error) {
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(fd), name)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, errors.New("not a regular file")
-	}
-	if !private(&st) {
-		f.Close()
-		return nil, fmt.Errorf("owned by uid %d with mode %o: refused", st.Uid, st.Mode&0o777)
-	}
-	return f, nil
-}
-
-func readAt(dfd int, name string, max int64) ([]byte, error) {
-	f, err := openAt(dfd, name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("larger than %d bytes", max)
-	}
-	return b, nil
-}
-
-// private says whether a file is the runtime user's alone (no group or
-// other bits).
-func private(st *unix.Stat_t) bool {
-	return int(st.Uid) == os.Geteuid() && st.Mode&0o077 == 0
-}
-
-// sha256Of is r's SHA-256 (hex) and length.
-func sha256Of(r io.Reader) (string, int64, error) {
-	h := sha256.New()
-	n, err := io.Copy(h, r)
-	return hex.EncodeToString(h.Sum(nil)), n, err
-}
-
-func writeFileSync(p string, b []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 func short(s string) string {

@@ -9,11 +9,9 @@ package config
 import (
 	"bytes"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -249,91 +247,8 @@ type Egress struct {
 	UpstreamCAFile string `toml:"upstream_ca_file"`
 }
 
-// UpstreamRoots are the node's roots plus UpstreamCAFile's certificates.
-func (e Egress) UpstreamRoots() (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if e.UpstreamCAFile == "" {
-		return pool, nil
-	}
-	b, err := os.ReadFile(e.UpstreamCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("egress.upstream_ca_file: %w", err)
-	}
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("egress.upstream_ca_file: %s holds no PEM certificate", e.UpstreamCAFile)
-	}
-	return pool, nil
-}
-
-// ClusterPrefixes parses ClusterCIDRs.
-func (n Network) ClusterPrefixes() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for i, c := range n.ClusterCIDRs {
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return nil, fmt.Errorf("network.cluster_cidrs[%d]: %q is not a CIDR", i, c)
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
-}
-
 // DefaultResolverAddress is link-local and outside the metadata addresses.
 const DefaultResolverAddress = "169.254.53.53"
-
-// ResolverAddrs returns the resolver's address and the pod's peer address.
-func (n Network) ResolverAddrs() (resolver, peer netip.Addr, err error) {
-	a, err := netip.ParseAddr(n.ResolverAddress)
-	if err != nil || !a.Is4() {
-		return netip.Addr{}, netip.Addr{}, fmt.Errorf("network.resolver_address: %q is not an IPv4 address", n.ResolverAddress)
-	}
-	p := a.Next()
-	if !p.IsValid() || !p.Is4() || p.As4()[3] == 0 || p.As4()[3] == 255 || a.As4()[3] == 0 {
-		return netip.Addr{}, netip.Addr{}, fmt.Errorf("network.resolver_address: %s leaves no usable next address for the pod's side", a)
-	}
-	return a, p, nil
-}
-
-// UpstreamAddrs parses Upstreams, or reads resolvConf's nameservers when
-// there are none.
-func (n Network) UpstreamAddrs(resolvConf string) ([]netip.AddrPort, error) {
-	list := n.Upstreams
-	if len(list) == 0 {
-		b, err := os.ReadFile(resolvConf)
-		if err != nil {
-			return nil, fmt.Errorf("network.upstreams is empty and %w", err)
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) >= 2 && f[0] == "nameserver" {
-				list = append(list, f[1])
-			}
-		}
-	}
-	var out []netip.AddrPort
-	for i, u := range list {
-		ap, err := parseUpstream(u)
-		if err != nil {
-			return nil, fmt.Errorf("network.upstreams[%d]: %w", i, err)
-		}
-		out = append(out, ap)
-	}
-	return out, nil
-}
-
-func parseUpstream(s string) (netip.AddrPort, error) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, nil
-	}
-	a, err := netip.ParseAddr(strings.Split(s, "%")[0])
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%q is not an address or address:port", s)
-	}
-	return netip.AddrPortFrom(a, 53), nil
-}
 
 // Default returns the built-in configuration used when no file is named and
 // DefaultPath does not exist.
@@ -413,79 +328,6 @@ var (
 	// handlerName: a CRI runtime handler (a RuntimeClass's handler).
 	handlerName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 )
-
-// shimOwnedFlags are runsc flags the shim sets itself; a config may not
-// override them.
-var shimOwnedFlags = map[string]string{
-	"root":       "set runsc.root instead",
-	"log":        "the shim writes runsc's log into the bundle",
-	"log-format": "the shim parses runsc's JSON log",
-	"panic-log":  "set per container by the shim",
-}
-
-// TuningFlags are the runsc flags a config may set: they change how gVisor
-// runs, never what a role enforces. Any other flag is refused when the
-// config loads.
-var TuningFlags = map[string]bool{
-	"platform": true, "systemd-cgroup": true, "directfs": true, "file-access": true, "file-access-mounts": true,
-	"overlay2": true, "dcache": true, "cpu-num-from-quota": true, "num-network-channels": true, "gso": true,
-	"software-gso": true, "gvisor-gro": true, "watchdog-action": true, "panic-signal": true,
-	"debug": true, "debug-log": true, "debug-log-format": true, "log-packets": true,
-	"strace": true, "strace-syscalls": true, "strace-log-size": true,
-}
-
-// weakeningFlags say why known flags are refused.
-var weakeningFlags = map[string]string{
-	"ignore-cgroups":      "the sandbox would ignore its cgroup and see the host's memory and CPUs: the role's limits would not hold",
-	"net-raw":             "raw sockets inside the sandbox: packets forged past what the role's egress rules assume",
-	"network":             "a role's egress decides the sandbox's network",
-	"host-uds":            "the sandbox would reach the host's unix sockets",
-	"host-fifo":           "the sandbox would reach the host's FIFOs",
-	"host-settings":       "the sandbox would change the host's settings",
-	"allow-flag-override": "pod annotations could then set any runsc flag",
-	"oci-seccomp":         "the baseline syscall policy needs it on",
-	"nvproxy":             "device passthrough",
-	"tpuproxy":            "device passthrough",
-	"rootless":            "the sandbox's isolation is set up by the shim as root",
-	"pod-init-config":     "the shim owns the audit session",
-}
-
-// checkRunscFlag says why a config may not set a runsc flag ("" if it may).
-func checkRunscFlag(k string) string {
-	if TuningFlags[k] {
-		return ""
-	}
-	if why, ok := shimOwnedFlags[k]; ok {
-		return "owned by the shim: " + why
-	}
-	if why, ok := weakeningFlags[k]; ok {
-		return "would weaken what a role enforces: " + why
-	}
-	return "not one of the tuning flags agentbox accepts (" + strings.Join(sortedKeys(boolKeys(TuningFlags)), ", ") + ")"
-}
-
-func boolKeys(m map[string]bool) map[string]string {
-	out := map[string]string{}
-	for k := range m {
-		out[k] = ""
-	}
-	return out
-}
-
-// RunscFlags are the flags runsc runs a sandbox with: the config's tuning
-// flags, then the role's, which win. The shim and `policy explain` both
-// use this; the shim adds the sandbox's own audit session
-// (pod-init-config).
-func (c *Config) RunscFlags(role map[string]string) map[string]string {
-	flags := map[string]string{}
-	for k, v := range c.Runsc.Flags {
-		flags[k] = v
-	}
-	for k, v := range role {
-		flags[k] = v
-	}
-	return flags
-}
 
 // Validate checks every field and joins all problems into one error.
 func (c *Config) Validate() error {

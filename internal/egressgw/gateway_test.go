@@ -23,9 +23,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
-	"golang.org/x/net/http2"
 
 	//lint:ignore SA1019 the deprecated h2c package is what still answers an HTTP/1.1 Upgrade: h2c, as origins do
 	"golang.org/x/net/http2/h2c"

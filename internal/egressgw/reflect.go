@@ -92,9 +92,11 @@ func secretForms(secret, placeholder string) []secretForm {
 	return forms
 }
 
-var hexEscape = regexp.MustCompile(`%[0-9A-F]{2}`)
+// hexEscapes are percent-escapes, in either case of hex.
+var hexEscapes = regexp.MustCompile(`%[0-9A-Fa-f]{2}`)
 
-func lowerHex(s string) string { return hexEscape.ReplaceAllStringFunc(s, strings.ToLower) }
+// lowerHex spells s's percent-escapes in lower-case hex.
+func lowerHex(s string) string { return hexEscapes.ReplaceAllStringFunc(s, strings.ToLower) }
 
 // jsonEscapes are the ways JSON encoders escape s (without the quotes).
 func jsonEscapes(s string) []string {
@@ -135,7 +137,7 @@ func printable(b []byte) bool {
 	return true
 }
 
-// reflection counts the replacements of one spelling in one place.
+// Reflection counts the replacements of one spelling in one place.
 type Reflection struct {
 	// Where is "header NAME", "body" or "trailer NAME".
 	Where string

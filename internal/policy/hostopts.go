@@ -1,11 +1,12 @@
 package policy
 
 import (
-	"agentbox.dev/agentbox/internal/errkind"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/errkind"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )

@@ -2,12 +2,13 @@ package policy
 
 import (
 	"encoding/json"
-	"github.com/containerd/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 

@@ -1,10 +1,11 @@
 package policy
 
 import (
-	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/errkind"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 

@@ -1,11 +1,12 @@
 package policy
 
 import (
-	"agentbox.dev/agentbox/internal/errkind"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/errkind"
 )
 
 // Annotations agentbox reads from pods and containers.

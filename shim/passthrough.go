@@ -6,7 +6,9 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
@@ -15,8 +17,12 @@ import (
 	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/errkind"
 )
 
 func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
@@ -52,9 +58,54 @@ func (s *service) CloseIO(ctx context.Context, r *task.CloseIORequest) (*types.E
 	return resp, errgrpc.ToGRPC(err)
 }
 
+// Update applies a container's resource update (a pod's in-place resize,
+// ctr task update) only under its role's limits: above them it is refused
+// with the field named, and the trail records the refusal.
 func (s *service) Update(ctx context.Context, r *task.UpdateTaskRequest) (*types.Empty, error) {
+	sb, ok := s.sandboxes.of(r.ID)
+	if !ok || sb.profile == nil {
+		resp, err := s.next.Update(ctx, r)
+		return resp, errgrpc.ToGRPC(err)
+	}
+	sb.ops.Lock()
+	defer sb.ops.Unlock()
+	res, err := linuxResources(r)
+	if err == nil {
+		err = sb.profile.BoundUpdate(res)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", r.ID).Warn("agentbox: resource update refused")
+		s.record(r.ID, audit.TypeLimit.New("Failure", "resource update refused: "+err.Error(),
+			map[string]string{"limit": "update", "container_id": r.ID}), true)
+		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: update of %s refused: %w", r.ID, err))
+	}
 	resp, err := s.next.Update(ctx, r)
+	if err == nil && r.ID == sb.id && res != nil {
+		// What the sandbox's cgroup has now, for a live tightening.
+		if res.Memory != nil && res.Memory.Limit != nil {
+			sb.memoryLimit = *res.Memory.Limit
+		}
+		if res.CPU != nil && res.CPU.Quota != nil && res.CPU.Period != nil && *res.CPU.Period > 0 {
+			sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
+		}
+	}
 	return resp, errgrpc.ToGRPC(err)
+}
+
+// linuxResources reads an update's resources: the OCI LinuxResources, as
+// containerd sends them (JSON); anything else is refused, named.
+func linuxResources(r *task.UpdateTaskRequest) (*specs.LinuxResources, error) {
+	if r.Resources == nil || len(r.Resources.GetValue()) == 0 {
+		return nil, nil
+	}
+	if !strings.HasSuffix(r.Resources.GetTypeUrl(), "/LinuxResources") {
+		return nil, errkind.InvalidArgument(fmt.Errorf("resources of type %q: agentbox takes the OCI LinuxResources", r.Resources.GetTypeUrl()))
+	}
+	var res specs.LinuxResources
+	if err := json.Unmarshal(r.Resources.GetValue(), &res); err != nil {
+		return nil, errkind.InvalidArgument(fmt.Errorf("resources: %w", err))
+	}
+	return &res, nil
 }
 
 func (s *service) Wait(ctx context.Context, r *task.WaitRequest) (*task.WaitResponse, error) {

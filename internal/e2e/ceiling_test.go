@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,27 @@ func TestCeilingThroughCRI(t *testing.T) {
 	plain := p.runIdentity(t, "plain", nil)
 	expectLines(t, "asks nothing", plain, "ids 65532 65532", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2",
 		"root=read-only", "syslog=allowed")
+
+	// A pod's in-place resize (the CRI's UpdateContainerResources) stays
+	// under its role (baseline: 512Mi, one CPU): lower passes, above is
+	// refused with the field named.
+	resize := p.container(t, "resize", "sleep", "600")
+	if r := dev.crictl(60*time.Second, "update", "--memory", fmt.Sprint(256<<20), resize); r.code != 0 {
+		t.Errorf("a resize to 256Mi, under the role: %v", r)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory", fmt.Sprint(1 << 30)}, "linux.resources.memory.limit 1073741824"},
+		{[]string{"--cpu-quota", "200000", "--cpu-period", "100000"}, "is 2000m"},
+	} {
+		r := dev.crictl(60*time.Second, append(append([]string{"update"}, tc.args...), resize)...)
+		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("a resize above the role (%v): %v, want %q", tc.args, r, tc.want)
+		}
+	}
+	dev.crictl(30*time.Second, "rm", "-f", resize)
 
 	// Beyond baseline: a capability outside the runtime's defaults, and a
 	// privileged container.

@@ -280,3 +280,52 @@ func (p *Profile) boundNoNewPrivileges(nnp bool) bool {
 func (p *Profile) boundRootReadonly(readonly bool) bool {
 	return readonly || p.Filesystem.Rootfs == RootfsReadOnly
 }
+
+// BoundUpdate checks a running container's resource update against the
+// role: the CRI's UpdateContainerResources (a pod's in-place resize, which
+// its author asks for) or ctr task update. A memory or CPU limit above the
+// role's, or none where the role has one, is refused with the field named:
+// the role is the ceiling after the start as at it. A limit set through
+// the cgroup's own files (unified) where the role has one is refused too.
+func (p *Profile) BoundUpdate(r *specs.LinuxResources) error {
+	if r == nil {
+		return nil
+	}
+	var errs []error
+	if m := p.Limits.MemoryBytes; m > 0 && r.Memory != nil && r.Memory.Limit != nil {
+		if l := *r.Memory.Limit; l <= 0 || l > m {
+			errs = append(errs, fmt.Errorf("linux.resources.memory.limit %d: role %q allows at most %d bytes", l, p.Role, m))
+		}
+	}
+	if c := p.Limits.CPUMillis; c > 0 && r.CPU != nil && (r.CPU.Quota != nil || r.CPU.Period != nil) {
+		period := uint64(100000)
+		if r.CPU.Period != nil && *r.CPU.Period > 0 {
+			period = *r.CPU.Period
+		}
+		switch {
+		case r.CPU.Quota == nil || *r.CPU.Quota <= 0:
+			errs = append(errs, fmt.Errorf("linux.resources.cpu.quota: no CPU limit, and role %q allows at most %dm", p.Role, c))
+		case float64(*r.CPU.Quota)/float64(period)*1000 > float64(c):
+			errs = append(errs, fmt.Errorf("linux.resources.cpu: quota %d per period %d is %dm, and role %q allows at most %dm",
+				*r.CPU.Quota, period, int64(math.Ceil(float64(*r.CPU.Quota)*1000/float64(period))), p.Role, c))
+		}
+	}
+	for _, k := range sortedUnified(r.Unified) {
+		if (p.Limits.MemoryBytes > 0 && strings.HasPrefix(k, "memory.")) || (p.Limits.CPUMillis > 0 && strings.HasPrefix(k, "cpu.")) {
+			errs = append(errs, fmt.Errorf("linux.resources.unified[%s]: role %q limits it; set it through linux.resources.memory or .cpu", k, p.Role))
+		}
+	}
+	if len(errs) > 0 {
+		return errkind.PermissionDenied(errors.Join(errs...))
+	}
+	return nil
+}
+
+func sortedUnified(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

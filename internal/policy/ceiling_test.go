@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -306,5 +307,44 @@ func TestIDRangesParse(t *testing.T) {
 		if err != nil || got.String() != c.want {
 			t.Errorf("%q: got %s, %v; want %s", c.in, got, err, c.want)
 		}
+	}
+}
+
+// A running container's update stays under its role: lower or equal limits
+// pass; higher ones, none, or limits through the cgroup's files are
+// refused with the field named.
+func TestBoundUpdate(t *testing.T) {
+	p := &Profile{Role: "coder", Limits: LimitsProfile{MemoryBytes: 512 << 20, CPUMillis: 1000}}
+	i64 := func(v int64) *int64 { return &v }
+	u64 := func(v uint64) *uint64 { return &v }
+	for _, tc := range []struct {
+		name string
+		r    *specs.LinuxResources
+		want string // "" accepted
+	}{
+		{"nothing", nil, ""},
+		{"lower memory", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(256 << 20)}}, ""},
+		{"the role's memory", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(512 << 20)}}, ""},
+		{"more memory", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(1 << 30)}}, "linux.resources.memory.limit 1073741824"},
+		{"unlimited memory", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(-1)}}, "linux.resources.memory.limit -1"},
+		{"half a CPU", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(50000), Period: u64(100000)}}, ""},
+		{"shares only", &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: u64(1024)}}, ""},
+		{"two CPUs", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(200000), Period: u64(100000)}}, "is 2000m"},
+		{"two CPUs by a short period", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(20000), Period: u64(10000)}}, "is 2000m"},
+		{"no CPU limit", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(-1), Period: u64(100000)}}, "linux.resources.cpu.quota"},
+		{"memory.max through unified", &specs.LinuxResources{Unified: map[string]string{"memory.max": "max"}}, "unified[memory.max]"},
+		{"io through unified", &specs.LinuxResources{Unified: map[string]string{"io.weight": "100"}}, ""},
+	} {
+		err := p.BoundUpdate(tc.r)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errdefs.IsPermissionDenied(err)):
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// A role without limits bounds nothing.
+	if err := (&Profile{}).BoundUpdate(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(-1)}}); err != nil {
+		t.Error(err)
 	}
 }

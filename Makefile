@@ -1,19 +1,14 @@
 # agentbox's entry points. hack/test.sh (and so .ci/run) calls them.
-#
-#   make check   gofmt, go vet and staticcheck (no root)
-#   make test    unit tests, under the race detector (no root: the ones
-#                that need root skip)
-#   make e2e     the end-to-end suite against a private containerd (root;
-#                run make setup, or hack/setup.sh, first)
-#   make setup   toolchain, binaries and images, cached (root)
-#   make bench   benchmarks against the stock gVisor shim and runc (root)
-#   make fuzz    every fuzz target for a short fixed time (FUZZTIME, 10s)
+# `make help` lists them; each target's `##` comment is its line there.
 
 # staticcheck, pinned; run through the Go module proxy.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: check test e2e setup build bench fuzz
-check:
+.PHONY: help check lint vulncheck test e2e setup build bench fuzz
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+check: ## gofmt, go vet, staticcheck, the CRDs as generated (no root)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted" >&2; exit 1; }
 	go vet ./...
@@ -22,20 +17,26 @@ check:
 	go run $(STATICCHECK) -tags e2e ./internal/e2e
 	hack/crds.sh --check
 
-test:
+lint: ## golangci-lint, pinned (.golangci.yml: errorlint, errcheck on shim/, the layering by depguard)
+	hack/lint.sh
+
+vulncheck: ## govulncheck, pinned, against a pinned vulnerability database (hack/vulncheck-accepted.txt)
+	hack/vulncheck.sh
+
+test: ## unit tests under the race detector (no root: the ones that need root skip)
 	go test -race -count=1 ./...
 
-e2e:
-	hack/e2e.sh
-
-fuzz:
+fuzz: ## every fuzz target for a short fixed time (FUZZTIME, default 10s)
 	hack/fuzz.sh
 
-setup:
+e2e: ## the end-to-end suite against a private containerd and cluster (root; make setup first)
+	hack/e2e.sh
+
+setup: ## toolchain, binaries and images, cached (root)
 	hack/setup.sh
 
-build:
+build: ## the shim and the agentbox CLI into _output/bin
 	hack/build.sh
 
-bench:
+bench: ## benchmarks against the stock gVisor shim and runc (root)
 	hack/bench.sh

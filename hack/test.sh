@@ -13,8 +13,12 @@ need_root
 cd "$REPO_ROOT"
 step "static checks (make check: gofmt, go vet, staticcheck)"
 make --no-print-directory check
+step "golangci-lint (make lint: errorlint, errcheck on shim/, the layering)"
+make --no-print-directory lint
 step "unit tests (make test)"
 make --no-print-directory test
 step "fuzz targets, 10s each (make fuzz)"
 make --no-print-directory fuzz
+step "known vulnerabilities (make vulncheck)"
+make --no-print-directory vulncheck
 make --no-print-directory e2e

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -106,8 +107,7 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 			return nil, fmt.Errorf("audit trail: %w", err)
 		}
 		if err := file.SetBudget(budget); err != nil {
-			file.Close()
-			os.Remove(file.Path())
+			discardSink(file)
 			return nil, errkind.ResourceExhausted(fmt.Errorf("audit trail: %w", err))
 		}
 		return file, nil
@@ -134,8 +134,7 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 		})
 		w, err := audit.NewWebhook(webhookConfig(cfg), file.Name())
 		if err != nil {
-			file.Close()
-			os.Remove(file.Path())
+			discardSink(file)
 			return nil, fmt.Errorf("audit webhook: %w", err)
 		}
 		fwd = append(fwd, w)
@@ -277,3 +276,12 @@ func (s *service) record(containerID string, r *audit.Record, urgent bool) {
 }
 
 func joinChanges(changes []string) string { return strings.Join(changes, "; ") }
+
+// discardSink closes and removes a trail file the sandbox will not use (it
+// was refused before its first record); what cannot be removed is logged,
+// and retention prunes it later.
+func discardSink(file *audit.FileSink) {
+	if err := errors.Join(file.Close(), os.Remove(file.Path())); err != nil {
+		log.L.WithError(err).Warn("agentbox: discarding an unused audit trail file")
+	}
+}

@@ -46,8 +46,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 		return nil
 	}
 	if err := sb.setEgress(ns, iface); err != nil {
-		netpolicy.Remove(ns)
-		return err
+		return errors.Join(err, netpolicy.Remove(ns))
 	}
 	detail := map[string]string{"netns": ns, "interface": iface}
 	if err := startDenialLog(sb, ns); err != nil {
@@ -187,11 +186,12 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	})
 	for _, p := range ports {
 		ln, err := res.ListenTCP(p)
-		if err != nil {
-			gw.Close()
-			return fmt.Errorf("egress gateway: listen on %s:%d: %w", sb.dnsAddr, p, err)
+		if err == nil {
+			err = gw.Serve(ln, p)
 		}
-		gw.Serve(ln, p)
+		if err != nil {
+			return errors.Join(fmt.Errorf("egress gateway: listen on %s:%d: %w", sb.dnsAddr, p, err), gw.Close())
+		}
 	}
 	sb.egressMu.Lock()
 	sb.gateway, sb.ca = gw, ca
@@ -241,7 +241,9 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 		}
 	}
 	if gw := e.gateway; gw != nil {
-		gw.Close()
+		if err := gw.Close(); err != nil {
+			log.G(ctx).WithError(err).Warn("agentbox: closing the egress gateway")
+		}
 		// The records still waiting for their connect go in without it.
 		sb.connects.Flush()
 		sb.audit.trail.Emit(audit.TypeGatewayStopped.New("Success", "egress gateway stopped",

@@ -206,8 +206,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		// refuse it here instead of running it unaudited.
 		if !plan.sandbox.audit.receiver.Live() {
 			err := fmt.Errorf("agentbox: container %s refused: gVisor's audit session is not established (see runsc's log)", r.ID)
-			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
-			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
+			s.discardTask(ctx, r.ID)
 			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
 			plan.unwind("audit session failed")
 			return nil, errgrpc.ToGRPC(err)
@@ -215,8 +214,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 		if err := s.startControl(plan.cfg, plan.sandbox); err != nil {
 			// A sandbox an admin could not respond to does not run.
 			err = fmt.Errorf("agentbox: container %s refused: %w", r.ID, err)
-			s.next.Kill(ctx, &task.KillRequest{ID: r.ID, Signal: uint32(unix.SIGKILL), All: true})
-			s.next.Delete(ctx, &task.DeleteRequest{ID: r.ID})
+			s.discardTask(ctx, r.ID)
 			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
 			plan.unwind("control socket failed")
 			return nil, errgrpc.ToGRPC(err)
@@ -419,4 +417,15 @@ func (s *service) Resume(ctx context.Context, r *task.ResumeRequest) (*types.Emp
 // taskAPI is who asked, for a request through containerd's task API.
 func taskAPI() map[string]string {
 	return map[string]string{"requested_by": "containerd's task API (ctr task pause, resume)"}
+}
+
+// discardTask kills and deletes a container that runsc created and the
+// shim refuses; what fails is logged (the refusal stands either way).
+func (s *service) discardTask(ctx context.Context, id string) {
+	if _, err := s.next.Kill(ctx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: killing a refused container")
+	}
+	if _, err := s.next.Delete(ctx, &task.DeleteRequest{ID: id}); err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: deleting a refused container")
+	}
 }

@@ -2,6 +2,7 @@ package dnsproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -410,7 +411,7 @@ func TestReadFrameGrowsWithData(t *testing.T) {
 	d := &dribble{}
 	started := false
 	b, err := readFrame(d, func() { started = true })
-	if err != io.ErrUnexpectedEOF || len(b) != 10 || !started {
+	if !errors.Is(err, io.ErrUnexpectedEOF) || len(b) != 10 || !started {
 		t.Fatalf("got %d bytes, %v (started %v)", len(b), err, started)
 	}
 	if d.maxAsked > 4096 {

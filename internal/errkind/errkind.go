@@ -4,6 +4,8 @@
 // errdefs.Resolve finds the kind through these types' methods.
 package errkind
 
+import "errors"
+
 type kinded struct{ err error }
 
 func (k kinded) Error() string { return k.err.Error() }
@@ -66,16 +68,12 @@ func wrap(err error, f func(kinded) error) error {
 // node's state for it), not a fault of the runtime: the caller gets it
 // with its reason, and the shim logs it as a warning.
 func Refusal(err error) bool {
-	for err != nil {
-		switch err.(type) {
-		case permissionDenied, invalidArgument, notFound, failedPrecondition, resourceExhausted:
-			return true
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		err = u.Unwrap()
-	}
-	return false
+	var (
+		p permissionDenied
+		i invalidArgument
+		n notFound
+		f failedPrecondition
+		r resourceExhausted
+	)
+	return errors.As(err, &p) || errors.As(err, &i) || errors.As(err, &n) || errors.As(err, &f) || errors.As(err, &r)
 }

@@ -20,6 +20,10 @@ func TestRefusal(t *testing.T) {
 		{base, false},
 		{fmt.Errorf("write spec: %w", base), false},
 		{nil, false},
+		// A refusal joined with another error (a cleanup that failed
+		// too) is still a refusal.
+		{errors.Join(PermissionDenied(base), errors.New("cleanup failed")), true},
+		{errors.Join(base, errors.New("y")), false},
 	} {
 		if got := Refusal(c.err); got != c.want {
 			t.Errorf("Refusal(%v) = %v, want %v", c.err, got, c.want)

@@ -142,14 +142,14 @@ func TestApplyKeepsTheLastGoodSnapshot(t *testing.T) {
 	if err := policy.WithClusterRefusal(dir, "nobody", base); !strings.Contains(err.Error(), "AgentRoleBinding of nobody was refused") {
 		t.Errorf("nobody: %v", err)
 	}
-	if err := policy.WithClusterRefusal(dir, "baseline", base); err != base {
+	if err := policy.WithClusterRefusal(dir, "baseline", base); err != base { //nolint:errorlint // the very error, unwrapped
 		t.Errorf("a role with nothing refused: %v", err)
 	}
 	// Once a valid set applies, the note goes.
 	if out, err := Apply(dir, Render(good)); err != nil || !out.Unchanged {
 		t.Fatalf("%+v %v", out, err)
 	}
-	if err := policy.WithClusterRefusal(dir, "future", base); err != base {
+	if err := policy.WithClusterRefusal(dir, "future", base); err != base { //nolint:errorlint // the very error, unwrapped
 		t.Errorf("the note outlived the refusal: %v", err)
 	}
 }

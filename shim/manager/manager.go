@@ -109,7 +109,7 @@ func (m *manager) Start(ctx context.Context, id string, opts cdshim.StartOpts) (
 	}
 	defer func() {
 		if retErr != nil {
-			socket.Close()
+			_ = socket.Close()
 			_ = cdshim.RemoveSocket(address)
 		}
 	}()
@@ -135,7 +135,8 @@ func (m *manager) Start(ctx context.Context, id string, opts cdshim.StartOpts) (
 			_ = cmd.Process.Kill()
 		}
 	}()
-	go cmd.Wait()
+	// Reap the daemon when it exits; its status is containerd's to see.
+	go func() { _ = cmd.Wait() }()
 	if err := cdshim.WritePidFile("shim.pid", cmd.Process.Pid); err != nil {
 		return cdshim.BootstrapParams{}, err
 	}

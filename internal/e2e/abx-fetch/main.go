@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -162,7 +163,7 @@ func follow(body io.Reader, tick, stall time.Duration) int {
 		select {
 		case err := <-done:
 			fmt.Printf("progress-end %d %d %v\n", time.Now().UnixMilli(), n.Load(), err)
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return 0
 			}
 			return 1

@@ -14,6 +14,7 @@ func App() *cli.App {
 	return &cli.App{
 		Name:  "agentbox",
 		Usage: "run AI agents under gVisor with least-privilege roles",
+		Flags: []cli.Flag{configFlag()},
 		Commands: append([]*cli.Command{
 			{
 				Name:  "version",

@@ -6,7 +6,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/config"
 )
 
 func auditCommand() *cli.Command {
@@ -24,8 +23,8 @@ func auditCommand() *cli.Command {
 					&cli.StringFlag{Name: "role", Usage: "only records under this role"},
 					&cli.StringFlag{Name: "class", Usage: "only this class: file, process, network, agentbox (or a class_uid)"},
 					&cli.StringFlag{Name: "sandbox", Usage: "only this sandbox id"},
-					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json (the records as written)"},
-					&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config (for audit.dir)"},
+					outputFlag("text", "json"),
+					configFlag(),
 				},
 				Action: auditTail,
 			},
@@ -45,7 +44,7 @@ func auditCommand() *cli.Command {
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "sandbox", Usage: "the sandbox (its trail's id)"},
 					&cli.StringFlag{Name: "pod", Usage: "NAMESPACE/NAME: the pod's latest sandbox"},
-					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text, html (one self-contained page) or json"},
+					outputFlag("text", "html", "json"),
 				},
 				Action: auditReport,
 			},

@@ -84,9 +84,9 @@ func auditReport(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return cli.Exit("usage: agentbox audit report [--sandbox ID | --pod NS/NAME] [-o text|html|json] PATH...", 2)
 	}
-	out := c.String("output")
-	if out != "text" && out != "html" && out != "json" {
-		return cli.Exit(fmt.Sprintf("--output %q: want text, html or json", out), 2)
+	out, err := output(c, "text", "html", "json")
+	if err != nil {
+		return err
 	}
 	sandbox, pod := c.String("sandbox"), c.String("pod")
 	if (sandbox == "") == (pod == "") {

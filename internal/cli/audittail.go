@@ -17,7 +17,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/config"
 )
 
 // tailFilter selects records.
@@ -85,13 +84,17 @@ func auditTail(c *cli.Context) error {
 	f := tailFilter{pod: c.String("pod"), role: c.String("role"), sandbox: c.String("sandbox"), class: class}
 	paths := c.Args().Slice()
 	if len(paths) == 0 {
-		cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+		cfg, err := loadConfig(c)
 		if err != nil {
 			return cli.Exit(err, 1)
 		}
 		paths = []string{cfg.Audit.Dir}
 	}
-	asJSON := c.String("output") == "json"
+	out, err := output(c, "text", "json")
+	if err != nil {
+		return err
+	}
+	asJSON := out == "json"
 	offsets := map[string]int64{}
 	for {
 		trails, err := audit.FindTrails(paths...)

@@ -44,14 +44,14 @@ func doctorCommand() *cli.Command {
 		Usage: "check that this node can run agentbox: runsc, containerd, the runtime, nftables, cgroups",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "address", Value: "/run/containerd/containerd.sock", Usage: "containerd socket", EnvVars: []string{"CONTAINERD_ADDRESS"}},
-			&cli.StringFlag{Name: "config", Value: config.DefaultPath, Usage: "agentbox shim config (names the runsc binary)"},
+			configFlag(),
 			&cli.StringFlag{Name: "handler", Value: "agentbox", Usage: "CRI runtime handler expected to map to the agentbox shim"},
 			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "how long to wait for containerd"},
 		},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 			defer cancel()
-			runsc, found := findRunsc(c.String("config"), c.IsSet("config"))
+			runsc, found := findRunsc(configPath(c))
 			checks := []check{
 				checkRunsc(runsc, found),
 				checkSeccompErrno(c.Context, runsc, found),

@@ -53,11 +53,11 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "containerd-namespace", Value: "k8s.io", Usage: "containerd namespace"},
 					&cli.StringFlag{Name: "handler", Usage: "runtime handler (default: the config's policy.handler)"},
 					&cli.StringFlag{Name: "policy-dir", Usage: "policy directory (default: the config's policy.dir)"},
-					&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
+					configFlag(),
 					&cli.StringSliceFlag{Name: "annotation", Usage: "pod annotation KEY=VALUE (agentbox.dev/* tighten the role)"},
 					&cli.StringFlag{Name: "pod", Usage: "a Kubernetes v1 Pod manifest (YAML or JSON, - for stdin): explain what each of its containers asks for and gets, or why it is refused; its namespace and annotations claim the role"},
 					&cli.StringFlag{Name: "image-user", Value: "0", Usage: "with --pod: the image's USER as UID[:GID], which explain cannot read"},
-					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"},
+					outputFlag("text", "json"),
 				},
 				Action: explain,
 			},
@@ -98,7 +98,7 @@ type containerExplanation struct {
 }
 
 func explain(c *cli.Context) error {
-	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	cfg, err := loadConfig(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
@@ -129,8 +129,9 @@ func explain(c *cli.Context) error {
 	if r := c.String("role"); r != "" {
 		req.Annotations[policy.RoleAnnotation] = r
 	}
-	if c.String("output") != "text" && c.String("output") != "json" {
-		return cli.Exit(fmt.Sprintf("--output %q: want text or json", c.String("output")), 2)
+	out, err := output(c, "text", "json")
+	if err != nil {
+		return err
 	}
 	var ex explanation
 	if file := c.String("pod"); file != "" {
@@ -168,7 +169,7 @@ func explain(c *cli.Context) error {
 			}
 		}
 	}
-	if c.String("output") == "json" {
+	if out == "json" {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(ex); err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"agentbox.dev/agentbox/internal/checkpoint"
-	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 )
 
@@ -26,7 +25,11 @@ const checkpointTimeout = 10 * time.Minute
 // checkpointList prints the node's checkpoints, each opened as a restore
 // would open it.
 func checkpointList(c *cli.Context) error {
-	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	out, err := output(c, "text", "json")
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
@@ -70,7 +73,7 @@ func checkpointList(c *cli.Context) error {
 		}
 		rows = append(rows, r)
 	}
-	if c.String("output") == "json" {
+	if out == "json" {
 		return writeJSON(c.App.Writer, rows)
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
@@ -83,9 +86,9 @@ func checkpointList(c *cli.Context) error {
 
 func sandboxCommand() *cli.Command {
 	common := []cli.Flag{
-		&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config (for shim.control_dir)"},
+		configFlag(),
 		&cli.StringFlag{Name: "control-dir", Usage: "the sandboxes' control sockets (default: the config's shim.control_dir)"},
-		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"},
+		outputFlag("text", "json"),
 	}
 	target := append([]cli.Flag{&cli.StringFlag{Name: "pod", Usage: "NAMESPACE/NAME: the pod's sandbox (instead of an ID)"}}, common...)
 	reason := &cli.StringFlag{Name: "reason", Usage: "why (it goes into the sandbox's trail)"}
@@ -130,7 +133,7 @@ func sandboxCommand() *cli.Command {
 func listed(c *cli.Context) ([]control.Listed, error) {
 	dir := c.String("control-dir")
 	if dir == "" {
-		cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+		cfg, err := loadConfig(c)
 		if err != nil {
 			return nil, err
 		}
@@ -140,11 +143,15 @@ func listed(c *cli.Context) ([]control.Listed, error) {
 }
 
 func sandboxList(c *cli.Context) error {
+	out, err := output(c, "text", "json")
+	if err != nil {
+		return err
+	}
 	listed, err := listed(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	if c.String("output") == "json" {
+	if out == "json" {
 		var out []*control.Sandbox
 		for _, l := range listed {
 			if l.Sandbox != nil {
@@ -212,6 +219,10 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func sandboxAct(c *cli.Context, op string) error {
+	out, err := output(c, "text", "json")
+	if err != nil {
+		return err
+	}
 	if op == control.OpQuarantine && c.Bool("release") {
 		op = control.OpRelease
 	}
@@ -236,7 +247,7 @@ func sandboxAct(c *cli.Context, op string) error {
 		timeout = checkpointTimeout
 	}
 	resp, err := control.Call(target.Socket, req, timeout)
-	if c.String("output") == "json" {
+	if out == "json" {
 		if werr := writeJSON(c.App.Writer, resp); werr != nil {
 			return werr
 		}

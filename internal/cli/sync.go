@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/policysync"
 )
 
@@ -40,7 +39,7 @@ object's status.nodes.`,
 			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
 			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
-			&cli.StringFlag{Name: "config", Value: config.UnnamedPath(), Usage: "agentbox shim config"},
+			configFlag(),
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
 		},
 		Action: runSync,
@@ -52,7 +51,7 @@ func runSync(c *cli.Context) error {
 	if node == "" {
 		return cli.Exit("--node-name (or NODE_NAME) is required", 2)
 	}
-	cfg, err := config.Load(c.String("config"), c.IsSet("config"))
+	cfg, err := loadConfig(c)
 	if err != nil {
 		return cli.Exit(err, 1)
 	}

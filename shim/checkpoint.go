@@ -355,7 +355,7 @@ func checkRestore(r *restoring, p *policy.Profile, req policy.Request) error {
 	}
 	if looser := tighten.LooserThan(&was, &wasEgress, p); len(looser) > 0 {
 		return errkind.PermissionDenied(fmt.Errorf("restore: role %s (%s) is looser than role %s (%s), which checkpoint %s was taken under: %s",
-			p.Role, short(p.Digest), was.Role, short(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
+			p.Role, policy.ShortDigest(p.Digest), was.Role, policy.ShortDigest(img.Manifest.PolicyDigest), img.Manifest.Name, strings.Join(looser, "; ")))
 	}
 	if wc := p.Limits.WallClock; wc > 0 && !r.template && img.Manifest.WallClockUsed >= wc {
 		return errkind.PermissionDenied(fmt.Errorf("annotation %s: checkpoint %s had used %v of its wall clock, and role %s allows %v",

@@ -90,7 +90,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	change, err := tighten.Diff(tighten.Running{Profile: sb.profile, Plan: sb.live.Load(), MemoryBytes: sb.memoryLimit, CPUMillis: sb.cpuMillis}, next)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: the role's new version is not applied")
-		sb.audit.trail.Emit(audit.TypePolicyPending.New("Failure", fmt.Sprintf("role %s changed (%s), and %v: the sandbox keeps its profile", next.Role, short(next.Digest), err),
+		sb.audit.trail.Emit(audit.TypePolicyPending.New("Failure", fmt.Sprintf("role %s changed (%s), and %v: the sandbox keeps its profile", next.Role, policy.ShortDigest(next.Digest), err),
 			map[string]string{"error": err.Error(), "live_digest": live, "new_digest": next.Digest}), true)
 		return
 	}
@@ -100,7 +100,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	if !change.Tightens() {
 		if len(pending) > 0 {
 			sb.audit.trail.Emit(audit.TypePolicyPending.New("Success",
-				fmt.Sprintf("role %s changed (%s): nothing tightens this sandbox; for new sandboxes only: %s", next.Role, short(next.Digest), detail["pending"]), detail), true)
+				fmt.Sprintf("role %s changed (%s): nothing tightens this sandbox; for new sandboxes only: %s", next.Role, policy.ShortDigest(next.Digest), detail["pending"]), detail), true)
 		}
 		return
 	}
@@ -125,7 +125,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		detail["gateway_connections_closed"] = fmt.Sprint(closed)
 	}
 	sb.audit.trail.Emit(audit.TypePolicyTightened.New("Success",
-		fmt.Sprintf("role %s tightened to %s: %s", next.Role, short(next.Digest), detail["applied"]), detail), true)
+		fmt.Sprintf("role %s tightened to %s: %s", next.Role, policy.ShortDigest(next.Digest), detail["applied"]), detail), true)
 	log.G(ctx).WithField("policy_digest", next.Digest).Infof("agentbox: role tightened live: %s", detail["applied"])
 }
 
@@ -165,12 +165,4 @@ func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs
 		sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
 	}
 	return nil
-}
-
-func short(digest string) string {
-	d := strings.TrimPrefix(digest, "sha256:")
-	if len(d) > 12 {
-		d = d[:12]
-	}
-	return d
 }

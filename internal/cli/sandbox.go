@@ -14,6 +14,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // controlTimeout bounds one request to a sandbox's shim.
@@ -79,7 +80,7 @@ func checkpointList(c *cli.Context) error {
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tCREATED\tSANDBOX\tPOD\tROLE\tSIZE\tSUSPENDED\tCHECK")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d MiB\t%v\t%s\n", r.Name, r.Created.Format(time.RFC3339), short(r.SandboxID), r.Pod, r.Role, r.Bytes>>20, r.Suspended, r.Check)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d MiB\t%v\t%s\n", r.Name, r.Created.Format(time.RFC3339), policy.ShortDigest(r.SandboxID), r.Pod, r.Role, r.Bytes>>20, r.Suspended, r.Check)
 	}
 	return tw.Flush()
 }
@@ -182,9 +183,9 @@ func writeSandboxes(w io.Writer, listed []control.Listed) {
 		if pod == "" {
 			pod = "(" + sb.Namespace + ")"
 		}
-		digest := short(sb.StartDigest)
+		digest := policy.ShortDigest(sb.StartDigest)
 		if sb.LiveDigest != sb.StartDigest {
-			digest += "/" + short(sb.LiveDigest)
+			digest += "/" + policy.ShortDigest(sb.LiveDigest)
 		}
 		egress := sb.Egress
 		if sb.EgressNow != sb.Egress {
@@ -198,18 +199,9 @@ func writeSandboxes(w io.Writer, listed []control.Listed) {
 		if left == "" {
 			left = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), pod, sb.Role, digest, egress, state, left, sb.Trail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", policy.ShortDigest(sb.ID), pod, sb.Role, digest, egress, state, left, sb.Trail)
 	}
 	tw.Flush()
-}
-
-// short abbreviates an id or digest for a table.
-func short(s string) string {
-	s = strings.TrimPrefix(s, "sha256:")
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -362,3 +362,13 @@ func (p *Profile) seal() {
 	sum := sha256.Sum256(b)
 	p.Digest = "sha256:" + hex.EncodeToString(sum[:])
 }
+
+// ShortDigest abbreviates a profile's (or an image's) digest for people:
+// its first 12 hex digits, without the algorithm.
+func ShortDigest(digest string) string {
+	d := strings.TrimPrefix(digest, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
+}

@@ -1,4 +1,4 @@
-package cli
+package explain
 
 import (
 	"fmt"
@@ -154,22 +154,23 @@ type podContainer struct {
 	Err error `json:"-"`
 }
 
-// imageUser is the image's USER as uid[:gid], which explain cannot read.
-type imageUser struct{ uid, gid uint32 }
+// ImageUser is the image's USER as uid[:gid], which explain cannot read.
+type ImageUser struct{ uid, gid uint32 }
 
-func parseImageUser(s string) (imageUser, error) {
+// ParseImageUser reads --image-user: UID or UID:GID, numbers.
+func ParseImageUser(s string) (ImageUser, error) {
 	u, g, hasGID := strings.Cut(s, ":")
 	uid, err := strconv.ParseUint(u, 10, 32)
 	if err != nil {
-		return imageUser{}, fmt.Errorf("--image-user %q: want UID or UID:GID (numbers)", s)
+		return ImageUser{}, fmt.Errorf("--image-user %q: want UID or UID:GID (numbers)", s)
 	}
 	gid := uint64(0)
 	if hasGID {
 		if gid, err = strconv.ParseUint(g, 10, 32); err != nil {
-			return imageUser{}, fmt.Errorf("--image-user %q: want UID or UID:GID (numbers)", s)
+			return ImageUser{}, fmt.Errorf("--image-user %q: want UID or UID:GID (numbers)", s)
 		}
 	}
-	return imageUser{uint32(uid), uint32(gid)}, nil
+	return ImageUser{uint32(uid), uint32(gid)}, nil
 }
 
 // readPod reads a Pod manifest (YAML or JSON; "-" is standard input).
@@ -206,7 +207,7 @@ func readPod(file string, stdin io.Reader) (*kubePod, error) {
 // containers turns the pod into one OCI spec per container, as the kubelet
 // and containerd's CRI would (containerd 2.x defaults), and says what each
 // asks for.
-func (pod *kubePod) containers(base func() *specs.Spec, env policy.MountEnv, img imageUser) ([]podContainer, []string, error) {
+func (pod *kubePod) containers(base func() *specs.Spec, env policy.MountEnv, img ImageUser) ([]podContainer, []string, error) {
 	var psc podSecurityContext
 	if err := decodeKnown(&pod.Spec.SecurityContext, "spec.securityContext", &psc); err != nil {
 		return nil, nil, err
@@ -268,7 +269,7 @@ func volumeSource(v kubeVolume, podDir string) (string, error) {
 	return "", fmt.Errorf("a volume type explain does not model (hostPath, emptyDir, configMap, secret, projected, downwardAPI)")
 }
 
-func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img imageUser, psc podSecurityContext, csc containerSecurityContext,
+func (pod *kubePod) containerSpec(s *specs.Spec, env policy.MountEnv, img ImageUser, psc podSecurityContext, csc containerSecurityContext,
 	c kubeContainer, field string, volumes map[string]kubeVolume) (*specs.Spec, string, error) {
 	var asks []string
 	// Identity: the container's, else the pod's, else the image's USER.

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -17,103 +16,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"agentbox.dev/agentbox/internal/audit"
 )
-
-type record struct {
-	Event     string `json:"event"`
-	ClassUID  int    `json:"class_uid"`
-	Status    string `json:"status"`
-	Errno     int    `json:"errno"`
-	Seq       int    `json:"seq"`
-	Container string `json:"container_id"`
-	Sandbox   string `json:"sandbox_id"`
-	PodNS     string `json:"pod_namespace"`
-	PodName   string `json:"pod_name"`
-	Role      string `json:"role"`
-	Digest    string `json:"policy_digest"`
-	Message   string `json:"message"`
-	Process   *struct {
-		PID        int      `json:"pid"`
-		Name       string   `json:"name"`
-		Argv       []string `json:"argv"`
-		Env        []string `json:"env"`
-		Exe        string   `json:"exe"`
-		UID        *int     `json:"uid"`
-		ExitStatus *int     `json:"exit_status"`
-	} `json:"process"`
-	File *struct {
-		Path  string `json:"path"`
-		Flags string `json:"flags"`
-		Mode  uint32 `json:"mode"`
-	} `json:"file"`
-	Target *struct {
-		Path string `json:"path"`
-	} `json:"target"`
-	Activity string `json:"activity_name"`
-	Dst      *struct {
-		IP   string `json:"ip"`
-		Port int    `json:"port"`
-	} `json:"dst_endpoint"`
-	Src *struct {
-		IP   string `json:"ip"`
-		Port int    `json:"port"`
-	} `json:"src_endpoint"`
-	Counts map[string]int    `json:"counts"`
-	Detail map[string]string `json:"detail"`
-}
-
-func readTrail(t *testing.T, sandbox string) []record {
-	t.Helper()
-	path := filepath.Join(dev.dir, "audit", sandbox+".jsonl")
-	var recs []record
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		recs = parseTrail(t, b)
-		if len(recs) > 0 && recs[len(recs)-1].Event == "agentbox/sandbox_end" {
-			return recs
-		}
-	}
-	t.Fatalf("trail %s has no end record: %d records", path, len(recs))
-	return nil
-}
-
-// decodeRecord reads an OCSF line back into agentbox's own model
-// (audit.ParseLine), seen through the fields the tests check.
-func decodeRecord(line []byte) (record, error) {
-	var r record
-	ar, err := audit.ParseLine(line)
-	if err != nil {
-		return r, err
-	}
-	flat, err := json.Marshal(ar)
-	if err != nil {
-		return r, err
-	}
-	return r, json.Unmarshal(flat, &r)
-}
-
-// parseTrail decodes a trail's records, failing on a line that is not one.
-func parseTrail(t *testing.T, b []byte) []record {
-	t.Helper()
-	var recs []record
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		r, err := decodeRecord([]byte(l))
-		if err != nil {
-			t.Fatalf("bad record %q: %v", l, err)
-		}
-		recs = append(recs, r)
-	}
-	return recs
-}
-
-func agentbox(args ...string) result {
-	return dev.run(60*time.Second, "agentbox", args...)
-}
 
 // TestAuditTrail: a container under a role performs known actions; exactly
 // the expected records appear, with the right role, sandbox and results;
@@ -353,14 +256,12 @@ func TestAuditWebhookOutage(t *testing.T) {
 		}
 		want := strings.Split(strings.TrimSpace(string(file)), "\n")
 		var have []string
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		eventually(t, 30*time.Second, func() bool {
 			mu.Lock()
 			have = append([]string(nil), got[id]...)
 			mu.Unlock()
-			if len(have) >= len(want) {
-				break
-			}
-		}
+			return len(have) >= len(want)
+		})
 		if strings.Join(have, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("%s: the endpoint got %d of %d records (or out of order)", id, len(have), len(want))
 		}
@@ -520,7 +421,7 @@ func readSysctlInt(t *testing.T, path string) int {
 func sinkSendBuffer(t *testing.T, id string) int {
 	t.Helper()
 	var pid int
-	for deadline := time.Now().Add(20 * time.Second); pid == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	eventually(t, 20*time.Second, func() bool {
 		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 		for _, p := range procs {
 			b, _ := os.ReadFile(p)
@@ -528,7 +429,8 @@ func sinkSendBuffer(t *testing.T, id string) int {
 				pid, _ = strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			}
 		}
-	}
+		return pid != 0
+	})
 	if pid == 0 {
 		t.Fatalf("no runsc-sandbox process for %s", id)
 	}

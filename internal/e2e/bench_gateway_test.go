@@ -109,38 +109,6 @@ func TestBenchmarkGateway(t *testing.T) {
 	benchOut(t, b.String())
 }
 
-// gatewayBenchRoles: the gateway benchmark's downloads, interleaved in one
-// pod: through the gateway inspected (a), inspected with a secret
-// injected, so its responses are scanned for the secret (b), passthrough
-// (other), and by address. %[1]s is the secret's node file.
-const gatewayBenchRoles = `# The gateway benchmark (internal/e2e/bench_gateway_test.go).
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-bench}
-spec:
-  inherits: baseline
-  credentials:
-    env: {allow: [PATH, "AGENT_*"]}
-    secrets:
-      - env: AGENT_BENCH_TOKEN
-        file: %[1]s
-        inject: {host: b.gw.e2e.test, header: Authorization, format: "Bearer {secret}"}
-  network:
-    egress: allowlist
-    allow:
-      - {host: a.gw.e2e.test, ports: [443], http: {methods: [GET], paths: ["/bytes/*"]}}
-      - {host: b.gw.e2e.test, ports: [443]}
-      - {host: other.gw.e2e.test, ports: [443]}
-      - {cidr: 198.51.100.10/32, ports: [443]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-bench}
-spec:
-  role: e2e-gw-bench
-  subjects: [{namespace: e2e-gw-bench}]
-`
-
 // gatewayThroughput downloads 64 MiB over HTTPS rounds times each way from
 // one pod under e2e-gw-bench: by address (its CIDR rule), through the
 // gateway inspected (a.gw.e2e.test: the gateway decrypts and encrypts

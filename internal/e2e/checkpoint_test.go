@@ -139,14 +139,15 @@ func TestCheckpointSuspendRestore(t *testing.T) {
 		t.Fatalf("the restored agent does not reach the allowed port: %s", clip(r.stdout))
 	}
 	var denied *record
-	for deadline := time.Now().Add(30 * time.Second); denied == nil && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+	eventually(t, 30*time.Second, func() bool {
 		for _, rec := range trailSoFar(t, b.id) {
 			if rec.Event == "agentbox/egress_denied" && rec.Dst != nil && rec.Dst.Port == 443 {
 				denied = &rec
-				break
+				return true
 			}
 		}
-	}
+		return false
+	})
 	if denied == nil {
 		t.Error("no egress_denied record for port 443 in the restored pod's trail")
 	}

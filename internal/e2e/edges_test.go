@@ -32,62 +32,6 @@ const (
 	echoSecret = `e2e/refl+ct"ed<v>&=echo-secret-value`
 )
 
-// edgesRoles: a.gw.e2e.test allows WebSockets (and is inspected), b.gw.e2e.test gets a
-// secret (whose host echoes it), late.gw.e2e.test's address moves onto the
-// node, nat64.gw.e2e.test resolves to loopback through NAT64. %[1]s is
-// the secret's node file, %[2]s the node's Chromium policy directory.
-const edgesRoles = `# The gateway's edges (internal/e2e/edges_test.go).
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-edges}
-spec:
-  inherits: coder
-  credentials:
-    env: {allow: [PATH, HOME, "AGENT_*"]}
-    secrets:
-      - env: AGENT_ECHO_TOKEN
-        file: %[1]s
-        inject: {host: b.gw.e2e.test, header: Authorization, format: "Bearer {secret}"}
-  network:
-    egress: allowlist
-    allow:
-      - {host: a.gw.e2e.test, ports: [80, 443], websocket: true, http: {methods: [GET, POST], paths: ["/*"]}}
-      - {host: b.gw.e2e.test, ports: [80, 443]}
-      - {host: late.gw.e2e.test, ports: [80]}
-      - {host: nat64.gw.e2e.test, ports: [80]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-edges}
-spec:
-  role: e2e-gw-edges
-  subjects: [{namespace: e2e-gw-edges}]
----
-# A browsing agent: a.gw.e2e.test inspected, other.gw.e2e.test passed
-# through (internal/e2e/edges_test.go, TestGatewayBrowser); the node's
-# Chromium policy directory (%[2]s) may be mounted.
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-browse}
-spec:
-  inherits: coder
-  filesystem: {hostMounts: [{path: %[2]s}]}
-  credentials:
-    env: {allow: [PATH, HOME, "AGENT_*"]}
-  network:
-    egress: allowlist
-    allow:
-      - {host: a.gw.e2e.test, ports: [80, 443], http: {methods: [GET], paths: ["/*"]}}
-      - {host: other.gw.e2e.test, ports: [443]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-browse}
-spec:
-  role: e2e-gw-browse
-  subjects: [{namespace: e2e-gw-browse}]
-`
-
 // edgesAgentScript runs in the glibc image, with curl as agents use it:
 // each attack beside its legitimate twin.
 const edgesAgentScript = `

@@ -398,12 +398,10 @@ func waitLogs(t *testing.T, id, want string) result {
 func waitLogsWithin(t *testing.T, id, want string, within time.Duration) result {
 	t.Helper()
 	var r result
-	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	eventually(t, within, func() bool {
 		r = dev.crictl(30*time.Second, "logs", id)
-		if strings.Contains(r.stdout+r.stderr, want) {
-			return r
-		}
-	}
+		return strings.Contains(r.stdout+r.stderr, want)
+	})
 	return r
 }
 

@@ -129,12 +129,10 @@ func TestHostileAuditFlood(t *testing.T) {
 	}
 	// The flooder is stopped (137), with the reason in its trail.
 	var ftrail []byte
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+	eventually(t, 60*time.Second, func() bool {
 		ftrail, _ = os.ReadFile(filepath.Join(fsDir, flooder+".jsonl"))
-		if strings.Contains(string(ftrail), `"exit_status":"137"`) {
-			break
-		}
-	}
+		return strings.Contains(string(ftrail), `"exit_status":"137"`)
+	})
 	for _, want := range []string{`"event_code":"agentbox/audit_full"`, `"limit":"audit"`, "the sandbox's quota", `"event_code":"agentbox/container_exit"`, `"exit_status":"137"`} {
 		if !strings.Contains(string(ftrail), want) {
 			t.Errorf("the flooder's trail lacks %s", want)

@@ -10,36 +10,6 @@ import (
 	"time"
 )
 
-// inspectRoles: a.gw.e2e.test restricted to GET under /ok/, a secret
-// injected toward b.gw.e2e.test (the sandbox holds a placeholder), and
-// other.gw.e2e.test passthrough. %s is the secret's node file.
-const inspectRoles = `# The gateway's inspected rules (internal/e2e/inspect_test.go).
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-inspect}
-spec:
-  inherits: baseline
-  credentials:
-    env: {allow: [PATH, "AGENT_*"]}
-    secrets:
-      - env: AGENT_TOKEN
-        file: %s
-        inject: {host: b.gw.e2e.test, header: Authorization, format: "Bearer {secret}"}
-  network:
-    egress: allowlist
-    allow:
-      - {host: a.gw.e2e.test, ports: [80, 443], http: {methods: [GET], paths: ["/ok/*"]}}
-      - {host: b.gw.e2e.test, ports: [443]}
-      - {host: other.gw.e2e.test, ports: [443]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-inspect}
-spec:
-  role: e2e-gw-inspect
-  subjects: [{namespace: e2e-gw-inspect}]
-`
-
 // TestEgressGatewayInspected: inside gVisor, a client that trusts only what
 // the sandbox gives it (SSL_CERT_FILE) reaches inspected rules through the
 // gateway's own certificate; methods, paths and fronting are decided per

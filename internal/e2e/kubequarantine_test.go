@@ -55,9 +55,10 @@ spec:
 	k.apply(t, obj{"apiVersion": "agentbox.dev/v1", "kind": "AgentQuarantine", "metadata": obj{"name": "e2e-bots"},
 		"spec": obj{"reason": "e2e: the bots were prompt-injected", "selector": obj{"namespace": ns, "matchLabels": obj{"app": "bot"}}}})
 	var q *record
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && q == nil; time.Sleep(200 * time.Millisecond) {
+	eventually(t, 30*time.Second, func() bool {
 		q = findRecord(k.trail(t, sandbox), "agentbox/quarantined")
-	}
+		return q != nil
+	})
 	if q == nil {
 		t.Fatal("no quarantine record within 30s of kubectl apply")
 	}
@@ -73,12 +74,11 @@ spec:
 			} `json:"nodes"`
 		} `json:"status"`
 	}
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+	eventually(t, 20*time.Second, func() bool {
 		json.Unmarshal([]byte(k.mustKubectl(t, "get", "agentquarantine", "e2e-bots", "-o", "json")), &status)
-		if n := status.Status.Nodes["agentbox-node"]; len(n.Pods) == 1 && n.AppliedAt != "" {
-			break
-		}
-	}
+		n := status.Status.Nodes["agentbox-node"]
+		return len(n.Pods) == 1 && n.AppliedAt != ""
+	})
 	if n := status.Status.Nodes["agentbox-node"]; len(n.Pods) != 1 || n.Pods[0] != ns+"/bot" || n.AppliedAt == "" {
 		t.Errorf("status.nodes: %+v", status.Status.Nodes)
 	}
@@ -113,20 +113,22 @@ spec:
 	// Deleting the object lifts it.
 	k.mustKubectl(t, "delete", "agentquarantine", "e2e-bots")
 	var rel *record
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && rel == nil; time.Sleep(200 * time.Millisecond) {
+	eventually(t, 30*time.Second, func() bool {
 		rel = findRecord(k.trail(t, sandbox), "agentbox/released")
-	}
+		return rel != nil
+	})
 	if rel == nil {
 		t.Fatal("no release record within 30s of deleting the AgentQuarantine")
 	}
 	released := time.Now()
-	ok := false
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !ok; time.Sleep(500 * time.Millisecond) {
+	if !eventually(t, 20*time.Second, func() bool {
 		for _, l := range triesOf(k.logs(t, ns, "bot"), "", released) {
-			ok = ok || strings.Contains(l, "hello-from-allowed")
+			if strings.Contains(l, "hello-from-allowed") {
+				return true
+			}
 		}
-	}
-	if !ok {
+		return false
+	}) {
 		t.Error("egress did not come back after the AgentQuarantine was deleted")
 	}
 }

@@ -5,8 +5,9 @@ package e2e
 import (
 	"net/http"
 
-	"agentbox.dev/agentbox/internal/egressgw/origintest"
 	"golang.org/x/net/websocket"
+
+	"agentbox.dev/agentbox/internal/egressgw/origintest"
 )
 
 // originEdge answers what real origins do that an agent could turn

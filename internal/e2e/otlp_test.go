@@ -84,12 +84,10 @@ service:
 		}
 		want := strings.Split(strings.TrimSpace(string(file)), "\n")
 		var have []otlpLog
-		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		eventually(t, 60*time.Second, func() bool {
 			have = collected(t, out)[id]
-			if len(have) >= len(want) {
-				break
-			}
-		}
+			return len(have) >= len(want)
+		})
 		if len(have) != len(want) {
 			b, _ := os.ReadFile(filepath.Join(dir, "otelcol.log"))
 			t.Fatalf("%s: the collector has %d of %d records\n%s", id, len(have), len(want), clip(string(b)))

@@ -124,32 +124,6 @@ func packageFiles(base string) (map[string][]byte, error) {
 	return files, err
 }
 
-// realClientRoles: every real client goes through an inspected rule (the
-// gateway's certificate; the clients trust it through the sandbox's
-// bundle and variables, with the image's own roots), and curl also
-// through a passthrough rule (verifying the web host itself).
-const realClientRoles = `# Real clients through the gateway (internal/e2e/realclients_test.go).
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: e2e-gw-real}
-spec:
-  inherits: coder
-  credentials:
-    env: {allow: [PATH, HOME, "AGENT_*", "npm_config_*"]}
-  network:
-    egress: allowlist
-    allow:
-      - {host: a.gw.e2e.test, ports: [443], http: {methods: [GET, HEAD, POST], paths: ["/*"]}}
-      - {host: other.gw.e2e.test, ports: [443]}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: e2e-gw-real}
-spec:
-  role: e2e-gw-real
-  subjects: [{namespace: e2e-gw-real}]
-`
-
 // realClientScript: each client the way an agent uses it.
 const realClientScript = `
 step() { name=$1; shift; out=$( ( "$@" ) 2>&1 ); rc=$?; echo "== $name: rc=$rc $(printf '%s' "$out" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"; }

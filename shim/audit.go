@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/log"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/audit/forward"
+	"agentbox.dev/agentbox/internal/audit/ingest"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/egressrec"
 	"agentbox.dev/agentbox/internal/errkind"
@@ -37,7 +39,7 @@ var resumeOnce sync.Once
 // sandboxAudit is a sandbox's trail and the receiver that feeds it.
 type sandboxAudit struct {
 	trail    *audit.Trail
-	receiver *audit.Receiver
+	receiver *ingest.Receiver
 	// scrub is the sandbox's scrubber (its role's env allowlist and the
 	// config's redactions), for exec records too.
 	scrub *audit.RoleScrubber
@@ -128,11 +130,11 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 	if cfg.Audit.Webhook.URL != "" {
 		resumeOnce.Do(func() {
 			// Spools left by shims that are gone are delivered from here.
-			if n := audit.ResumeSpools(webhookConfig(cfg)); n > 0 {
+			if n := forward.ResumeSpools(webhookConfig(cfg)); n > 0 {
 				log.L.Infof("agentbox: delivering %d audit spool(s) left by earlier shims", n)
 			}
 		})
-		w, err := audit.NewWebhook(webhookConfig(cfg), file.Name())
+		w, err := forward.NewWebhook(webhookConfig(cfg), file.Name())
 		if err != nil {
 			discardSink(file)
 			return nil, fmt.Errorf("audit webhook: %w", err)
@@ -142,13 +144,13 @@ func openTrail(cfg *config.Config, id string, meta audit.Meta) (*audit.Trail, er
 	return audit.NewTrail(meta, file, fwd...), nil
 }
 
-func webhookConfig(cfg *config.Config) audit.WebhookConfig {
+func webhookConfig(cfg *config.Config) forward.WebhookConfig {
 	w := cfg.Audit.Webhook
 	spool := w.SpoolDir
 	if spool == "" {
 		spool = filepath.Join(cfg.Audit.Dir, "spool")
 	}
-	return audit.WebhookConfig{URL: w.URL, SpoolDir: spool, MaxSpoolBytes: w.MaxSpoolBytes, BatchRecords: w.BatchRecords, Format: w.Format}
+	return forward.WebhookConfig{URL: w.URL, SpoolDir: spool, MaxSpoolBytes: w.MaxSpoolBytes, BatchRecords: w.BatchRecords, Format: w.Format}
 }
 
 // socketPath is a sandbox's audit socket: short, since unix socket paths
@@ -174,24 +176,24 @@ func scrubberOf(cfg *config.Config, sb *sandboxState) (*audit.RoleScrubber, erro
 
 // startReceiver listens on the sandbox's socket and writes runsc's
 // --pod-init-config pointing at it.
-func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan, points audit.Points) (*audit.Receiver, string, error) {
+func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb *sandboxState, egress *netpolicy.Plan, points audit.Points) (*ingest.Receiver, string, error) {
 	a := sb.audit
 	scrub, err := scrubberOf(cfg, sb)
 	if err != nil {
 		return nil, "", err
 	}
-	opts := audit.ReceiverOptions{SentryRetries: cfg.Audit.SentryRetries, MaxEventsPerSecond: cfg.Audit.MaxEventsPerSecond}
+	opts := ingest.ReceiverOptions{SentryRetries: cfg.Audit.SentryRetries, MaxEventsPerSecond: cfg.Audit.MaxEventsPerSecond}
 	if egress != nil && egress.Enforced {
 		opts.Annotate = egressrec.ConnectDecision(egress, &sb.live, sb.dnsAddr)
 	}
 	if sb.connects != nil {
 		opts.Emitted = sb.connects.Note
 	}
-	rcv, err := audit.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub, opts)
+	rcv, err := ingest.Listen(socketPath(cfg, containerdAddress, id), a.trail, scrub, opts)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit receiver: %w", err)
 	}
-	b, err := audit.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries, cfg.Audit.SentrySendBuffer)
+	b, err := ingest.PodInitConfig(points, rcv.Path(), cfg.Audit.SentryRetries, cfg.Audit.SentrySendBuffer)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(bundle, podInitFile), b, 0o600)
 	}

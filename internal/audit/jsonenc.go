@@ -156,3 +156,7 @@ func appendString(b []byte, s string) []byte {
 	b = append(b, s[start:]...)
 	return append(b, '"')
 }
+
+// AppendJSONString appends s as a JSON string, escaped as encoding/json
+// does (the forwarders build their payloads with it).
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }

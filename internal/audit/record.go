@@ -1,8 +1,15 @@
-// Package audit turns what gVisor's Sentry reports about a sandbox into a
-// tamper-evident audit trail: it receives the events over a per-sandbox
-// socket (untrusted input), decodes them, joins them with the pod, role and
-// policy, scrubs secrets, chains the records by hash and writes them to
-// sinks, recording every event it could not keep.
+// Package audit is a sandbox's tamper-evident audit trail: its records
+// (OCSF, encoded without reflection), joined with the pod, role and policy,
+// scrubbed of secrets, chained by hash and written to the node's files
+// within their budget, recording every event it could not keep; and the
+// verifier that checks a trail later.
+//
+// Two packages feed and drain it: internal/audit/ingest receives gVisor's
+// Sentry events over a per-sandbox socket (untrusted input) and turns them
+// into records (the only code that reads gVisor's protos), and
+// internal/audit/forward sends what the trail wrote to a webhook or an
+// OpenTelemetry collector. This package imports neither, nor any other
+// agentbox package but internal/version.
 package audit
 
 import (
@@ -148,6 +155,14 @@ type Endpoint struct {
 	// Type is the socket type for socket(2) (stream, dgram...).
 	Type string `json:"type,omitempty"`
 }
+
+// At is when the record's event happened (zero: not known yet; the trail
+// stamps it when it is emitted).
+func (r *Record) At() time.Time { return r.at }
+
+// Stamp sets when the record's event happened (a record replayed or
+// built for a test; the trail stamps the shim's own when they are emitted).
+func (r *Record) Stamp(t time.Time) { r.at = t }
 
 // NewRecord starts a record of a class at t; its time is formatted when it
 // is encoded.

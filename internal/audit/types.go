@@ -98,3 +98,10 @@ var typeByName = func() map[string]RecordType {
 	}
 	return m
 }()
+
+// Points selects the event families a role records.
+type Points struct {
+	Process bool
+	File    bool
+	Network bool
+}

@@ -10,6 +10,7 @@ import (
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/audit/ingest"
 )
 
 type nop struct{}
@@ -40,7 +41,7 @@ func story(t *testing.T) []*audit.Record {
 		}
 		recs = append(recs, r)
 	}
-	msg := func(m gproto.Message) { add(audit.ToRecord(audit.Message{Payload: m}, nop{})) }
+	msg := func(m gproto.Message) { add(ingest.ToRecord(ingest.Message{Payload: m}, nop{})) }
 	own := func(rt audit.RecordType, status, m string, d map[string]string, ms int) {
 		r := rt.New(status, m, d)
 		r.Time = at.Add(time.Duration(ms) * time.Millisecond).Format(time.RFC3339Nano)

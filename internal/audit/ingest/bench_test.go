@@ -1,10 +1,12 @@
-package audit
+package ingest
 
 import (
 	"testing"
 	"time"
 
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // BenchmarkReceiverPipeline is the receiver's per-event work on one core:
@@ -13,12 +15,12 @@ import (
 // file. Reported as events/s.
 func BenchmarkReceiverPipeline(b *testing.B) {
 	dir := b.TempDir()
-	fs, err := NewFileSink(dir, "sb", 1<<40)
+	fs, err := audit.NewFileSink(dir, "sb", 1<<40)
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr := NewTrail(Meta{Sandbox: "sb", PodNamespace: "agents", PodName: "coder-1", Role: "coder", PolicyDigest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}, fs)
-	scrub, _ := NewScrubber(func(n string) bool { return n == "PATH" }, nil)
+	tr := audit.NewTrail(audit.Meta{Sandbox: "sb", PodNamespace: "agents", PodName: "coder-1", Role: "coder", PolicyDigest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}, fs)
+	scrub, _ := audit.NewScrubber(func(n string) bool { return n == "PATH" }, nil)
 	r := &Receiver{trail: tr, scrub: scrub}
 	cd := &pb.ContextData{TimeNs: time.Now().UnixNano(), ThreadId: 42, ThreadGroupId: 42, ParentThreadGroupId: 1, ContainerId: "coder-1-agent", Cwd: "/workspace/project", ProcessName: "find", Credentials: &pb.Credentials{EffectiveUid: 65532, EffectiveGid: 65532}}
 	msgs := [][]byte{
@@ -39,5 +41,5 @@ func BenchmarkReceiverPipeline(b *testing.B) {
 	if c := tr.Counters(); c.Lost != 0 || c.Written != uint64(b.N) {
 		b.Fatalf("counters %+v after %d events", c, b.N)
 	}
-	tr.Close(&Record{Event: EventSandboxEnd})
+	tr.Close(&audit.Record{Event: audit.EventSandboxEnd})
 }

@@ -1,8 +1,7 @@
-package audit
+package ingest
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +12,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // frame builds a wire message: header then payload.
@@ -25,58 +26,10 @@ func frame(t pb.MessageType, dropped uint32, payload proto.Message) []byte {
 	return append(h, b...)
 }
 
-type testTrail struct {
-	dir   string
-	trail *Trail
-}
-
-func newTestTrail(t *testing.T, sandbox string) *testTrail {
-	t.Helper()
-	dir := t.TempDir()
-	fs, err := NewFileSink(dir, sandbox, 1<<30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testTrail{dir: dir, trail: NewTrail(Meta{Sandbox: sandbox, Role: "baseline", PolicyDigest: "sha256:x"}, fs)}
-}
-
-func (tt *testTrail) close(t *testing.T) []map[string]any {
-	t.Helper()
-	if err := tt.trail.Close(&Record{Event: EventSandboxEnd, ClassName: "Base Event"}); err != nil {
-		t.Fatal(err)
-	}
-	return readRecords(t, filepath.Join(tt.dir, "sb.jsonl"))
-}
-
-func readRecords(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []map[string]any
-	readLines(f, func(l []byte) {
-		// The records as the package's own model (agentbox's flat
-		// fields): ParseLine reads them back from OCSF.
-		r, err := ParseLine(l)
-		if err != nil {
-			t.Fatalf("bad line %q: %v", l, err)
-		}
-		flat, _ := json.Marshal(r)
-		var m map[string]any
-		if err := jsonUnmarshal(flat, &m); err != nil {
-			t.Fatalf("bad line %q: %v", l, err)
-		}
-		out = append(out, m)
-	})
-	return out
-}
-
 func TestReceiverSession(t *testing.T) {
 	tt := newTestTrail(t, "sb")
 	sock := filepath.Join(t.TempDir(), "r.sock")
-	scrub, _ := NewScrubber(func(n string) bool { return n == "PATH" }, nil)
+	scrub, _ := audit.NewScrubber(func(n string) bool { return n == "PATH" }, nil)
 	r, err := Listen(sock, tt.trail, scrub, ReceiverOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +51,7 @@ func TestReceiverSession(t *testing.T) {
 		byEvent[rec["event"].(string)] = rec
 	}
 	open := byEvent["syscall/openat"]
-	if open == nil || open["class_uid"].(float64) != ClassFileSystem || open["status"] != "Success" || open["role"] != "baseline" || open["container_id"] != "c1" {
+	if open == nil || open["class_uid"].(float64) != audit.ClassFileSystem || open["status"] != "Success" || open["role"] != "baseline" || open["container_id"] != "c1" {
 		t.Fatalf("open record: %v", open)
 	}
 	if f := open["file"].(map[string]any); f["path"] != "/work/notes.txt" || f["flags"] != "O_WRONLY|O_CREAT|O_TRUNC" {
@@ -135,17 +88,9 @@ func TestReceiverSession(t *testing.T) {
 	if anomalies != 3 {
 		t.Fatalf("%d anomaly records, want 3", anomalies)
 	}
-	if res := VerifyTrail(TrailFiles{Sandbox: "sb", Files: []string{filepath.Join(tt.dir, "sb.jsonl")}}, false); res.Problem != nil {
+	if res := audit.VerifyTrail(audit.TrailFiles{Sandbox: "sb", Files: []string{filepath.Join(tt.dir, "sb.jsonl")}}, false); res.Problem != nil {
 		t.Fatalf("trail does not verify: %v", res.Problem)
 	}
-}
-
-func toStrings(v any) []string {
-	var out []string
-	for _, x := range v.([]any) {
-		out = append(out, x.(string))
-	}
-	return out
 }
 
 // dialSession connects to a receiver and completes gVisor's handshake.

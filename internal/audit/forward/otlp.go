@@ -1,10 +1,12 @@
-package audit
+package forward
 
 import (
 	"bytes"
 	"encoding/json"
 	"strconv"
 	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // OTLPLogs turns a batch of trail lines into an OTLP/HTTP JSON
@@ -19,8 +21,12 @@ func OTLPLogs(lines []byte) []byte {
 	b := make([]byte, 0, len(lines)*2+512)
 	b = append(b, `{"resourceLogs":[{"resource":{"attributes":[`...)
 	b = otlpAttr(b, true, "service.name", "agentbox")
-	b = otlpAttr(b, false, "host.name", orUnknown(Node))
-	b = append(b, `]},"scopeLogs":[{"scope":{"name":"agentbox.audit","version":"`+SchemaVersion+`"},"logRecords":[`...)
+	host := audit.Node
+	if host == "" {
+		host = "unknown"
+	}
+	b = otlpAttr(b, false, "host.name", host)
+	b = append(b, `]},"scopeLogs":[{"scope":{"name":"agentbox.audit","version":"`+audit.SchemaVersion+`"},"logRecords":[`...)
 	now := strconv.FormatInt(time.Now().UnixNano(), 10)
 	first := true
 	for len(lines) > 0 {
@@ -72,11 +78,11 @@ func otlpRecord(b, line []byte, now string) []byte {
 			b = append(b, `,"severityNumber":`...)
 			b = strconv.AppendInt(b, int64(sev), 10)
 			b = append(b, `,"severityText":`...)
-			b = appendString(b, r.Severity)
+			b = audit.AppendJSONString(b, r.Severity)
 		}
 	}
 	b = append(b, `,"body":{"stringValue":`...)
-	b = appendString(b, string(line))
+	b = audit.AppendJSONString(b, string(line))
 	b = append(b, `}`...)
 	if parsed {
 		b = append(b, `,"attributes":[`...)
@@ -99,8 +105,8 @@ func otlpAttr(b []byte, first bool, k, v string) []byte {
 		b = append(b, ',')
 	}
 	b = append(b, `{"key":`...)
-	b = appendString(b, k)
+	b = audit.AppendJSONString(b, k)
 	b = append(b, `,"value":{"stringValue":`...)
-	b = appendString(b, v)
+	b = audit.AppendJSONString(b, v)
 	return append(b, `}}`...)
 }

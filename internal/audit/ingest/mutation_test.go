@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 import (
 	"fmt"
@@ -7,13 +7,15 @@ import (
 	"testing"
 
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // Every point the shim asks for beyond gVisor's own is registered by the
 // runsc patch, under the syscall number the decoder expects, and wired to
 // a converter.
 func TestFilePatchedPointsInPatch(t *testing.T) {
-	b, err := os.ReadFile("../../hack/patches/runsc-file-points.patch")
+	b, err := os.ReadFile("../../../hack/patches/runsc-file-points.patch")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +64,7 @@ func TestMutationRecords(t *testing.T) {
 		{Message{Payload: &pb.Execve{ContextData: cd, Exit: ok, Sysno: 265, Fd: -100, Pathname: "/etc/passwd", Argv: []string{"", "p"}}}, "syscall/linkat", "Create", "/etc/passwd", "/work/p", "", 0, "Success"},
 	} {
 		r := ToRecord(tc.msg, nopScrubber{})
-		if r == nil || r.Event != tc.event || r.ActivityName != tc.activity || r.ClassUID != ClassFileSystem || r.File == nil || r.File.Path != tc.path ||
+		if r == nil || r.Event != tc.event || r.ActivityName != tc.activity || r.ClassUID != audit.ClassFileSystem || r.File == nil || r.File.Path != tc.path ||
 			r.File.Flags != tc.flags || r.File.Mode != tc.mode || r.Status != tc.status {
 			t.Errorf("%s: %+v file %+v", tc.event, r, r.File)
 			continue

@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 import (
 	"encoding/json"
@@ -6,14 +6,9 @@ import (
 	"sort"
 
 	"gvisor.dev/gvisor/pkg/sentry/seccheck"
-)
 
-// Points selects the event families a role records.
-type Points struct {
-	Process bool
-	File    bool
-	Network bool
-}
+	"agentbox.dev/agentbox/internal/audit"
+)
 
 var contextFields = []string{"time", "thread_id", "group_id", "container_id", "credentials", "cwd", "process_name", "parent_thread_group_id"}
 
@@ -24,7 +19,7 @@ type pointConfig struct {
 }
 
 // PointNames lists the gVisor points a selection enables.
-func (p Points) PointNames() []pointConfig {
+func PointNames(p audit.Points) []pointConfig {
 	var out []pointConfig
 	add := func(name string, optional ...string) {
 		out = append(out, pointConfig{Name: name, OptionalFields: optional, ContextFields: contextFields})
@@ -70,14 +65,14 @@ func (p Points) PointNames() []pointConfig {
 // sendBuffer (bytes, 0: the kernel's default) sizes gVisor's end of the
 // socket, through agentbox's runsc patch
 // (hack/patches/runsc-sink-send-buffer.patch).
-func PodInitConfig(p Points, socket string, retries, sendBuffer int) ([]byte, error) {
-	// The points are one of eight fixed sets (Points' three switches),
+func PodInitConfig(p audit.Points, socket string, retries, sendBuffer int) ([]byte, error) {
+	// The points are one of eight fixed sets (audit.Points' three switches),
 	// checked against gVisor's registry by TestPodInitConfigValidatesAgainstGVisor
 	// (the shim and runsc are built from the same gVisor module). They are
 	// not checked here: initializing that registry costs ~5 ms of every
 	// sandbox's start, and a session runsc cannot configure is refused at
 	// Create anyway (the receiver is not live).
-	points := p.PointNames()
+	points := PointNames(p)
 	type sink struct {
 		Name   string         `json:"name"`
 		Config map[string]any `json:"config"`

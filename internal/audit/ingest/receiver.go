@@ -1,4 +1,10 @@
-package audit
+// Package ingest receives what gVisor's Sentry reports about a sandbox,
+// over the per-sandbox socket runsc's trace session writes to, and turns
+// each event into an audit record for the sandbox's trail. Everything it
+// reads comes from the sandbox and is untrusted: a malformed message, a
+// flood or a forged field is a recorded anomaly or gap, never a crash. It
+// is the only package that reads gVisor's seccheck protos.
+package ingest
 
 import (
 	"errors"
@@ -15,6 +21,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 	"gvisor.dev/gvisor/pkg/sentry/seccheck/sinks/remote/wire"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // MaxAnomalyRecords bounds how many anomalies get a record of their own;
@@ -82,7 +90,7 @@ type Receiver struct {
 
 	path  string
 	ln    *net.UnixListener
-	trail *Trail
+	trail *audit.Trail
 	scrub Scrubber
 
 	mu   sync.Mutex
@@ -130,14 +138,14 @@ type ReceiverOptions struct {
 	MaxEventsPerSecond int
 	// Annotate, when set, may add to each event record before it is
 	// sealed (the shim adds egress decisions).
-	Annotate func(*Record)
+	Annotate func(*audit.Record)
 	// Emitted, when set, sees each event record once it is in the trail
 	// (its Seq set; 0 if it was lost).
-	Emitted func(*Record)
+	Emitted func(*audit.Record)
 }
 
 // Listen creates the socket (mode 0600) and serves it, configured by opts.
-func Listen(path string, trail *Trail, scrub Scrubber, opts ReceiverOptions) (*Receiver, error) {
+func Listen(path string, trail *audit.Trail, scrub Scrubber, opts ReceiverOptions) (*Receiver, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("audit socket dir: %w", err)
 	}
@@ -349,7 +357,7 @@ func (r *Receiver) readQueued(fd int, buf []byte) (n int, end bool) {
 			// sandbox is gone, and its socket may hold thousands of events.
 			r.throttle()
 		}
-		r.trail.Count(func(c *Counters) { c.Received++ })
+		r.trail.Count(func(c *audit.Counters) { c.Received++ })
 		if flags&unix.MSG_TRUNC != 0 {
 			r.anomaly(fmt.Sprintf("oversized message (more than %d bytes) discarded", MaxMessageSize), nil)
 		} else {
@@ -368,7 +376,7 @@ func (r *Receiver) Process(b []byte) {
 		// The dropped count is cumulative and wraps at 2^32.
 		if d := m.Dropped - r.lastDropped; d != 0 && d < 1<<31 {
 			r.lastDropped = m.Dropped
-			r.trail.Count(func(c *Counters) { c.SentryDropped += uint64(d) })
+			r.trail.Count(func(c *audit.Counters) { c.SentryDropped += uint64(d) })
 			r.trail.Gap("gVisor dropped events (its socket to the shim was full)", uint64(d))
 		}
 	}
@@ -380,7 +388,7 @@ func (r *Receiver) Process(b []byte) {
 	if rec == nil {
 		return
 	}
-	if t := rec.at; !t.IsZero() {
+	if t := rec.At(); !t.IsZero() {
 		if !r.lastTime.IsZero() && t.Before(r.lastTime.Add(-outOfOrderSlack)) {
 			r.anomaly(fmt.Sprintf("out of order: %s event at %s, after one at %s", rec.Event, rec.Time, r.lastTime.UTC().Format(time.RFC3339Nano)), nil)
 		}
@@ -398,12 +406,12 @@ func (r *Receiver) Process(b []byte) {
 }
 
 func (r *Receiver) anomaly(msg string, detail map[string]string) {
-	r.trail.Count(func(c *Counters) { c.Anomalies++ })
+	r.trail.Count(func(c *audit.Counters) { c.Anomalies++ })
 	r.anomalies++
 	if r.anomalies > MaxAnomalyRecords {
 		return
 	}
-	a := TypeAnomaly.New("Failure", msg, detail)
+	a := audit.TypeAnomaly.New("Failure", msg, detail)
 	if r.anomalies == MaxAnomalyRecords {
 		a.Message += fmt.Sprintf(" (anomaly %d: further ones are only counted)", MaxAnomalyRecords)
 	}

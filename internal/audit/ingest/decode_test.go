@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 import (
 	"encoding/binary"
@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 func TestDecodeMessage(t *testing.T) {
@@ -49,14 +51,14 @@ func TestDecodeMessage(t *testing.T) {
 func TestSockaddr(t *testing.T) {
 	cases := []struct {
 		in   []byte
-		want Endpoint
+		want audit.Endpoint
 	}{
-		{[]byte{2, 0, 0, 80, 127, 0, 0, 1}, Endpoint{Family: "inet", IP: "127.0.0.1", Port: 80}},
-		{[]byte{2, 0, 0, 80, 127}, Endpoint{Family: "inet"}}, // short: no address
-		{append([]byte{10, 0, 1, 187, 0, 0, 0, 0}, append(make([]byte, 15), 1)...), Endpoint{Family: "inet6", IP: "::1", Port: 443}},
-		{[]byte{1, 0, '/', 'r', 'u', 'n', 0, 'x'}, Endpoint{Family: "unix", Path: "/run"}},
-		{[]byte{1, 0, 0, 'a', 'b'}, Endpoint{Family: "unix", Path: "@ab"}},
-		{[]byte{99, 0}, Endpoint{Family: "af_99"}},
+		{[]byte{2, 0, 0, 80, 127, 0, 0, 1}, audit.Endpoint{Family: "inet", IP: "127.0.0.1", Port: 80}},
+		{[]byte{2, 0, 0, 80, 127}, audit.Endpoint{Family: "inet"}}, // short: no address
+		{append([]byte{10, 0, 1, 187, 0, 0, 0, 0}, append(make([]byte, 15), 1)...), audit.Endpoint{Family: "inet6", IP: "::1", Port: 443}},
+		{[]byte{1, 0, '/', 'r', 'u', 'n', 0, 'x'}, audit.Endpoint{Family: "unix", Path: "/run"}},
+		{[]byte{1, 0, 0, 'a', 'b'}, audit.Endpoint{Family: "unix", Path: "@ab"}},
+		{[]byte{99, 0}, audit.Endpoint{Family: "af_99"}},
 	}
 	for _, tc := range cases {
 		if got := sockaddr(tc.in); got == nil || *got != tc.want {
@@ -73,18 +75,18 @@ func TestRecordBounds(t *testing.T) {
 	for i := range args {
 		args[i] = strings.Repeat("a", 10000)
 	}
-	s, _ := NewScrubber(nil, nil)
+	s, _ := audit.NewScrubber(nil, nil)
 	r := ToRecord(Message{Payload: &pb.ExecveInfo{Argv: args, BinaryPath: "/bin/\xff\xfe"}}, s)
 	if len(r.Process.Argv) != maxArgs+1 || len(r.Process.Argv[0]) > maxStringLen+20 || !strings.Contains(r.Process.Argv[maxArgs], "744 more") {
 		t.Fatalf("argv not bounded: %d entries", len(r.Process.Argv))
 	}
-	if line, _, _ := (&Chain{}).Seal(r); !strings.Contains(string(line), `\ufffd`) || !utf8.Valid(line) {
+	if line, _, _ := (&audit.Chain{}).Seal(r); !strings.Contains(string(line), `\ufffd`) || !utf8.Valid(line) {
 		t.Fatalf("invalid UTF-8 must be replaced in the record: %q", line)
 	}
 }
 
 func TestScrubber(t *testing.T) {
-	s, err := NewScrubber(func(n string) bool { return n == "PATH" || strings.HasPrefix(n, "AGENT_") }, []string{`(internal-)\w+`})
+	s, err := audit.NewScrubber(func(n string) bool { return n == "PATH" || strings.HasPrefix(n, "AGENT_") }, []string{`(internal-)\w+`})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func TestScrubber(t *testing.T) {
 	if strings.Join(env, " ") != "PATH=/bin AGENT_TOKEN=<redacted> HOME=<dropped> BROKEN=<dropped>" {
 		t.Errorf("env: %v", env)
 	}
-	if _, err := NewScrubber(nil, []string{"("}); err == nil {
+	if _, err := audit.NewScrubber(nil, []string{"("}); err == nil {
 		t.Error("a bad pattern must be an error")
 	}
 }
@@ -112,8 +114,8 @@ func TestScrubber(t *testing.T) {
 // only points and fields gVisor has, so runsc never boots one unaudited.
 func TestPodInitConfigValidatesAgainstGVisor(t *testing.T) {
 	for i := 0; i < 8; i++ {
-		p := Points{Process: i&1 != 0, File: i&2 != 0, Network: i&4 != 0}
-		if err := validatePoints(p.PointNames()); err != nil {
+		p := audit.Points{Process: i&1 != 0, File: i&2 != 0, Network: i&4 != 0}
+		if err := validatePoints(PointNames(p)); err != nil {
 			t.Fatalf("%+v: %v", p, err)
 		}
 		if _, err := PodInitConfig(p, "/run/x.sock", 10, 4<<20); err != nil {
@@ -126,7 +128,7 @@ func TestPodInitConfigValidatesAgainstGVisor(t *testing.T) {
 		buf  int
 		want any
 	}{{4 << 20, float64(4 << 20)}, {0, nil}} {
-		b, err := PodInitConfig(Points{File: true}, "/run/x.sock", 10, c.buf)
+		b, err := PodInitConfig(audit.Points{File: true}, "/run/x.sock", 10, c.buf)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +170,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(frame(pb.MessageType_MESSAGE_SENTRY_TASK_EXIT, 0, &pb.TaskExit{ContextData: cd, ExitStatus: 9}))
 	f.Add(frame(pb.MessageType_MESSAGE_SYSCALL_ACCEPT, 0, &pb.Accept{ContextData: cd, Address: []byte{1, 0, 0}}))
 	f.Add([]byte{8, 0, 7, 0, 0, 0, 0, 0})
-	scrub, _ := NewScrubber(func(string) bool { return false }, nil)
+	scrub, _ := audit.NewScrubber(func(string) bool { return false }, nil)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMessage(b)
 		if err != nil {
@@ -181,7 +183,7 @@ func FuzzDecode(f *testing.F) {
 		if r == nil {
 			return
 		}
-		var c Chain
+		var c audit.Chain
 		if _, _, err := c.Seal(r); err != nil {
 			t.Fatalf("a decoded record does not encode: %v", err)
 		}
@@ -234,11 +236,11 @@ func TestConnectLocalAddress(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		msg  *pb.Connect
-		want *Endpoint
+		want *audit.Endpoint
 	}{
-		{"patched", withLocalAddress(&pb.Connect{Exit: &pb.Exit{Errorno: 115}, Address: dst}, local), &Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
+		{"patched", withLocalAddress(&pb.Connect{Exit: &pb.Exit{Errorno: 115}, Address: dst}, local), &audit.Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
 		{"stock runsc", &pb.Connect{Exit: &pb.Exit{Errorno: 115}, Address: dst}, nil},
-		{"after another field", withLocalAddress(other(&pb.Connect{Address: dst}), local), &Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
+		{"after another field", withLocalAddress(other(&pb.Connect{Address: dst}), local), &audit.Endpoint{Family: "inet", IP: "10.88.0.7", Port: 42075}},
 		{"wrong wire type", raw(0xc8, 0xb8, 0x02, 0x01)(&pb.Connect{Address: dst}), nil}, // field 5001, varint 1
 		{"truncated length", raw(0xca, 0xb8, 0x02, 0x7f, 2, 0)(&pb.Connect{Address: dst}), nil},
 		{"short sockaddr", withLocalAddress(&pb.Connect{Address: dst}, []byte{2}), nil},

@@ -1,15 +1,21 @@
-package audit
+package forward
 
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
 // The OTLP body carries each line exactly, in order, with its fields
 // copied out; a line that is not a record is carried as it is.
 func TestOTLPLogs(t *testing.T) {
-	lines := corpus(t)
+	// The golden corpus: every record type the trail writes.
+	lines, err := os.ReadFile(filepath.Join("..", "testdata", "ocsf-golden.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	lines = append(lines, "not a record \"\xff\n"...)
 	var req struct {
 		ResourceLogs []struct {

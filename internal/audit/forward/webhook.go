@@ -1,4 +1,7 @@
-package audit
+// Package forward sends a trail's records, as written, to where a SIEM
+// reads them: a webhook (JSON lines or OTLP/HTTP logs), spooled on the
+// node while the endpoint is down so that none is lost.
+package forward
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 import (
 	"encoding/binary"
@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 	"gvisor.dev/gvisor/pkg/sentry/seccheck/sinks/remote/wire"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // Bounds on what one record may carry from the sandbox.
@@ -120,17 +122,17 @@ type Scrubber interface {
 
 // ToRecord maps a decoded payload to a record, scrubbed. It returns nil for
 // payloads that are deliberately not recorded (thread exits).
-func ToRecord(m Message, s Scrubber) *Record {
+func ToRecord(m Message, s Scrubber) *audit.Record {
 	switch p := m.Payload.(type) {
 	case *pb.Start:
-		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "container/start")
+		_, r := base(p.GetContextData(), audit.ClassProcess, 1, "Launch", "container/start")
 		r.Process.Argv = s.Args(clipList(p.GetArgs()))
 		r.Process.Env = s.Env(clipList(p.GetEnv()))
 		r.Process.Cwd = clip(p.GetCwd())
 		r.Container = clip(p.GetId())
 		return r
 	case *pb.ExecveInfo:
-		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/execve")
+		_, r := base(p.GetContextData(), audit.ClassProcess, 1, "Launch", "sentry/execve")
 		r.Process.Exe = clip(p.GetBinaryPath())
 		r.Process.Argv = s.Args(clipList(p.GetArgv()))
 		r.Process.Env = s.Env(clipList(p.GetEnv()))
@@ -140,17 +142,17 @@ func ToRecord(m Message, s Scrubber) *Record {
 		if m, ok := mutations[p.GetSysno()]; ok && m.twoPaths {
 			return twoPathRecord(p, m)
 		}
-		e, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "syscall/execve")
+		e, r := base(p.GetContextData(), audit.ClassProcess, 1, "Launch", "syscall/execve")
 		e.setResult(p.GetExit())
 		if r.Status == "Success" {
 			return nil // sentry/execve records the new image
 		}
-		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
+		r.File = &audit.File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
 		r.Process.Argv = s.Args(clipList(p.GetArgv()))
 		r.Process.Env = s.Env(clipList(p.GetEnvv()))
 		return r
 	case *pb.CloneInfo:
-		_, r := base(p.GetContextData(), ClassProcess, 1, "Launch", "sentry/clone")
+		_, r := base(p.GetContextData(), audit.ClassProcess, 1, "Launch", "sentry/clone")
 		r.Process.ChildPID = p.GetCreatedThreadGroupId()
 		if p.GetFlags()&0x10000 != 0 { // CLONE_THREAD: a thread, not a process
 			return nil
@@ -162,7 +164,7 @@ func ToRecord(m Message, s Scrubber) *Record {
 		if cd != nil && cd.GetThreadId() != cd.GetThreadGroupId() {
 			return nil // a thread, not the process
 		}
-		_, r := base(cd, ClassProcess, 2, "Terminate", "sentry/task_exit")
+		_, r := base(cd, audit.ClassProcess, 2, "Terminate", "sentry/task_exit")
 		// A wait status: the exit code in bits 8-15, or the signal in 0-6.
 		if ws := p.GetExitStatus(); ws&0x7f == 0 {
 			code := (ws >> 8) & 0xff
@@ -176,21 +178,21 @@ func ToRecord(m Message, s Scrubber) *Record {
 		if m, ok := mutations[p.GetSysno()]; ok && !m.twoPaths {
 			return onePathRecord(p, m)
 		}
-		e, r := base(p.GetContextData(), ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))
+		e, r := base(p.GetContextData(), audit.ClassFileSystem, 14, "Open", "syscall/"+syscallName(p.GetSysno(), "open"))
 		e.setResult(p.GetExit())
 		f := &e.file
-		*f = File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd), Flags: openFlags(p.GetFlags()), Mode: p.GetMode()}
+		*f = audit.File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd), Flags: openFlags(p.GetFlags()), Mode: p.GetMode()}
 		r.File = f
 		return r
 	case *pb.Chdir:
-		e, r := base(p.GetContextData(), ClassFileSystem, 99, "Chdir", "syscall/"+syscallName(p.GetSysno(), "chdir"))
+		e, r := base(p.GetContextData(), audit.ClassFileSystem, 99, "Chdir", "syscall/"+syscallName(p.GetSysno(), "chdir"))
 		e.setResult(p.GetExit())
-		r.File = &File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
+		r.File = &audit.File{Path: resolve(p.GetFdPath(), p.GetPathname(), r.Process.Cwd)}
 		return r
 	case *pb.Socket:
-		e, r := base(p.GetContextData(), ClassNetwork, 1, "Open", "syscall/socket")
+		e, r := base(p.GetContextData(), audit.ClassNetwork, 1, "Open", "syscall/socket")
 		e.setResult(p.GetExit())
-		r.Dst = &Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
+		r.Dst = &audit.Endpoint{Family: family(uint16(p.GetDomain())), Type: sockType(p.GetType())}
 		return r
 	case *pb.Connect:
 		r := addressed(p, 1, "Open", "syscall/connect")
@@ -251,9 +253,9 @@ const einprogress = 115
 // eventRecord is a record of a sandbox event with its parts, allocated in
 // one piece (the receiver's hot path).
 type eventRecord struct {
-	rec      Record
-	proc     Process
-	file     File
+	rec      audit.Record
+	proc     audit.Process
+	file     audit.File
 	uid, gid uint32
 	result   int64
 }
@@ -265,21 +267,21 @@ type addressedSyscall interface {
 	GetAddress() []byte
 }
 
-func addressed(p addressedSyscall, activity int, name, event string) *Record {
-	e, r := base(p.GetContextData(), ClassNetwork, activity, name, event)
+func addressed(p addressedSyscall, activity int, name, event string) *audit.Record {
+	e, r := base(p.GetContextData(), audit.ClassNetwork, activity, name, event)
 	e.setResult(p.GetExit())
 	r.Dst = sockaddr(p.GetAddress())
 	return r
 }
 
-func base(cd *pb.ContextData, class, activity int, name, event string) (*eventRecord, *Record) {
+func base(cd *pb.ContextData, class, activity int, name, event string) (*eventRecord, *audit.Record) {
 	t := time.Now()
 	if ns := cd.GetTimeNs(); ns > 0 {
 		t = time.Unix(0, ns)
 	}
 	e := &eventRecord{
-		rec: Record{at: t, ClassUID: class, ClassName: classes[class].name, ActivityID: activity, ActivityName: name, Event: event},
-		proc: Process{
+		rec: *audit.NewRecord(t, class, activity, name, event),
+		proc: audit.Process{
 			PID:  cd.GetThreadGroupId(),
 			TID:  cd.GetThreadId(),
 			PPID: cd.GetParentThreadGroupId(),

@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 // File mutations (unlink, rename, mkdir, chmod...) as records of one path
 // or two.
@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // mutation is a file operation that changes something, as agentbox's
@@ -47,8 +49,8 @@ const atRemoveDir = 0x200
 
 // onePathRecord: unlink, rmdir, mkdir, chmod, truncate and their forms.
 // fchmod and ftruncate name no path: the file is the fd's.
-func onePathRecord(p *pb.Open, m mutation) *Record {
-	e, r := base(p.GetContextData(), ClassFileSystem, m.activity, m.caption, "syscall/"+m.name)
+func onePathRecord(p *pb.Open, m mutation) *audit.Record {
+	e, r := base(p.GetContextData(), audit.ClassFileSystem, m.activity, m.caption, "syscall/"+m.name)
 	e.setResult(p.GetExit())
 	f := &e.file
 	if p.GetPathname() == "" {
@@ -70,8 +72,8 @@ func onePathRecord(p *pb.Open, m mutation) *Record {
 // name (rename) or the existing file (link), Target the new name; for a
 // symlink, File is the new link and Target its target as written (not a
 // path the call resolves).
-func twoPathRecord(p *pb.Execve, m mutation) *Record {
-	e, r := base(p.GetContextData(), ClassFileSystem, m.activity, m.caption, "syscall/"+m.name)
+func twoPathRecord(p *pb.Execve, m mutation) *audit.Record {
+	e, r := base(p.GetContextData(), audit.ClassFileSystem, m.activity, m.caption, "syscall/"+m.name)
 	e.setResult(p.GetExit())
 	var second string
 	if argv := p.GetArgv(); len(argv) == 2 {
@@ -81,9 +83,9 @@ func twoPathRecord(p *pb.Execve, m mutation) *Record {
 	if m.name == "symlink" || m.name == "symlinkat" {
 		first, second = second, clip(p.GetPathname())
 	}
-	e.file = File{Path: first}
+	e.file = audit.File{Path: first}
 	r.File = &e.file
-	r.Target = &File{Path: second}
+	r.Target = &audit.File{Path: second}
 	if fl := p.GetFlags(); fl != 0 {
 		r.File.Flags = fmt.Sprintf("0x%x", fl)
 	}

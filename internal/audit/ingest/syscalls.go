@@ -1,4 +1,4 @@
-package audit
+package ingest
 
 // Reading a syscall's arguments as gVisor sends them: paths resolved,
 // flags, socket families and addresses named, lists clipped.
@@ -9,6 +9,8 @@ import (
 	"net"
 	"path"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // clip bounds a string from the sandbox. Invalid UTF-8 is replaced when
@@ -113,12 +115,12 @@ func sockType(t int32) string {
 }
 
 // sockaddr decodes a raw sockaddr from the sandbox, checking every length.
-func sockaddr(b []byte) *Endpoint {
+func sockaddr(b []byte) *audit.Endpoint {
 	if len(b) < 2 {
 		return nil
 	}
 	fam := binary.LittleEndian.Uint16(b[0:2])
-	e := &Endpoint{Family: family(fam)}
+	e := &audit.Endpoint{Family: family(fam)}
 	switch fam {
 	case 2:
 		if len(b) >= 8 {

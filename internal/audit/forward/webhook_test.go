@@ -1,4 +1,4 @@
-package audit
+package forward
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // receiver is a real HTTP endpoint on loopback that can go down and come
@@ -76,11 +78,11 @@ func TestWebhookOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs, _ := NewFileSink(dir, "sb", 1<<30)
-	tr := NewTrail(Meta{Sandbox: "sb"}, fs, w)
+	fs, _ := audit.NewFileSink(dir, "sb", 1<<30)
+	tr := audit.NewTrail(audit.Meta{Sandbox: "sb"}, fs, w)
 	emit := func(n int) {
 		for i := 0; i < n; i++ {
-			tr.Emit(NewRecord(time.Now(), ClassProcess, 1, "Launch", "e"), i%5 == 0)
+			tr.Emit(audit.NewRecord(time.Now(), audit.ClassProcess, 1, "Launch", "e"), i%5 == 0)
 		}
 		tr.Flush()
 	}
@@ -93,7 +95,7 @@ func TestWebhookOutage(t *testing.T) {
 		t.Fatalf("delivered %d while the endpoint was down", rcv.count())
 	}
 	rcv.start(t)
-	tr.Close(&Record{Event: EventSandboxEnd})
+	tr.Close(&audit.Record{Event: audit.EventSandboxEnd})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := w.Wait(ctx); err != nil {

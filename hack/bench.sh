@@ -21,7 +21,7 @@ AGENTBOX_BENCH=1 AGENTBOX_BENCH_OUT="$REPO_ROOT/_output/bench-start.txt" \
   go test -tags e2e -count=1 -timeout 60m -v -run "^TestBenchmark" ./internal/e2e >"$REPO_ROOT/_output/bench.log" 2>&1 \
   || { echo "benchmark failed; rerun with -v: AGENTBOX_BENCH=1 go test -tags e2e -run TestBenchmark -v ./internal/e2e" >&2; exit 1; }
 step "the audit receiver on one core (GOMAXPROCS=1)"
-GOMAXPROCS=1 go test ./internal/audit -run '^$' -bench ReceiverPipeline -benchtime 2s \
+GOMAXPROCS=1 go test ./internal/audit/ingest -run '^$' -bench ReceiverPipeline -benchtime 2s \
   | awk '/events\/s/ { for (i = 1; i <= NF; i++) if ($(i+1) == "events/s") printf "audit receiver on one core (GOMAXPROCS=1): %d events/s (decode, join, scrub, hash, write)\n", $i }' \
   >>"$REPO_ROOT/_output/bench-start.txt"
 cat "$REPO_ROOT/_output/bench-start.txt"

@@ -137,17 +137,12 @@ func containerStatus(t *testing.T, id string) (state string, code int, reason st
 
 func waitState(t *testing.T, id, want string) int {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, code := containerState(t, id)
-		if st == want {
-			return code
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("container %s: state %s, want %s", id, st, want)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var st string
+	var code int
+	if !eventually(t, 60*time.Second, func() bool { st, code = containerState(t, id); return st == want }) {
+		t.Fatalf("container %s: state %s, want %s", id, st, want)
 	}
+	return code
 }
 
 // TestCRIPodSharesOneSandbox: the kubelet path. A pod under the agentbox
@@ -166,13 +161,10 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 	// One sandbox: the worker sees the helper's process, and both run on
 	// gVisor's kernel.
 	var ps result
-	for i := 0; i < 50; i++ {
+	eventually(t, 10*time.Second, func() bool {
 		ps = dev.crictl(60*time.Second, "exec", worker, "ps")
-		if strings.Contains(ps.stdout, "sleep 601") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return strings.Contains(ps.stdout, "sleep 601")
+	})
 	if ps.code != 0 || !strings.Contains(ps.stdout, "sleep 601") || !strings.Contains(ps.stdout, "sleep 600") {
 		t.Fatalf("worker should see both containers' processes in one sandbox: %v", ps)
 	}
@@ -189,13 +181,10 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 
 	// Logs: stdout and stderr each arrive on their stream.
 	var logs result
-	for i := 0; i < 50; i++ {
+	eventually(t, 10*time.Second, func() bool {
 		logs = dev.crictl(30*time.Second, "logs", helper)
-		if strings.Contains(logs.stdout, "helper-out") && strings.Contains(logs.stderr, "helper-err") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return strings.Contains(logs.stdout, "helper-out") && strings.Contains(logs.stderr, "helper-err")
+	})
 	if !strings.Contains(logs.stdout, "helper-out") || !strings.Contains(logs.stderr, "helper-err") {
 		t.Fatalf("crictl logs: %v", logs)
 	}

@@ -270,10 +270,10 @@ func TestKubeTwoContainers(t *testing.T) {
 	for _, cs := range pod.Status.ContainerStatuses {
 		ids[strings.TrimPrefix(cs.ContainerID, "containerd://")] = cs.Name
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		seen := map[string]bool{}
-		var bad []string
+	var seen map[string]bool
+	var bad []string
+	eventually(t, 30*time.Second, func() bool {
+		seen, bad = map[string]bool{}, nil
 		for _, r := range k.trail(t, sandbox) {
 			if r.Container == "" {
 				continue
@@ -285,15 +285,12 @@ func TestKubeTwoContainers(t *testing.T) {
 				seen[name] = true
 			}
 		}
-		if len(bad) > 0 {
-			t.Fatalf("records not joined with the pod: %v", bad)
-		}
-		if seen["main"] && seen["sidecar"] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("file events in the pod's trail from %v, want main and sidecar", seen)
-		}
-		time.Sleep(time.Second)
+		return len(bad) > 0 || seen["main"] && seen["sidecar"]
+	})
+	if len(bad) > 0 {
+		t.Fatalf("records not joined with the pod: %v", bad)
+	}
+	if !seen["main"] || !seen["sidecar"] {
+		t.Fatalf("file events in the pod's trail from %v, want main and sidecar", seen)
 	}
 }

@@ -142,12 +142,8 @@ func (k *kubeNode) namespace(t *testing.T, name string) string {
 	k.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s")
 	k.apply(t, obj{"apiVersion": "v1", "kind": "Namespace", "metadata": obj{"name": name}})
 	// Pods need the namespace's default service account.
-	deadline := time.Now().Add(60 * time.Second)
-	for k.kubectl("-n", name, "get", "serviceaccount", "default").code != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("namespace %s: no default service account", name)
-		}
-		time.Sleep(500 * time.Millisecond)
+	if !eventually(t, 60*time.Second, func() bool { return k.kubectl("-n", name, "get", "serviceaccount", "default").code == 0 }) {
+		t.Fatalf("namespace %s: no default service account", name)
 	}
 	t.Cleanup(func() {
 		k.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s")
@@ -223,17 +219,11 @@ func (k *kubeNode) pod(t *testing.T, ns, name string) kubePod {
 // pod's description.
 func (k *kubeNode) waitPod(t *testing.T, ns, name string, timeout time.Duration, what string, ok func(kubePod) bool) kubePod {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		p := k.pod(t, ns, name)
-		if ok(p) {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s: not %s after %s\n%s", ns, name, what, timeout, clip(k.kubectl("-n", ns, "describe", "pod", name).stdout))
-		}
-		time.Sleep(300 * time.Millisecond)
+	var p kubePod
+	if !eventually(t, timeout, func() bool { p = k.pod(t, ns, name); return ok(p) }) {
+		t.Fatalf("pod %s/%s: not %s after %s\n%s", ns, name, what, timeout, clip(k.kubectl("-n", ns, "describe", "pod", name).stdout))
 	}
+	return p
 }
 
 func running(p kubePod) bool { return p.Status.Phase == "Running" }
@@ -263,9 +253,9 @@ func (k *kubeNode) events(t *testing.T, ns, name string) string {
 // holds every one of want.
 func (k *kubeNode) waitEvent(t *testing.T, ns, name, reason string, want ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		ev := k.events(t, ns, name)
+	var ev, found string
+	if !eventually(t, 90*time.Second, func() bool {
+		ev = k.events(t, ns, name)
 		for _, line := range strings.Split(ev, "\n") {
 			if !strings.HasPrefix(line, reason+": ") {
 				continue
@@ -275,14 +265,15 @@ func (k *kubeNode) waitEvent(t *testing.T, ns, name, reason string, want ...stri
 				all = all && strings.Contains(line, w)
 			}
 			if all {
-				return line
+				found = line
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s: no %s event with %q; events:\n%s", ns, name, reason, want, ev)
-		}
-		time.Sleep(time.Second)
+		return false
+	}) {
+		t.Fatalf("pod %s/%s: no %s event with %q; events:\n%s", ns, name, reason, want, ev)
 	}
+	return found
 }
 
 // sandboxOf is the pod's CRI sandbox id.
@@ -384,22 +375,17 @@ func (k *kubeNode) deleteAndExpectGone(t *testing.T, ns, name, sandbox, uid stri
 		t.Fatalf("the leak check does not see the running pod's processes, mounts and cgroups: %v", seen)
 	}
 	k.mustKubectl(t, "-n", ns, "delete", "pod", name, "--wait=true", "--timeout=120s")
-	deadline := time.Now().Add(60 * time.Second)
 	var left []string
-	for {
+	if !eventually(t, 60*time.Second, func() bool {
 		left = k.nodeTraces(sandbox, uid)
 		for l := range hostLinks() {
 			if !linksBefore[l] {
 				left = append(left, "host link: "+l)
 			}
 		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s deleted, but its sandbox %s left:\n  %s", ns, name, sandbox[:12], strings.Join(left, "\n  "))
-		}
-		time.Sleep(time.Second)
+		return len(left) == 0
+	}) {
+		t.Fatalf("pod %s/%s deleted, but its sandbox %s left:\n  %s", ns, name, sandbox[:12], strings.Join(left, "\n  "))
 	}
 }
 

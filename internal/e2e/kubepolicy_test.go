@@ -61,17 +61,15 @@ func (k *kubeNode) policyObject(t *testing.T, kind, name string) (policyObject, 
 // waitPolicy polls an object until ok says so.
 func (k *kubeNode) waitPolicy(t *testing.T, kind, name, what string, ok func(policyObject) bool) policyObject {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		o, found := k.policyObject(t, kind, name)
-		if found && ok(o) {
-			return o
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %s: not %s after 90s: %+v\n%s", kind, name, what, o.Status, clip(k.kubectl("-n", "kube-system", "logs", "daemonset/agentbox-installer", "-c", "sync", "--tail=20").stdout))
-		}
-		time.Sleep(300 * time.Millisecond)
+	var o policyObject
+	if !eventually(t, 90*time.Second, func() bool {
+		var found bool
+		o, found = k.policyObject(t, kind, name)
+		return found && ok(o)
+	}) {
+		t.Fatalf("%s %s: not %s after 90s: %+v\n%s", kind, name, what, o.Status, clip(k.kubectl("-n", "kube-system", "logs", "daemonset/agentbox-installer", "-c", "sync", "--tail=20").stdout))
 	}
+	return o
 }
 
 // enforced: the object's current generation is accepted and active on the

@@ -24,7 +24,9 @@
 // while quarantined is still quarantined when it thaws; its checkpoint
 // records it). Quarantine and Release are legal in Running and Frozen;
 // Quarantine only when the sandbox is not quarantined, Release only when it
-// is. State names the whole: "quarantined" is Running with its egress cut.
+// is. Quarantine and Release are legal in Creating too: a sandbox whose root
+// has not started yet can be cut off before it does. State names the whole:
+// "quarantined" is Running with its egress cut.
 //
 // Every legal move is in the transitions table; anything else is refused
 // with ErrIllegal, naming the phase and the event.
@@ -134,7 +136,7 @@ func Phases() []Phase {
 // An event a phase does not list is illegal in it. Quarantine and Release
 // keep the phase; Next checks the quarantine itself.
 var transitions = map[Phase]map[Event]Phase{
-	Creating:      {Started: Running, Exit: Ended},
+	Creating:      {Started: Running, Exit: Ended, Quarantine: Creating, Release: Creating},
 	Running:       {Freeze: Frozen, Checkpoint: Checkpointing, Stop: Stopping, Exit: Ended, Quarantine: Running, Release: Running},
 	Frozen:        {Thaw: Running, Stop: Stopping, Exit: Ended, Quarantine: Frozen, Release: Frozen},
 	Checkpointing: {CheckpointDone: Running, Suspend: Stopping, Stop: Stopping, Exit: Ended},

@@ -10,8 +10,12 @@ import (
 // legal is every move a sandbox may make, written out by hand apart from
 // the transitions table: "from [quarantined] --event--> to".
 var legal = map[string]bool{
-	"creating --start--> running": true,
-	"creating --exit--> ended":    true,
+	"creating --start--> running":                true,
+	"creating --exit--> ended":                   true,
+	"creating --quarantine--> creating":          true,
+	"creating quarantined --start--> running":    true,
+	"creating quarantined --exit--> ended":       true,
+	"creating quarantined --release--> creating": true,
 
 	"running --freeze--> frozen":                             true,
 	"running --checkpoint--> checkpointing":                  true,
@@ -53,9 +57,6 @@ func TestTransitionTable(t *testing.T) {
 	seen := 0
 	for _, p := range Phases() {
 		for _, q := range []bool{false, true} {
-			if p == Creating && q {
-				continue // unreachable: nothing quarantines a sandbox being created
-			}
 			for _, ev := range Events() {
 				from := p.String()
 				if q {
@@ -97,8 +98,8 @@ func TestLifecycle(t *testing.T) {
 	if l.Now().State() != "creating" {
 		t.Fatalf("a new sandbox is %s", l.Now().State())
 	}
-	if err := l.Can(Quarantine); err == nil {
-		t.Fatal("a sandbox being created can be quarantined")
+	if err := l.Can(Freeze); err == nil {
+		t.Fatal("a sandbox being created can be frozen")
 	}
 	step(Started, "", "running")
 	step(Quarantine, "exfiltration", "quarantined")

@@ -90,7 +90,9 @@ func (s *service) Checkpoint(ctx context.Context, r *task.CheckpointTaskRequest)
 	name := defaultCheckpointName(sb.id)
 	who := map[string]string{"requested_by": "containerd's task API (ctr task checkpoint, or the CRI's CheckpointContainer)"}
 	sb.ops.Lock()
-	cp, err := s.checkpoint(ctx, sb, name, !exit, who)
+	// containerd pauses the task around its checkpoint (a frozen sandbox,
+	// held wall clock): that is the one frozen sandbox that is checkpointed.
+	cp, err := s.checkpoint(ctx, sb, name, !exit, true, who)
 	sb.ops.Unlock()
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -163,7 +165,7 @@ func storeOf(cfg *config.Config) (*checkpoint.Store, error) {
 // name, records it in the trail, and signs the image with that record's
 // hash. leaveRunning: a snapshot; otherwise the sandbox stops (a suspend).
 // The caller holds sb.ops.
-func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string, leaveRunning bool, detail map[string]string) (*control.Checkpointed, error) {
+func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string, leaveRunning, frozenOK bool, detail map[string]string) (*control.Checkpointed, error) {
 	fail := func(err error) (*control.Checkpointed, error) {
 		d := map[string]string{"checkpoint": name, "error": err.Error()}
 		for k, v := range detail {
@@ -175,8 +177,8 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if sb.restore != nil && sb.restore.pending.Load() > 0 {
 		return fail(errkind.FailedPrecondition(errors.New("the sandbox is still being restored (not all its containers have started)")))
 	}
-	if sb.life.Now().Phase == sandbox.Frozen {
-		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (gVisor checkpoints a running sandbox)")))
+	if sb.life.Now().Phase == sandbox.Frozen && !frozenOK {
+		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (an admin's checkpoint is of a running sandbox)")))
 	}
 	if _, err := sb.life.Fire(sandbox.Checkpoint, ""); err != nil {
 		return fail(errkind.FailedPrecondition(err))
@@ -276,7 +278,7 @@ func (s *service) checkpointByAdmin(ctx context.Context, sb *sandboxState, req c
 	if name == "" {
 		name = defaultCheckpointName(sb.id)
 	}
-	cp, err := s.checkpoint(ctx, sb, name, req.Op == control.OpCheckpoint, detail)
+	cp, err := s.checkpoint(ctx, sb, name, req.Op == control.OpCheckpoint, false, detail)
 	if err != nil {
 		return "", nil, err
 	}

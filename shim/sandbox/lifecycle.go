@@ -136,9 +136,12 @@ func Phases() []Phase {
 // An event a phase does not list is illegal in it. Quarantine and Release
 // keep the phase; Next checks the quarantine itself.
 var transitions = map[Phase]map[Event]Phase{
-	Creating:      {Started: Running, Exit: Ended, Quarantine: Creating, Release: Creating},
-	Running:       {Freeze: Frozen, Checkpoint: Checkpointing, Stop: Stopping, Exit: Ended, Quarantine: Running, Release: Running},
-	Frozen:        {Thaw: Running, Stop: Stopping, Exit: Ended, Quarantine: Frozen, Release: Frozen},
+	Creating: {Started: Running, Exit: Ended, Quarantine: Creating, Release: Creating},
+	Running:  {Freeze: Frozen, Checkpoint: Checkpointing, Stop: Stopping, Exit: Ended, Quarantine: Running, Release: Running},
+	Frozen:   {Thaw: Running, Checkpoint: Checkpointing, Stop: Stopping, Exit: Ended, Quarantine: Frozen, Release: Frozen},
+	// CheckpointDone goes back to the phase the checkpoint began in
+	// (Running, or Frozen: containerd pauses a task to checkpoint it);
+	// the table's Running is Next's answer when that is not known.
 	Checkpointing: {CheckpointDone: Running, Suspend: Stopping, Stop: Stopping, Exit: Ended},
 	Stopping:      {Stop: Stopping, Exit: Ended},
 	Ended:         {},
@@ -171,6 +174,8 @@ type Status struct {
 	QuarantinedAt time.Time
 	// FrozenAt is when it was frozen (zero unless Frozen).
 	FrozenAt time.Time
+	// CheckpointFrom is the phase the last checkpoint began in.
+	CheckpointFrom Phase
 }
 
 // Quarantined reports whether the sandbox's egress is cut.
@@ -230,6 +235,10 @@ func (l *Lifecycle) Fire(ev Event, reason string) (Status, error) {
 		l.st.FrozenAt = now
 	case Thaw:
 		l.st.FrozenAt = time.Time{}
+	case Checkpoint:
+		l.st.CheckpointFrom = l.st.Phase
+	case CheckpointDone:
+		next = l.st.CheckpointFrom
 	}
 	l.st.Phase = next
 	return before, nil

@@ -13,6 +13,9 @@
 #                         # CONTAINER_RUNTIME_ENDPOINT for crictl
 #   hack/kube.sh node CMD...   # runs CMD in the node's mount namespace
 #   hack/kube.sh apiserver stop|start   # the API server alone (what a node does without it)
+#   hack/kube.sh agent-sandbox   # kubernetes-sigs/agent-sandbox: its CRDs and
+#                                # controller (core and extensions), built
+#                                # from the Go module proxy (cached)
 #
 # The node lives in a mount namespace of its own (held by a bind mount):
 # there /var/lib, /var/log, /usr/local/bin and /etc are private (/etc a
@@ -375,7 +378,7 @@ down() {
     kubectl delete pods --all --all-namespaces --wait=true --timeout=120s >/dev/null 2>&1 || true
   fi
   step "stopping the control plane and the kubelet"
-  for n in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
+  for n in agent-sandbox-controller kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
   if alive containerd; then
     step "removing what pods and containers are left"
     remove_containers "$SOCK"
@@ -411,6 +414,27 @@ down() {
   step "down"
 }
 
+# agent_sandbox: kubernetes-sigs/agent-sandbox on the cluster: its CRDs
+# from the module's own k8s/crds, and its controller (core and extensions)
+# run on the host against the API server with the admin kubeconfig, as a
+# cluster runs it in a pod with its RBAC (k8s/rbac.generated.yaml). The
+# node's runtime is for the agents' pods.
+agent_sandbox() {
+  need_root
+  alive kube-apiserver || die "the cluster is not up: hack/kube.sh up"
+  local asb; asb=$("$REPO_ROOT/hack/kube/agent-sandbox.sh")
+  step "agent-sandbox $AGENT_SANDBOX_VERSION: CRDs"
+  kubectl apply --server-side --force-conflicts -f "$asb/k8s/crds" >/dev/null
+  wait_for "agent-sandbox's CRDs" 60 kubectl wait --for=condition=Established --timeout=5s \
+    crd/sandboxes.agents.x-k8s.io crd/sandboxtemplates.extensions.agents.x-k8s.io \
+    crd/sandboxwarmpools.extensions.agents.x-k8s.io crd/sandboxclaims.extensions.agents.x-k8s.io
+  if alive agent-sandbox-controller; then step "agent-sandbox controller already running"; return; fi
+  step "agent-sandbox controller (logs: $LOGS/agent-sandbox-controller.log)"
+  bg agent-sandbox-controller "$asb/bin/agent-sandbox-controller" --leader-elect=false --extensions \
+    --metrics-bind-address=127.0.0.1:18080 --health-probe-bind-address=127.0.0.1:18081
+  wait_for "agent-sandbox's controller" 60 curl -fsS http://127.0.0.1:18081/readyz
+}
+
 status() {
   local rc=0 n
   for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
@@ -422,6 +446,7 @@ status() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  agent-sandbox) agent_sandbox ;;
   status) status ;;
   env)
     echo "export KUBECONFIG=$PKI/admin.kubeconfig"
@@ -438,5 +463,5 @@ case "${1:-}" in
       start) alive etcd || die "etcd is not running: hack/kube.sh up"; start_apiserver ;;
       *) die "usage: $0 apiserver stop|start" ;;
     esac ;;
-  *) die "usage: $0 up|down|status|env|node CMD...|apiserver stop|start" ;;
+  *) die "usage: $0 up|down|status|env|node CMD...|apiserver stop|start|agent-sandbox" ;;
 esac

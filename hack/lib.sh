@@ -50,6 +50,10 @@ ctrq() { ctr "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2); }
 # from the modules hack/kube/*/go.mod pin).
 KUBE_VERSION=$(mod_version "$REPO_ROOT/hack/kube/kube-all/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(mod_version "$REPO_ROOT/hack/kube/etcd/go.mod" go.etcd.io/etcd/server/v3)
+# kubernetes-sigs/agent-sandbox: its controller and CRDs, from the Go
+# module proxy (hack/kube/agent-sandbox.sh).
+AGENT_SANDBOX_VERSION=v1.0.1
+agent_sandbox_dir() { echo "$AGENTBOX_CACHE/kube/agent-sandbox-$AGENT_SANDBOX_VERSION"; }
 kube_bin_dir() { echo "$AGENTBOX_CACHE/kube/$KUBE_VERSION-etcd$ETCD_VERSION/bin"; }
 
 # runsc_root SOCK: the runsc state directory the shim derives from a

@@ -10,6 +10,9 @@ need_root
 # etcd and Kubernetes for the TestKube tests (about 16 CPU-minutes the
 # first time, cached after).
 "$REPO_ROOT/hack/kube/build.sh" >/dev/null
+# kubernetes-sigs/agent-sandbox's controller for TestKubeAgentSandbox
+# (a few minutes the first time, cached after).
+"$REPO_ROOT/hack/kube/agent-sandbox.sh" >/dev/null
 cd "$REPO_ROOT"
 step "static checks (make check: gofmt, go vet, staticcheck)"
 make --no-print-directory check

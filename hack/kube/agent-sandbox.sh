@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds kubernetes-sigs/agent-sandbox's controller (core and extensions:
+# Sandbox, SandboxTemplate, SandboxWarmPool, SandboxClaim) from the Go
+# module proxy at AGENT_SANDBOX_VERSION (hack/lib.sh), and keeps the
+# module's own k8s/ directory (its CRDs and RBAC) beside it, in the
+# toolchain cache. hack/kube.sh agent-sandbox applies and starts them. Safe
+# to run again: a finished build is reused.
+#
+#   hack/kube/agent-sandbox.sh    # prints the directory on stdout
+source "$(dirname "$0")/../lib.sh"
+
+dir=$(agent_sandbox_dir)
+if [ -x "$dir/bin/agent-sandbox-controller" ] && [ -f "$dir/k8s/crds/agents.x-k8s.io_sandboxes.yaml" ]; then
+  step "agent-sandbox $AGENT_SANDBOX_VERSION cached ($dir)"
+  echo "$dir"; exit 0
+fi
+rm -rf "$dir.tmp"
+mkdir -p "$dir.tmp/bin"
+step "building agent-sandbox's controller $AGENT_SANDBOX_VERSION from the Go module proxy (a few minutes, once)"
+CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN=$dir.tmp/bin \
+  go install "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$AGENT_SANDBOX_VERSION"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+(cd "$work" && printf 'module fetch\ngo 1.26\n' >go.mod &&
+  go mod download -json "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION" >dl.json)
+src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' "$work/dl.json")
+[ -d "$src/k8s/crds" ] || die "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION has no k8s/crds"
+cp -r "$src/k8s" "$dir.tmp/k8s" && chmod -R u+w "$dir.tmp/k8s"
+rm -rf "$dir" && mv "$dir.tmp" "$dir"
+step "agent-sandbox $AGENT_SANDBOX_VERSION built ($dir)"
+echo "$dir"

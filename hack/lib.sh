@@ -50,6 +50,11 @@ ctrq() { ctr "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2); }
 # from the modules hack/kube/*/go.mod pin).
 KUBE_VERSION=$(mod_version "$REPO_ROOT/hack/kube/kube-all/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(mod_version "$REPO_ROOT/hack/kube/etcd/go.mod" go.etcd.io/etcd/server/v3)
+# module_dir MODULE@VERSION: the directory of a module from the Go module
+# proxy (read-only, in the module cache). Run outside any module, so that
+# no go.mod or go.sum is touched.
+module_dir() { (cd / && go mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'; }
+
 # kubernetes-sigs/agent-sandbox: its controller and CRDs, from the Go
 # module proxy (hack/kube/agent-sandbox.sh).
 AGENT_SANDBOX_VERSION=v1.0.1

@@ -20,9 +20,7 @@ if [ ! -f "$db/index/db.json" ]; then
   step "vulnerability database from golang.org/x/vulndb@$VULNDB_VERSION (the Go module proxy)"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && printf 'module vulndbfetch\ngo 1.26\n' >go.mod &&
-    go mod download -json "golang.org/x/vulndb@$VULNDB_VERSION" >dl.json)
-  src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' "$work/dl.json")
+  src=$(module_dir "golang.org/x/vulndb@$VULNDB_VERSION")
   [ -d "$src/data/osv" ] || die "golang.org/x/vulndb@$VULNDB_VERSION has no data/osv"
   # gendb reads the OSV files from a git repository (their dates from its
   # commit): a snapshot of the module, committed at its version's time.

@@ -80,14 +80,8 @@ func (s *service) Update(ctx context.Context, r *task.UpdateTaskRequest) (*types
 		return nil, errgrpc.ToGRPC(fmt.Errorf("agentbox: update of %s refused: %w", r.ID, err))
 	}
 	resp, err := s.next.Update(ctx, r)
-	if err == nil && r.ID == sb.id && res != nil {
-		// What the sandbox's cgroup has now, for a live tightening.
-		if res.Memory != nil && res.Memory.Limit != nil {
-			sb.memoryLimit = *res.Memory.Limit
-		}
-		if res.CPU != nil && res.CPU.Quota != nil && res.CPU.Period != nil && *res.CPU.Period > 0 {
-			sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
-		}
+	if err == nil && r.ID == sb.id {
+		sb.tookLimits(res)
 	}
 	return resp, errgrpc.ToGRPC(err)
 }

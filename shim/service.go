@@ -369,9 +369,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
-			if sb.life.Now().Phase != sandbox.Ended {
-				sb.fire(ctx, sandbox.Exit)
-			}
+			sb.fire(ctx, sandbox.Exit) // ended already if the root's exit was seen
 			ph.mark("close_audit")
 		} else {
 			s.record(r.ID, audit.TypeContainerDeleted.New("Success",

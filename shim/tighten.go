@@ -158,11 +158,21 @@ func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs
 	if _, err := s.next.Update(ctx, &task.UpdateTaskRequest{ID: sb.id, Resources: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: b}}); err != nil {
 		return fmt.Errorf("runsc update: %w", err)
 	}
-	if res.Memory != nil {
+	sb.tookLimits(res)
+	return nil
+}
+
+// tookLimits notes the memory and CPU limits an update applied to the
+// sandbox's cgroup (what a live tightening lowers from). The caller holds
+// sb.ops.
+func (sb *sandboxState) tookLimits(res *specs.LinuxResources) {
+	if res == nil {
+		return
+	}
+	if res.Memory != nil && res.Memory.Limit != nil {
 		sb.memoryLimit = *res.Memory.Limit
 	}
-	if res.CPU != nil {
+	if res.CPU != nil && res.CPU.Quota != nil && res.CPU.Period != nil && *res.CPU.Period > 0 {
 		sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
 	}
-	return nil
 }

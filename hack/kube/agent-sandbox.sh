@@ -19,11 +19,7 @@ mkdir -p "$dir.tmp/bin"
 step "building agent-sandbox's controller $AGENT_SANDBOX_VERSION from the Go module proxy (a few minutes, once)"
 CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN=$dir.tmp/bin \
   go install "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$AGENT_SANDBOX_VERSION"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-(cd "$work" && printf 'module fetch\ngo 1.26\n' >go.mod &&
-  go mod download -json "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION" >dl.json)
-src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' "$work/dl.json")
+src=$(module_dir "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION")
 [ -d "$src/k8s/crds" ] || die "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION has no k8s/crds"
 cp -r "$src/k8s" "$dir.tmp/k8s" && chmod -R u+w "$dir.tmp/k8s"
 rm -rf "$dir" && mv "$dir.tmp" "$dir"

@@ -251,8 +251,14 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 		}
 	case *events.TaskExit:
 		if e.ID == e.ContainerID {
-			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", fmt.Sprintf("container exited with status %d", e.ExitStatus),
-				map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}), true)
+			msg, d := fmt.Sprintf("container exited with status %d", e.ExitStatus), map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}
+			if sb, ok := p.s.sandboxes.of(e.ContainerID); ok {
+				if name := sb.suspendedInto.Load(); name != nil {
+					msg = fmt.Sprintf("container stopped (status %d): its sandbox was suspended into checkpoint %s", e.ExitStatus, *name)
+					d["suspended_into"] = *name
+				}
+			}
+			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", msg, d), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
 				sb.fire(ctx, sandbox.Exit)
 				// Off the publishing path: the shim holds the pod's

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -26,6 +27,7 @@ import (
 	errgrpc "github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	pb "gvisor.dev/gvisor/pkg/shim/v1/taskserver/task_server_go_proto"
@@ -163,7 +165,13 @@ func storeOf(cfg *config.Config) (*checkpoint.Store, error) {
 
 // checkpoint has gVisor write the sandbox's memory into the store under
 // name, records it in the trail, and signs the image with that record's
-// hash. leaveRunning: a snapshot; otherwise the sandbox stops (a suspend).
+// hash. leaveRunning: a snapshot; otherwise a suspend, which stops the
+// sandbox only once its image is committed and verified: the sandbox is
+// frozen first, gVisor writes it and leaves it frozen, and a checkpoint
+// that fails thaws it (if the suspend froze it) with the agent as it was.
+// (gVisor's own stop-after-save kills the sandbox whether or not the save
+// succeeded: a full store would stop the agent with nothing kept.)
+// A kill that arrives meanwhile waits for the checkpoint (waitCheckpoint).
 // The caller holds sb.ops.
 func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string, leaveRunning, frozenOK bool, detail map[string]string) (*control.Checkpointed, error) {
 	fail := func(err error) (*control.Checkpointed, error) {
@@ -171,7 +179,14 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 		for k, v := range detail {
 			d[k] = v
 		}
-		sb.audit.trail.Emit(audit.TypeCheckpointFailed.New("Failure", fmt.Sprintf("checkpoint %s not made: %v", name, err), d), true)
+		what := "the sandbox runs on"
+		if !leaveRunning {
+			what = "the suspend is abandoned and the agent runs on"
+		}
+		if ph := sb.life.Now().Phase; ph != sandbox.Running && ph != sandbox.Checkpointing {
+			what = "the sandbox is " + ph.String()
+		}
+		sb.audit.trail.Emit(audit.TypeCheckpointFailed.New("Failure", fmt.Sprintf("checkpoint %s not made: %v; %s", name, err, what), d), true)
 		return nil, err
 	}
 	if sb.restore != nil && sb.restore.pending.Load() > 0 {
@@ -180,17 +195,41 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if sb.life.Now().Phase == sandbox.Frozen && !frozenOK {
 		return fail(errkind.FailedPrecondition(errors.New("the sandbox is frozen: thaw it first (an admin's checkpoint is of a running sandbox)")))
 	}
-	if _, err := sb.life.Fire(sandbox.Checkpoint, ""); err != nil {
-		return fail(errkind.FailedPrecondition(err))
-	}
-	// Made or not, a snapshot leaves the sandbox running; a suspend that
-	// was made stops it.
-	done := sandbox.CheckpointDone
-	defer func() { sb.fire(ctx, done) }()
 	store, err := storeOf(sb.cfg)
 	if err != nil {
 		return fail(err)
 	}
+	// A suspend freezes the sandbox for the whole checkpoint, so that what
+	// is stopped is what was saved; a failure thaws it again.
+	stopped := false
+	if !leaveRunning && sb.life.Now().Phase != sandbox.Frozen {
+		if err := s.pause(ctx, sb); err != nil {
+			return fail(fmt.Errorf("freezing the sandbox to suspend it: %w", err))
+		}
+		defer func() {
+			if stopped {
+				return
+			}
+			if _, err := s.unpause(ctx, sb); err != nil {
+				log.G(ctx).WithError(err).Warn("agentbox: thawing a sandbox whose suspend failed")
+				sb.audit.trail.Emit(audit.TypeThawed.New("Failure", "the suspend failed, and so did thawing the sandbox: it stays frozen: "+err.Error(), nil), true)
+			}
+		}()
+	}
+	if _, err := sb.life.Fire(sandbox.Checkpoint, ""); err != nil {
+		return fail(errkind.FailedPrecondition(err))
+	}
+	doneCh := make(chan struct{})
+	sb.checkpointing.Store(&doneCh)
+	// Made or not, a checkpoint returns the sandbox to the phase it began
+	// in; a suspend that was made stops it instead.
+	defer func() {
+		if !stopped {
+			sb.fire(ctx, sandbox.CheckpointDone)
+		}
+		sb.checkpointing.Store(nil)
+		close(doneCh)
+	}()
 	tmp, err := store.Begin(name)
 	if err != nil {
 		return fail(errkind.InvalidArgument(err))
@@ -221,8 +260,8 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if gts == nil {
 		return fail(errors.New("gVisor's task service has no checkpoint"))
 	}
-	if _, err := gts.Checkpoint(ctx, &pb.CheckpointRequest{Id: sb.id, ImagePath: tmp, LeaveRunning: leaveRunning}); err != nil {
-		return fail(fmt.Errorf("runsc checkpoint: %w", err))
+	if _, err := gts.Checkpoint(ctx, &pb.CheckpointRequest{Id: sb.id, ImagePath: tmp, LeaveRunning: true}); err != nil {
+		return fail(fmt.Errorf("runsc checkpoint: %s", briefError(err.Error())))
 	}
 	took := time.Since(start)
 	var size int64
@@ -265,11 +304,137 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 		return fail(fmt.Errorf("signing the image: %w", err))
 	}
 	committed = true
-	if !leaveRunning {
-		done = sandbox.Suspend
+	cp := &control.Checkpointed{Name: name, Digest: digest, Dir: filepath.Join(store.Dir, name), Bytes: size,
+		Millis: took.Milliseconds(), Suspended: !leaveRunning}
+	if leaveRunning {
+		return cp, nil
 	}
-	return &control.Checkpointed{Name: name, Digest: digest, Dir: filepath.Join(store.Dir, name), Bytes: size,
-		Millis: took.Milliseconds(), Suspended: !leaveRunning}, nil
+	// The agent stops only for an image a restore would accept.
+	if img, err := store.Open(name); err != nil || img.Digest != digest {
+		if rmErr := store.Remove(name); rmErr != nil {
+			log.G(ctx).WithError(rmErr).Warn("agentbox: removing a checkpoint that does not verify")
+		}
+		if err == nil {
+			err = fmt.Errorf("its digest is %s, not the %s signed", img.Digest, digest)
+		}
+		return fail(fmt.Errorf("the image written does not verify (%w): removed", err))
+	}
+	stopped = true
+	sb.suspendedInto.Store(&name)
+	sb.fire(ctx, sandbox.Suspend)
+	s.stopSuspended(ctx, sb)
+	return cp, nil
+}
+
+// stopSuspended stops a sandbox whose suspend image is committed, still
+// frozen: its sandbox process is killed (as an OOM kill does), so that no
+// task of it runs after the image was taken. Only when that process cannot
+// be told apart safely does gVisor resume its kernel to kill every
+// container (runsc signals no container of a paused sandbox): its tasks
+// then run for milliseconds, and what they do is not in the image.
+func (s *service) stopSuspended(ctx context.Context, sb *sandboxState) {
+	err := killSandboxProcess(s.exits, sb.id)
+	if err == nil {
+		return
+	}
+	log.G(ctx).WithError(err).Warn("agentbox: killing a suspended sandbox's process; resuming it to kill its containers instead")
+	if _, err := s.next.Resume(ctx, &task.ResumeRequest{ID: sb.id}); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: resuming a suspended sandbox to stop it")
+	}
+	for _, id := range sb.members.RootLast() {
+		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
+			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill after suspend")
+		}
+	}
+}
+
+// forceDelete has runsc delete a container of a sandbox stopSuspended
+// killed. gVisor's task service then finds it gone, as it expects of a
+// checkpointed container.
+func forceDelete(ctx context.Context, cfg *config.Config, containerdAddress, id string) {
+	root := filepath.Join(cfg.RunscRoot(containerdAddress), namespaceOf(ctx))
+	out, err := exec.CommandContext(ctx, cfg.Runsc.Binary, "--root", root, "delete", "--force", id).CombinedOutput()
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", id).Warnf("agentbox: runsc delete --force of a suspended container: %s", briefError(string(out)))
+	}
+}
+
+// killSandboxProcess sends SIGKILL to the sandbox process of root
+// container id, through a pidfd, once /proc says that process is the
+// shim's own child (the shim is the sandbox's subreaper) and not reaped.
+func killSandboxProcess(x *exitRepair, id string) error {
+	pid, ok := x.livePid(id)
+	if !ok {
+		return errors.New("no live sandbox process is known")
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd of %d: %w", pid, err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err
+	}
+	if ppid := procField(string(status), "PPid"); ppid != fmt.Sprint(os.Getpid()) {
+		return fmt.Errorf("process %d's parent is %s, not this shim", pid, ppid)
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+// briefError is runsc's error message without what makes it unreadable:
+// only its first line (a stack trace may follow), and each ": "-separated
+// part longer than 160 bytes (a dump of the object gVisor failed on can
+// be megabytes) cut to its start and size. The cause, usually the last part,
+// stays.
+func briefError(msg string) string {
+	msg, _, _ = strings.Cut(msg, "\n")
+	parts := strings.Split(msg, ": ")
+	for i, p := range parts {
+		if len(p) > 160 {
+			parts[i] = strings.ToValidUTF8(p[:64], "") + fmt.Sprintf("... [%d bytes left out]", len(p)-64)
+		}
+	}
+	out := strings.TrimRight(strings.Join(parts, ": "), ": ")
+	if len(out) > 1024 {
+		out = strings.ToValidUTF8(out[:1024], "") + " [...]"
+	}
+	return out
+}
+
+// procField is a field of a /proc/PID/status file.
+func procField(status, name string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// checkpointStopWait bounds how long a kill waits for a checkpoint under
+// way (the kubelet's stop of a pod being suspended).
+const checkpointStopWait = 60 * time.Second
+
+// waitCheckpoint holds a kill while the sandbox is being checkpointed, at
+// most checkpointStopWait: a suspend's image is then complete before the
+// stop, and a snapshot is not cut short. It says how long it waited.
+func waitCheckpoint(ctx context.Context, sb *sandboxState) (time.Duration, bool) {
+	ch := sb.checkpointing.Load()
+	if ch == nil {
+		return 0, true
+	}
+	start := time.Now()
+	t := time.NewTimer(checkpointStopWait)
+	defer t.Stop()
+	select {
+	case <-*ch:
+		return time.Since(start), true
+	case <-t.C:
+		return time.Since(start), false
+	case <-ctx.Done():
+		return time.Since(start), false
+	}
 }
 
 // checkpointByAdmin is the control socket's checkpoint and suspend.

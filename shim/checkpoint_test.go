@@ -129,3 +129,27 @@ func TestOpenRestoreKeepsPlaceholders(t *testing.T) {
 		t.Fatal("a template start kept the checkpoint's placeholders or wall clock")
 	}
 }
+
+func TestBriefError(t *testing.T) {
+	dump := "&wire.Array{Contents:[]wire.Object{" + strings.Repeat("(*wire.Struct)(0x72bb), ", 2000) + "}}"
+	for _, tc := range []struct{ in, want string }{
+		{`checkpointing container "c1": error serializing object ` + dump + ": no space left on device:\ngoroutine 1 [running]:\nmain.main()",
+			`checkpointing container "c1": error serializing object &wire.Array{Contents:[]wire.Object{(*wi... [47998 bytes left out]: no space left on device`},
+		{"runsc: no space left on device", "runsc: no space left on device"},
+		{strings.Repeat("x", 100) + ": " + strings.Repeat("y", 2000), strings.Repeat("x", 100) + ": " + strings.Repeat("y", 64) + "... [1936 bytes left out]"},
+	} {
+		if got := briefError(tc.in); got != tc.want {
+			t.Errorf("briefError:\n got %q\nwant %q", got, tc.want)
+		}
+	}
+}
+
+func TestProcField(t *testing.T) {
+	status := "Name:\trunsc-sandbox\nState:\tS (sleeping)\nPid:\t42\nPPid:\t7\n"
+	if got := procField(status, "PPid"); got != "7" {
+		t.Fatalf("PPid: %q", got)
+	}
+	if got := procField(status, "Uid"); got != "" {
+		t.Fatalf("a field not there: %q", got)
+	}
+}

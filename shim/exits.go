@@ -69,6 +69,21 @@ func (x *exitRepair) track(id string, pid int) {
 	x.roots[id] = pid
 }
 
+// livePid is the sandbox pid of a sandbox-root container while it has not
+// been reaped.
+func (x *exitRepair) livePid(id string) (int, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	pid, ok := x.roots[id]
+	if !ok || pid <= 0 {
+		return 0, false
+	}
+	if _, dead := x.reaped[pid]; dead {
+		return 0, false
+	}
+	return pid, true
+}
+
 // forget drops a container once it is deleted.
 func (x *exitRepair) forget(id string) {
 	x.mu.Lock()

@@ -69,6 +69,10 @@ func (s *service) adjustExit(e *proc.Exit) {
 	switch {
 	case e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID):
 		e.Status = WallClockExitStatus
+	case e.Status == runscWaitFailed && s.sandboxes.suspendedContainer(e.ID):
+		// Its sandbox process was killed once the suspend's image was
+		// made (stopSuspended).
+		e.Status = 128 + int(unix.SIGKILL)
 	case e.Status == runscWaitFailed && s.sandboxes.oomKilledContainer(e.ID):
 		// The sandbox was OOM-killed under the container: it died with
 		// it (SIGKILL), as Kubernetes expects of an OOMKilled container.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
@@ -35,13 +36,29 @@ func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResp
 	return resp, errgrpc.ToGRPC(err)
 }
 
-// Kill forwards. A SIGKILL for a frozen sandbox thaws it first: runsc
-// signals no container of a paused sandbox (containerd stopping a frozen
-// pod).
+// Kill forwards. A kill that arrives while the sandbox is being
+// checkpointed waits for it (bounded: waitCheckpoint), so that a pod
+// stopped while it is suspended is stopped after its image is complete. A
+// SIGKILL for a frozen sandbox thaws it first: runsc signals no container
+// of a paused sandbox (containerd stopping a frozen pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
-	if r.Signal == uint32(unix.SIGKILL) {
-		if sb, ok := s.sandboxes.of(r.ID); ok {
+	if sb, ok := s.sandboxes.of(r.ID); ok {
+		if waited, ok := waitCheckpoint(ctx, sb); waited > 0 {
+			msg := fmt.Sprintf("a stop (signal %d) waited %v for the checkpoint under way", r.Signal, waited.Round(time.Millisecond))
+			if !ok {
+				msg = fmt.Sprintf("a stop (signal %d) waited %v for the checkpoint under way, and went ahead without it", r.Signal, waited.Round(time.Millisecond))
+			}
+			s.record(r.ID, audit.TypeStopped.New("Success", msg, map[string]string{"container_id": r.ID, "signal": fmt.Sprint(r.Signal), "waited": waited.Round(time.Millisecond).String()}), true)
+		}
+		if r.Signal == uint32(unix.SIGKILL) {
 			s.thawForKill(ctx, sb)
+		}
+		if sb.suspendedInto.Load() != nil {
+			// Its suspend stopped it already: the stop asked for is done.
+			if resp, err := s.next.Kill(ctx, r); err == nil {
+				return resp, nil
+			}
+			return &types.Empty{}, nil
 		}
 	}
 	resp, err := s.next.Kill(ctx, r)

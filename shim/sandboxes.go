@@ -65,6 +65,12 @@ type sandboxState struct {
 	seen       string
 	// commands numbers the admin requests applied.
 	commands atomic.Int64
+	// checkpointing is closed when the checkpoint under way ends (nil when
+	// none is): a kill that arrives meanwhile waits for it.
+	checkpointing atomic.Pointer[chan struct{}]
+	// suspendedInto names the checkpoint a suspend stopped the sandbox
+	// after ("" when none did): its containers' exits say so.
+	suspendedInto atomic.Pointer[string]
 	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
 	// (0: none); a tightened role lowers them live. Guarded by ops after
 	// Create.
@@ -303,6 +309,11 @@ func (r *sandboxRegistry) expiredContainer(id string) bool {
 
 // oomKilledContainer reports whether a container's sandbox ran out of
 // memory.
+func (r *sandboxRegistry) suspendedContainer(id string) bool {
+	sb, ok := r.of(id)
+	return ok && sb.suspendedInto.Load() != nil
+}
+
 func (r *sandboxRegistry) oomKilledContainer(id string) bool {
 	sb, ok := r.of(id)
 	return ok && sb.oomKills.Load() > 0

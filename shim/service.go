@@ -353,6 +353,12 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	defer s.deleting.Done()
 	ph := newPhases("delete", r.ID)
 	defer ph.done()
+	if sb, ok := s.sandboxes.of(r.ID); ok && r.ExecID == "" && sb.suspendedInto.Load() != nil {
+		// Its sandbox process was killed while paused (stopSuspended):
+		// runsc still holds it paused, and deletes it only by force.
+		forceDelete(ctx, sb.cfg, s.containerdAddress, r.ID)
+		ph.mark("runsc_force_delete")
+	}
 	resp, err := s.next.Delete(ctx, r)
 	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {

@@ -166,6 +166,11 @@ func (s *Store) Commit(tmp string, m *Manifest) (string, error) {
 			return "", err
 		}
 		sum, size, err := sha256Of(f)
+		if err == nil {
+			// On disk before anything relies on it (a suspend stops the
+			// agent once its image is committed).
+			err = f.Sync()
+		}
 		f.Close()
 		if err != nil {
 			return "", err
@@ -184,6 +189,9 @@ func (s *Store) Commit(tmp string, m *Manifest) (string, error) {
 		return "", err
 	}
 	if err := os.Rename(tmp, filepath.Join(s.Dir, m.Name)); err != nil {
+		return "", fmt.Errorf("checkpoint %q: %w", m.Name, err)
+	}
+	if err := syncDir(s.Dir); err != nil {
 		return "", fmt.Errorf("checkpoint %q: %w", m.Name, err)
 	}
 	return digest, nil

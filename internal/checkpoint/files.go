@@ -111,3 +111,13 @@ func writeFileSync(p string, b []byte) error {
 	}
 	return err
 }
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -70,6 +70,15 @@ func startDaemon(dir string) (*daemon, error) {
 }
 
 func (d *daemon) stop() error {
+	if os.Getenv("AGENTBOX_E2E_KEEP") == "1" {
+		// Its logs, to read after the run (the daemon's directory goes).
+		kept := d.dir + "-logs"
+		if out, err := exec.Command("cp", "-a", filepath.Join(d.dir, "logs"), kept).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: keeping the logs: %v: %s\n", err, out)
+		} else {
+			fmt.Fprintf(os.Stderr, "e2e: logs kept in %s (AGENTBOX_E2E_KEEP=1)\n", kept)
+		}
+	}
 	cmd := exec.Command(filepath.Join(repoRoot, "hack", "containerd.sh"), "stop")
 	cmd.Env = d.env()
 	out, err := cmd.CombinedOutput()

@@ -196,6 +196,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	sb.egressMu.Lock()
 	sb.gateway, sb.ca = gw, ca
 	sb.egressMu.Unlock()
+	go watchSecrets(sb, pl, gw)
 	return nil
 }
 

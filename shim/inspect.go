@@ -142,16 +142,19 @@ func readSecret(file string) (string, error) {
 func injectedSecrets(sb *sandboxState, pl *netpolicy.Plan) ([]egressgw.Secret, error) {
 	var out []egressgw.Secret
 	for _, in := range pl.Injects {
-		v, err := readSecret(in.File)
+		v, err := readSecret(in.Path(sb.cfg.Policy.SecretsDir))
 		if err != nil {
+			if in.Ref != nil {
+				err = fmt.Errorf("%w (the node agent keeps Kubernetes Secrets there: is agentbox sync running, and may it read %s?)", err, in.Ref)
+			}
 			return nil, fmt.Errorf("secret injected toward %s: %w", in.Host, err)
 		}
 		if v == "" {
-			return nil, fmt.Errorf("secret injected toward %s: %s is empty", in.Host, in.File)
+			return nil, fmt.Errorf("secret injected toward %s: %s is empty", in.Host, in.Source())
 		}
 		for _, c := range v {
 			if c < 0x20 || c == 0x7f {
-				return nil, fmt.Errorf("secret injected toward %s: %s holds a control character: it cannot be sent as header %s", in.Host, in.File, in.Header)
+				return nil, fmt.Errorf("secret injected toward %s: %s holds a control character: it cannot be sent as header %s", in.Host, in.Source(), in.Header)
 			}
 		}
 		s := egressgw.Secret{Host: in.Host, Header: in.Header, Value: strings.Replace(in.Format, policy.SecretToken, v, 1), Secret: v}

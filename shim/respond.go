@@ -80,6 +80,8 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 		msg, err = s.stopByAdmin(ctx, sb, who)
 	case control.OpCheckpoint, control.OpSuspend:
 		msg, cp, err = s.checkpointByAdmin(ctx, sb, req, who)
+	case control.OpOwner:
+		msg, err = setOwner(sb, req.Owner, who)
 	}
 	if req.Op != control.OpInfo {
 		l := log.G(ctx).WithFields(log.Fields{"op": req.Op, "uid": peer.UID, "pid": peer.PID})
@@ -105,6 +107,7 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	if m := sb.audit.trail.Meta(); sb.inCRI && m.PodName != "" {
 		// Only a CRI pod sandbox: its name is the CRI's, not a claim.
 		in.Pod = m.PodNamespace + "/" + m.PodName
+		in.PodUID = sb.podUID
 	}
 	if d, ok := sb.clock.Left(); ok {
 		in.WallClockLeft = d.Round(time.Second).String()
@@ -119,7 +122,59 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	}
 	// The phase: a quarantine is said by its own fields.
 	in.State = st.Phase.String()
+	in.Owner = sb.owner.Load()
 	return in
+}
+
+// setOwner notes the agent-sandbox Sandbox the pod belongs to, and what
+// holds it, as the node agent says: a record each time that changes (a
+// warm Sandbox claimed). A Sandbox of another namespace than the pod's is
+// refused: the node agent would not send one, and nothing may link a pod
+// to another namespace's Sandbox.
+func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (string, error) {
+	if !sb.inCRI {
+		return "", errkind.FailedPrecondition(errors.New("not a Kubernetes pod: it has no Sandbox"))
+	}
+	if ns := sb.request.PodNamespace; o.Sandbox.Namespace != ns {
+		return "", errkind.InvalidArgument(fmt.Errorf("owner.sandbox.namespace: %q, and the pod is in %q", o.Sandbox.Namespace, ns))
+	}
+	prev := sb.owner.Load()
+	if prev != nil && prev.Sandbox == o.Sandbox && (prev.Holder == nil) == (o.Holder == nil) && (o.Holder == nil || *prev.Holder == *o.Holder) {
+		return "unchanged: " + ownerText(o), nil
+	}
+	if prev != nil && prev.Sandbox.UID != o.Sandbox.UID {
+		// A pod's controller does not change: the API said otherwise
+		// before, and the first stays.
+		return "", errkind.FailedPrecondition(fmt.Errorf("the pod belongs to %s (uid %s), not %s (uid %s)", prev.Sandbox, prev.Sandbox.UID, o.Sandbox, o.Sandbox.UID))
+	}
+	detail["sandbox_object"] = o.Sandbox.Namespace + "/" + o.Sandbox.Name
+	detail["sandbox_uid"] = o.Sandbox.UID
+	if h := o.Holder; h != nil {
+		detail["holder_kind"], detail["holder"], detail["holder_uid"] = h.Kind, h.Name, h.UID
+	}
+	if prev != nil && prev.Holder != nil {
+		detail["previous_holder"] = prev.Holder.Kind + " " + prev.Holder.Name
+	}
+	sb.owner.Store(o)
+	msg := ownerText(o)
+	sb.audit.trail.Emit(audit.TypeOwner.New("Success", msg, detail), true)
+	return msg, nil
+}
+
+// ownerText says what a pod belongs to.
+func ownerText(o *control.Owner) string {
+	msg := fmt.Sprintf("the pod belongs to %s (uid %s)", o.Sandbox, o.Sandbox.UID)
+	if h := o.Holder; h != nil {
+		verb := "held by"
+		switch h.Kind {
+		case "SandboxClaim":
+			verb = "claimed by"
+		case "SandboxWarmPool":
+			verb = "kept warm by"
+		}
+		msg += fmt.Sprintf(", %s %s %s (uid %s)", verb, h.Kind, h.Name, h.UID)
+	}
+	return msg
 }
 
 // egressSummary says what the sandbox's egress is, for records.

@@ -71,6 +71,9 @@ type sandboxState struct {
 	// suspendedInto names the checkpoint a suspend stopped the sandbox
 	// after ("" when none did): its containers' exits say so.
 	suspendedInto atomic.Pointer[string]
+	// owner is the agent-sandbox Sandbox its pod belongs to, as the node
+	// agent last said (nil: none said). Written under ops.
+	owner atomic.Pointer[control.Owner]
 	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
 	// (0: none); a tightened role lowers them live. Guarded by ops after
 	// Create.

@@ -76,6 +76,8 @@ var (
 	TypeCheckpointed     = RecordType{"agentbox/checkpointed", ClassAppLifecycle, 99, "Checkpoint", info, "gVisor wrote the sandbox's memory into the node's checkpoint store (agentbox sandbox checkpoint or suspend, ctr task checkpoint): the checkpoint's name, whether the sandbox was stopped after, who asked; a restored sandbox's trail links to this record"}
 	TypeCheckpointFailed = RecordType{"agentbox/checkpoint_failed", ClassAppLifecycle, 99, "Checkpoint", low, "a checkpoint was asked for and not made, with the reason"}
 	TypeStopped          = RecordType{"agentbox/stopped", ClassRemediation, 2, "Evict", medium, "an admin stopped the sandbox (agentbox sandbox stop), or a failed quarantine did: every container killed, the reason, who asked"}
+	TypeSecretRotated    = RecordType{"agentbox/secret_rotated", ClassAppLifecycle, 8, "Update", info, "an injected secret's source changed on the node (a rotated Kubernetes Secret, a rewritten file): the gateway's next requests carry the new value; host, header and source, never the value. A source that cannot be read is recorded as a failure, and the value the gateway had stays"}
+	TypeOwner            = RecordType{"agentbox/owner", ClassAppLifecycle, 8, "Update", info, "the node agent named the kubernetes-sigs/agent-sandbox Sandbox the pod belongs to, and what holds it (the SandboxClaim that claimed it, or the SandboxWarmPool keeping it warm), as the API server says: names and UIDs"}
 	TypeGap              = RecordType{EventGap, ClassEventLog, 99, "Gap", medium, "events that were not recorded, by reason"}
 	TypeSandboxEnd       = RecordType{EventSandboxEnd, ClassEventLog, 7, "Stop", info, "the trail's last record, with its totals"}
 )
@@ -87,7 +89,7 @@ var Catalog = []RecordType{
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
-	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeGap, TypeSandboxEnd,
+	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeOwner, TypeSecretRotated, TypeGap, TypeSandboxEnd,
 }
 
 // typeByName finds a record type by its name.

@@ -123,7 +123,14 @@ type Policy struct {
 	// own ConfigPath in containerd's config, so the config is what
 	// identifies it.
 	Handler string `toml:"handler"`
+	// SecretsDir is where the node agent keeps the Kubernetes Secrets
+	// roles name (secretRef), one file per key: NAMESPACE/NAME/KEY,
+	// root's alone.
+	SecretsDir string `toml:"secrets_dir"`
 }
+
+// DefaultSecretsDir is Policy.SecretsDir unless configured.
+const DefaultSecretsDir = "/var/lib/agentbox/secrets"
 
 // DefaultSentrySendBuffer is gVisor's audit socket buffer unless the
 // config says otherwise: about 3,000 events (an event takes ~1.3 KiB of
@@ -257,7 +264,7 @@ func Default() *Config {
 		Version: 1,
 		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
 		Shim:    Shim{LogLevel: "info", ControlDir: DefaultControlDir},
-		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline"},
+		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline", SecretsDir: DefaultSecretsDir},
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10, SentrySendBuffer: DefaultSentrySendBuffer,
 			Webhook:         Webhook{MaxSpoolBytes: 1 << 30, BatchRecords: 512},
 			MaxSandboxBytes: 1 << 30, MinFreeBytes: 256 << 20, ReserveBytes: 1 << 20, MaxTotalBytes: 0,
@@ -360,6 +367,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Policy.Handler != "" && !handlerName.MatchString(c.Policy.Handler) {
 		errs = append(errs, fmt.Errorf("policy.handler: %q is not a runtime handler name", c.Policy.Handler))
+	}
+	if !cleanAbs(c.Policy.SecretsDir) {
+		errs = append(errs, fmt.Errorf("policy.secrets_dir: %q must be a clean absolute path", c.Policy.SecretsDir))
 	}
 	if !cleanAbs(c.Checkpoint.Dir) {
 		errs = append(errs, fmt.Errorf("checkpoint.dir: %q must be a clean absolute path", c.Checkpoint.Dir))

@@ -35,6 +35,9 @@ const (
 	// store and leaves it running; OpSuspend does the same and stops it.
 	OpCheckpoint = "checkpoint"
 	OpSuspend    = "suspend"
+	// OpOwner tells the shim which agent-sandbox Sandbox its pod belongs
+	// to (the node agent, from the API server).
+	OpOwner = "owner"
 )
 
 // MaxReason bounds a request's reason (it goes into the trail).
@@ -51,12 +54,69 @@ type Request struct {
 	// Name is the checkpoint's name in the node's store (checkpoint and
 	// suspend; optional: the shim names one).
 	Name string `json:"name,omitempty"`
+	// Owner is what the pod belongs to (owner).
+	Owner *Owner `json:"owner,omitempty"`
+}
+
+// Owner is the kubernetes-sigs/agent-sandbox Sandbox a pod belongs to, and
+// what holds that Sandbox, as the node agent read them from the API
+// server: the pod's controller is the Sandbox (by UID), in the pod's
+// namespace, and the Sandbox names the pod as its own.
+type Owner struct {
+	Sandbox ObjectRef `json:"sandbox"`
+	// Holder is the Sandbox's own controller: the SandboxClaim that
+	// claimed it, or the SandboxWarmPool keeping it warm (nil: none).
+	Holder *ObjectRef `json:"holder,omitempty"`
+}
+
+// ObjectRef names a Kubernetes object.
+type ObjectRef struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// String is KIND NAMESPACE/NAME.
+func (r ObjectRef) String() string { return r.Kind + " " + r.Namespace + "/" + r.Name }
+
+// validate names the field of r that is not a Kubernetes object's.
+func (r ObjectRef) validate(field string) error {
+	for _, f := range []struct{ name, v string }{{"kind", r.Kind}, {"namespace", r.Namespace}, {"name", r.Name}, {"uid", r.UID}} {
+		if f.v == "" || len(f.v) > 253 {
+			return fmt.Errorf("%s.%s: %d bytes (1 to 253)", field, f.name, len(f.v))
+		}
+		for _, c := range f.v {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+				return fmt.Errorf("%s.%s: %q is not a Kubernetes name", field, f.name, f.v)
+			}
+		}
+	}
+	return nil
 }
 
 // Validate names the field a request gets wrong.
 func (r Request) Validate() error {
 	switch r.Op {
 	case OpInfo, OpRelease, OpThaw, OpCheckpoint:
+	case OpOwner:
+		if r.Owner == nil {
+			return errors.New("owner: owner needs the Sandbox")
+		}
+		if err := r.Owner.Sandbox.validate("owner.sandbox"); err != nil {
+			return err
+		}
+		if r.Owner.Sandbox.Kind != "Sandbox" {
+			return fmt.Errorf("owner.sandbox.kind: %q, not Sandbox", r.Owner.Sandbox.Kind)
+		}
+		if h := r.Owner.Holder; h != nil {
+			if err := h.validate("owner.holder"); err != nil {
+				return err
+			}
+			if h.Namespace != r.Owner.Sandbox.Namespace {
+				return fmt.Errorf("owner.holder.namespace: %q, not the Sandbox's %q", h.Namespace, r.Owner.Sandbox.Namespace)
+			}
+		}
 	case OpQuarantine, OpFreeze, OpStop, OpSuspend:
 		if strings.TrimSpace(r.Reason) == "" {
 			return fmt.Errorf("reason: %s needs a reason (it goes into the sandbox's trail)", r.Op)
@@ -64,7 +124,10 @@ func (r Request) Validate() error {
 	case "":
 		return errors.New("op: missing")
 	default:
-		return fmt.Errorf("op: %q is not one of info, quarantine, release, freeze, thaw, stop, checkpoint, suspend", r.Op)
+		return fmt.Errorf("op: %q is not one of info, quarantine, release, freeze, thaw, stop, checkpoint, suspend, owner", r.Op)
+	}
+	if r.Owner != nil && r.Op != OpOwner {
+		return fmt.Errorf("owner: only owner takes one, not %s", r.Op)
 	}
 	if r.Name != "" {
 		if r.Op != OpCheckpoint && r.Op != OpSuspend {
@@ -98,7 +161,9 @@ type Sandbox struct {
 	// Kubernetes pod ("" otherwise).
 	Namespace string `json:"namespace"`
 	Pod       string `json:"pod,omitempty"`
-	Role      string `json:"role"`
+	// PodUID is the pod's UID, as the kubelet gave it ("" otherwise).
+	PodUID string `json:"pod_uid,omitempty"`
+	Role   string `json:"role"`
 	// StartDigest is the policy digest the sandbox started under;
 	// LiveDigest the one it runs under now.
 	StartDigest string `json:"start_digest"`
@@ -118,6 +183,9 @@ type Sandbox struct {
 	// WallClockLeft is what is left of the role's wall-clock limit
 	// ("" without one).
 	WallClockLeft string `json:"wall_clock_left,omitempty"`
+	// Owner is the agent-sandbox Sandbox its pod belongs to, as the node
+	// agent last said (nil: none said).
+	Owner *Owner `json:"owner,omitempty"`
 }
 
 // Response answers a request.

@@ -80,6 +80,12 @@ func TestBadRequests(t *testing.T) {
 		{`{"op":"stop","reason":"a` + strings.Repeat("b", 2000) + `"}` + "\n", "reason: 2001 bytes, at most 1024"},
 		{`{"op":"stop","reason":"a\u001b[2Jb"}` + "\n", "reason: control character"},
 		{strings.Repeat("x", maxRequest+10), "longer than"},
+		{`{"op":"owner"}` + "\n", "owner: owner needs the Sandbox"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Pod","namespace":"a","name":"b","uid":"u"}}}` + "\n", `owner.sandbox.kind: "Pod", not Sandbox`},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b/../c","uid":"u"}}}` + "\n", `owner.sandbox.name: "b/../c" is not a Kubernetes name`},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":""}}}` + "\n", "owner.sandbox.uid: 0 bytes"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"holder":{"kind":"SandboxClaim","namespace":"other","name":"c","uid":"v"}}}` + "\n", `owner.holder.namespace: "other", not the Sandbox's "a"`},
+		{`{"op":"info","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"}}}` + "\n", "owner: only owner takes one, not info"},
 	} {
 		c, err := net.Dial("unix", s.Path())
 		if err != nil {

@@ -69,6 +69,14 @@ spec:
 	if resolved == nil || resolved.Role != "e2e-asb" || resolved.PodNS != ns || resolved.PodName != "agent" {
 		t.Errorf("the trail's role record: %+v", resolved)
 	}
+	// The node agent names the Sandbox in the trail, by its UID.
+	uid := k.mustKubectl(t, "-n", ns, "get", "sandbox", "agent", "-o", "jsonpath={.metadata.uid}")
+	var owners []record
+	if !eventually(t, time.Minute, func() bool { owners = k.ownerRecords(t, sandbox); return len(owners) > 0 }) {
+		t.Errorf("the trail names no Sandbox")
+	} else if o := owners[0]; o.Detail["sandbox_object"] != ns+"/agent" || o.Detail["sandbox_uid"] != uid || o.Detail["holder_kind"] != "" {
+		t.Errorf("the owner record: %+v", o)
+	}
 	if !eventually(t, time.Minute, func() bool {
 		r := k.kubectl("-n", ns, "get", "sandbox", "agent", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return strings.TrimSpace(r.stdout) == "True"
@@ -94,5 +102,116 @@ func (k *kubeNode) waitSandboxPod(t *testing.T, ns, name string) {
 		b, _ := os.ReadFile(filepath.Join(k.dir, "logs", "agent-sandbox-controller.log"))
 		t.Fatalf("no pod for Sandbox %s/%s:\n%s\ncontroller log:\n%s", ns, name,
 			clip(k.kubectl("-n", ns, "get", "sandbox", name, "-o", "yaml").stdout), clip(string(b)))
+	}
+}
+
+// applyExample applies one of examples/agent-sandbox/ as the guide shows
+// it, in namespace ns instead of "agents".
+func (k *kubeNode) applyExample(t *testing.T, file, ns string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "agent-sandbox", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := strings.ReplaceAll(string(b), "namespace: agents", "namespace: "+ns)
+	if r := k.run(time.Minute, []byte(y), "kubectl", "apply", "-f", "-"); r.code != 0 {
+		t.Fatalf("kubectl apply %s: %v", file, r)
+	}
+}
+
+// ownerRecords are the agentbox/owner records of a sandbox's trail.
+func (k *kubeNode) ownerRecords(t *testing.T, sandbox string) []record {
+	var out []record
+	for _, r := range k.trail(t, sandbox) {
+		if r.Event == "agentbox/owner" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestKubeAgentSandboxClaim: the guide's YAML (examples/agent-sandbox),
+// applied as it is but for the namespace: an AgentRole and its binding, a
+// SandboxTemplate under the agentbox RuntimeClass naming that role, a
+// SandboxWarmPool of it and a SandboxClaim. agent-sandbox's controller
+// starts the warm Sandboxes through agentbox, under the role; the claim
+// takes one; the node agent tells its shim, and the trail names the
+// Sandbox (by UID) kept warm by the pool, then claimed by the claim.
+func TestKubeAgentSandboxClaim(t *testing.T) {
+	k := kubeCluster(t)
+	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
+	if err := kubeScript(log, "agent-sandbox"); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
+	}
+	ns := k.namespace(t, "e2e-asb-pool")
+	t.Cleanup(func() {
+		k.kubectl("delete", "agentrolebinding", "sandbox-agent", "--ignore-not-found")
+		k.kubectl("delete", "agentrole", "sandbox-agent", "--ignore-not-found")
+	})
+	k.applyExample(t, "role.yaml", ns)
+	k.waitPolicy(t, "agentrolebinding", "sandbox-agent", "enforced", enforced)
+	k.waitPolicy(t, "agentrole", "sandbox-agent", "enforced", enforced)
+	k.applyExample(t, "template.yaml", ns)
+	k.applyExample(t, "warmpool.yaml", ns)
+	if !eventually(t, 3*time.Minute, func() bool {
+		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "agents", "-o", "jsonpath={.status.readyReplicas}")
+		return strings.TrimSpace(r.stdout) == "2"
+	}) {
+		b, _ := os.ReadFile(filepath.Join(k.dir, "logs", "agent-sandbox-controller.log"))
+		t.Fatalf("the warm pool has no 2 ready Sandboxes:\n%s\n%s\ncontroller log:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods", "-o", "wide").stdout),
+			clip(k.kubectl("-n", ns, "get", "events").stdout), clip(string(b)))
+	}
+
+	k.applyExample(t, "claim.yaml", ns)
+	var name string
+	if !eventually(t, 2*time.Minute, func() bool {
+		name = strings.TrimSpace(k.kubectl("-n", ns, "get", "sandboxclaim", "task-1", "-o", "jsonpath={.status.sandbox.name}").stdout)
+		return name != ""
+	}) {
+		t.Fatalf("the claim names no Sandbox:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxclaim", "task-1", "-o", "yaml").stdout))
+	}
+	claimUID := k.mustKubectl(t, "-n", ns, "get", "sandboxclaim", "task-1", "-o", "jsonpath={.metadata.uid}")
+	sbUID := k.mustKubectl(t, "-n", ns, "get", "sandbox", name, "-o", "jsonpath={.metadata.uid}")
+	if launch := k.mustKubectl(t, "-n", ns, "get", "sandbox", name, "-o", `jsonpath={.metadata.labels.agents\.x-k8s\.io/launch-type}`); launch != "warm" {
+		t.Errorf("the claim's Sandbox %s was launched %q, not from the warm pool", name, launch)
+	}
+	p := k.waitPod(t, ns, name, time.Minute, "Running", running)
+	k.waitLogs(t, ns, name, "agent ready", time.Minute)
+	sandbox := k.sandboxOf(t, p.Metadata.UID)
+
+	// The trail: the role, then the Sandbox kept warm by the pool, then
+	// claimed by the claim.
+	var owners []record
+	if !eventually(t, time.Minute, func() bool {
+		owners = k.ownerRecords(t, sandbox)
+		return len(owners) > 0 && owners[len(owners)-1].Detail["holder_kind"] == "SandboxClaim"
+	}) {
+		t.Fatalf("the trail names no claim: %+v", owners)
+	}
+	claimed := owners[len(owners)-1]
+	if claimed.Detail["sandbox_object"] != ns+"/"+name || claimed.Detail["sandbox_uid"] != sbUID ||
+		claimed.Detail["holder"] != "task-1" || claimed.Detail["holder_uid"] != claimUID || claimed.Detail["previous_holder"] != "SandboxWarmPool agents" {
+		t.Errorf("the claim's record: %+v", claimed)
+	}
+	if warm := owners[0]; warm.Detail["holder_kind"] != "SandboxWarmPool" || warm.Detail["holder"] != "agents" || warm.Detail["sandbox_uid"] != sbUID {
+		t.Errorf("the warm Sandbox's record: %+v", warm)
+	}
+	t.Logf("trail: %s", claimed.Message)
+	for _, r := range k.trail(t, sandbox) {
+		if r.Event == "agentbox/role_resolved" && (r.Role != "sandbox-agent" || r.PodNS != ns || r.PodName != name) {
+			t.Errorf("the role record: %+v", r)
+		}
+	}
+	// The agent answers an exec under its role's limits.
+	if out := k.mustKubectl(t, "-n", ns, "exec", name, "--", "sh", "-c", "id -u; touch /etc/x 2>&1 || echo read-only"); !strings.Contains(out, "65532") || !strings.Contains(out, "read-only") {
+		t.Errorf("exec in the claimed agent: %q", out)
+	}
+	// The pool refills.
+	if !eventually(t, 3*time.Minute, func() bool {
+		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "agents", "-o", "jsonpath={.status.readyReplicas}")
+		return strings.TrimSpace(r.stdout) == "2"
+	}) {
+		t.Errorf("the warm pool did not refill:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods").stdout))
 	}
 }

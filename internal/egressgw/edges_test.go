@@ -485,3 +485,28 @@ func (f *fixture) tlsRaw(t *testing.T, roots *x509.CertPool, sni, raw string) st
 	resp.Trailer.Write(&h)
 	return fmt.Sprintf("HTTP/1.1 %d\n%s\n%s", resp.StatusCode, h.String(), b)
 }
+
+// A rotated secret: the next request carries the new value, and a
+// response echoing either the new or the old one is scrubbed.
+func TestSecretRotation(t *testing.T) {
+	f, roots := reflectFixture(t)
+	const rotated = `n3w-s3cr/t+k="v2"`
+	f.gw.SetSecrets([]Secret{{Host: "b.test", Header: "Authorization", Value: "Bearer " + rotated, Secret: rotated, Placeholder: placeholder}})
+	raw := f.tlsRaw(t, roots, "b.test", "GET /api/echo HTTP/1.1\r\nHost: b.test\r\n\r\n")
+	if !strings.HasPrefix(raw, "HTTP/1.1 200") {
+		t.Fatalf("after rotation: %q", raw)
+	}
+	for _, s := range []string{rotated, reflectSecret} {
+		for _, form := range secretForms(s, "") {
+			if strings.Contains(raw, string(form.find)) {
+				t.Errorf("the response holds a secret (%s): %q", form.Encoding, raw)
+			}
+		}
+	}
+	if e := f.event(t); e.Kind != Request || len(e.Reflected) == 0 {
+		t.Errorf("the echoed new secret was not recorded: %+v", e)
+	}
+	if got := f.site.authOf("b.test /api/echo"); got != "Bearer "+rotated {
+		t.Errorf("the origin got %q, want the rotated secret", got)
+	}
+}

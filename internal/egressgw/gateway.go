@@ -162,6 +162,48 @@ type Gateway struct {
 	// suspended, when set, is why every connection is refused
 	// (Suspend).
 	suspended string
+	// secrets are what the gateway injects now (SetSecrets).
+	secrets atomic.Pointer[[]Secret]
+}
+
+// raw is the secret a response is scanned for.
+func (s Secret) raw() string {
+	if s.Secret != "" {
+		return s.Secret
+	}
+	return s.Value
+}
+
+// SetSecrets replaces the secrets the gateway injects (a rotated secret):
+// a request takes them whole when it starts. A response is scanned for a
+// secret's new value and for the one it replaced, which an origin may
+// still echo.
+func (g *Gateway) SetSecrets(secs []Secret) {
+	secs = slices.Clone(secs)
+	var old []Secret
+	if p := g.secrets.Load(); p != nil {
+		old = *p
+	}
+	for i, sec := range secs {
+		secs[i].forms = secretForms(sec.raw(), sec.Placeholder)
+		for _, o := range old {
+			if o.Host == sec.Host && o.Header == sec.Header && o.raw() != sec.raw() {
+				secs[i].forms = append(secs[i].forms, secretForms(o.raw(), sec.Placeholder)...)
+			}
+		}
+	}
+	g.secrets.Store(&secs)
+}
+
+// Done is closed when the gateway is closed.
+func (g *Gateway) Done() <-chan struct{} { return g.ctx.Done() }
+
+// secretsNow are the secrets the gateway injects now.
+func (g *Gateway) secretsNow() []Secret {
+	if p := g.secrets.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // fronts of one port: plain HTTP, and HTTPS the gateway terminated.
@@ -194,15 +236,9 @@ func New(cfg Config) *Gateway {
 	if cfg.Record == nil {
 		cfg.Record = func(Event) {}
 	}
-	cfg.Secrets = slices.Clone(cfg.Secrets)
-	for i, sec := range cfg.Secrets {
-		raw := sec.Secret
-		if raw == "" {
-			raw = sec.Value
-		}
-		cfg.Secrets[i].forms = secretForms(raw, sec.Placeholder)
-	}
 	g := &Gateway{cfg: cfg, slots: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]decided{}, tunnels: map[*tunnel]struct{}{}}
+	g.SetSecrets(cfg.Secrets)
+	g.cfg.Secrets = nil // secretsNow holds them
 	g.ctx, g.stop = context.WithCancel(context.Background())
 	return g
 }

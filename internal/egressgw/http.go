@@ -44,6 +44,9 @@ const (
 // of.
 type exchange struct {
 	websocket bool
+	// secrets are the gateway's when the request came: what is injected
+	// and what the response is scanned for are of the same version.
+	secrets []Secret
 	// forms are the spellings of the secrets injected toward the name,
 	// scanned for in the response (none: the response is not scanned).
 	forms []secretForm
@@ -104,7 +107,11 @@ func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
 				pr.Out.Host = net.JoinHostPort(name, p)
 			}
 			if terminated {
-				for _, sec := range g.cfg.Secrets {
+				x, _ := pr.In.Context().Value(exchangeKey).(*exchange)
+				if x == nil {
+					return
+				}
+				for _, sec := range x.secrets {
 					if sec.Host == name {
 						pr.Out.Header.Set(sec.Header, sec.Value)
 						// A compressed response would hide a secret it
@@ -207,9 +214,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		refuse(why)
 		return
 	}
-	x := &exchange{websocket: websocket}
+	x := &exchange{websocket: websocket, secrets: g.secretsNow()}
 	if r.TLS != nil {
-		for _, sec := range g.cfg.Secrets {
+		for _, sec := range x.secrets {
 			if sec.Host == name {
 				ev.Injected = append(ev.Injected, sec.Header)
 				x.forms = append(x.forms, sec.forms...)

@@ -67,7 +67,7 @@ func (g *Gateway) inspect(r *http.Request, rule netpolicy.Rule, name string) str
 			return fmt.Sprintf("path %s is not allowed by %s", clipName(r.URL.Path), rule.Name)
 		}
 	}
-	for _, sec := range g.cfg.Secrets {
+	for _, sec := range g.secretsNow() {
 		if sec.Placeholder == "" {
 			continue
 		}
@@ -86,7 +86,7 @@ func (g *Gateway) inspect(r *http.Request, rule netpolicy.Rule, name string) str
 		}
 	}
 	if r.TLS == nil {
-		for _, sec := range g.cfg.Secrets {
+		for _, sec := range g.secretsNow() {
 			if sec.Host == name {
 				return "the secret for " + name + " is injected over TLS only: use https"
 			}

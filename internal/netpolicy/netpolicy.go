@@ -70,8 +70,27 @@ type Inject struct {
 	// Format holds policy.SecretToken where the secret goes.
 	Format string
 	// Env is the variable holding the placeholder ("" for none); File is
-	// the node file of the secret.
+	// the node file of the secret, or Ref the Kubernetes Secret's key the
+	// node agent keeps on the node.
 	Env, File string
+	Ref       *policy.SecretRef
+}
+
+// Source says where an injected secret's value comes from.
+func (in Inject) Source() string {
+	if in.Ref != nil {
+		return "Secret " + in.Ref.String()
+	}
+	return in.File
+}
+
+// Path is the node file holding the secret's value (secretsDir: where the
+// node agent keeps Kubernetes Secrets).
+func (in Inject) Path(secretsDir string) string {
+	if in.Ref != nil {
+		return in.Ref.Path(secretsDir)
+	}
+	return in.File
 }
 
 // Plan is a role's egress policy, compiled.
@@ -145,7 +164,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			continue
 		}
 		in := Inject{Host: strings.TrimSuffix(strings.ToLower(sec.Inject.Host), "."), Header: http.CanonicalHeaderKey(sec.Inject.Header),
-			Format: sec.Inject.Format, Env: sec.Env, File: sec.File}
+			Format: sec.Inject.Format, Env: sec.Env, File: sec.File, Ref: sec.SecretRef}
 		if in.Format == "" {
 			in.Format = policy.SecretToken
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -283,7 +284,15 @@ func (p *Profile) compileCredentials(cr Credentials) []error {
 		if sec.Env != "" {
 			seenEnv[sec.Env] = true
 		}
-		if err := checkPath(ip+".file", sec.File); err != nil {
+		if r := sec.SecretRef; r != nil {
+			switch {
+			case sec.File != "":
+				errs = append(errs, ferr(ip, "names both file and secretRef: one or the other"))
+			case sec.Inject == nil:
+				errs = append(errs, ferr(ip+".secretRef", "only a secret the gateway injects may come from a Kubernetes Secret (a pod takes a Secret into its environment itself)"))
+			}
+			errs = append(errs, checkSecretRef(ip+".secretRef", *r)...)
+		} else if err := checkPath(ip+".file", sec.File); err != nil {
 			errs = append(errs, err)
 		}
 		if in := sec.Inject; in != nil {
@@ -299,6 +308,28 @@ func (p *Profile) compileCredentials(cr Credentials) []error {
 		}
 	}
 	p.Credentials.ServiceAccountToken = deref(cr.ServiceAccountToken, false)
+	return errs
+}
+
+// dns1123 is a Kubernetes namespace's or Secret's name; secretKey a
+// Secret's key.
+var (
+	dns1123   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+	secretKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+)
+
+// checkSecretRef names what of r is not a Secret's key.
+func checkSecretRef(path string, r SecretRef) []error {
+	var errs []error
+	if len(r.Namespace) > 63 || !dns1123.MatchString(r.Namespace) || strings.Contains(r.Namespace, ".") {
+		errs = append(errs, ferr(path+".namespace", "%q is not a namespace's name", r.Namespace))
+	}
+	if len(r.Name) > 253 || !dns1123.MatchString(r.Name) {
+		errs = append(errs, ferr(path+".name", "%q is not a Secret's name", r.Name))
+	}
+	if len(r.Key) > 253 || !secretKey.MatchString(r.Key) || r.Key == "." || r.Key == ".." {
+		errs = append(errs, ferr(path+".key", "%q is not a Secret's key (letters, digits, '-', '_', '.')", r.Key))
+	}
 	return errs
 }
 

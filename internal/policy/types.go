@@ -4,6 +4,8 @@
 // enforces. Everything here is pure: no I/O outside the loader's file reads.
 package policy
 
+import "path/filepath"
+
 // APIVersion is the only policy API version.
 const APIVersion = "agentbox.dev/v1"
 
@@ -219,10 +221,37 @@ type Secret struct {
 	// sandbox sees a placeholder there, never the secret.
 	Env string `yaml:"env,omitempty" json:"env,omitempty"`
 	// File is the node file whose content is the secret.
-	File string `yaml:"file" json:"file"`
+	File string `yaml:"file,omitempty" json:"file,omitempty"`
+	// SecretRef names a key of a Kubernetes Secret whose value is the
+	// secret, instead of a file: the node agent (agentbox sync) keeps it
+	// in a root-only directory on each node, outside every pod, and a
+	// rotated value reaches the gateway's next requests. Only for a secret
+	// the gateway injects.
+	SecretRef *SecretRef `yaml:"secretRef,omitempty" json:"secretRef,omitempty"`
 	// Inject has the gateway set a header to the secret on every request
 	// to one host (over TLS, which it then terminates).
 	Inject *Inject `yaml:"inject,omitempty" json:"inject,omitempty"`
+}
+
+// SecretRef is a key of a Kubernetes Secret.
+type SecretRef struct {
+	Namespace string `yaml:"namespace" json:"namespace"`
+	Name      string `yaml:"name" json:"name"`
+	Key       string `yaml:"key" json:"key"`
+}
+
+// String is NAMESPACE/NAME[KEY].
+func (r SecretRef) String() string { return r.Namespace + "/" + r.Name + "[" + r.Key + "]" }
+
+// Path is where a node keeps the key's value, under dir.
+func (r SecretRef) Path(dir string) string { return filepath.Join(dir, r.Namespace, r.Name, r.Key) }
+
+// Source says where a secret's value comes from.
+func (s Secret) Source() string {
+	if s.SecretRef != nil {
+		return "Secret " + s.SecretRef.String()
+	}
+	return s.File
 }
 
 // Inject is where the gateway puts a secret.

@@ -181,6 +181,7 @@ func (a *Agent) Quarantine(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.linkOwners(listed)
 	labels := a.podLabels()
 	var running []Running
 	sockets := map[string]string{}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -48,8 +49,13 @@ type Agent struct {
 
 	roles, bindings, nodes cache.SharedIndexInformer
 	quarantineInf, podInf  cache.SharedIndexInformer
-	kick                   chan struct{}
-	lastRefused            string
+	// sandboxInf watches agent-sandbox's Sandboxes once the cluster
+	// serves them; ownerErrs is the last proof that failed, by sandbox
+	// (logged once each; the quarantine loop's alone).
+	sandboxInf  atomic.Pointer[cache.SharedIndexInformer]
+	ownerErrs   map[string]string
+	kick        chan struct{}
+	lastRefused string
 }
 
 // Run watches until ctx ends. Until the informers have listed the objects
@@ -127,6 +133,8 @@ func (a *Agent) startQuarantines(ctx context.Context, factory dynamicinformer.Dy
 		}
 	}
 	pods.Start(ctx.Done())
+	a.ownerErrs = map[string]string{}
+	go a.watchSandboxes(ctx, kick)
 	go func() {
 		if !cache.WaitForCacheSync(ctx.Done(), a.quarantineInf.HasSynced, a.podInf.HasSynced) {
 			return

@@ -1,0 +1,85 @@
+package policysync
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"agentbox.dev/agentbox/internal/control"
+)
+
+func object(apiVersion, kind, ns, name, uid string, owner map[string]any, ann map[string]any) *unstructured.Unstructured {
+	meta := map[string]any{"namespace": ns, "name": name, "uid": uid}
+	if owner != nil {
+		meta["ownerReferences"] = []any{owner}
+	}
+	if ann != nil {
+		meta["annotations"] = ann
+	}
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind, "metadata": meta}}
+}
+
+func ownerRef(apiVersion, kind, name, uid string, controller bool) map[string]any {
+	return map[string]any{"apiVersion": apiVersion, "kind": kind, "name": name, "uid": uid, "controller": controller}
+}
+
+func TestOwnerOf(t *testing.T) {
+	claim := ownerRef("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", "c1", "claim-uid", true)
+	pool := ownerRef("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool", "pool", "pool-uid", true)
+	sandboxes := map[string]*unstructured.Unstructured{
+		"ns/sb":      object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "sb", "sb-uid", claim, nil),
+		"ns/warm":    object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "warm", "warm-uid", pool, nil),
+		"ns/alone":   object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "alone", "alone-uid", nil, nil),
+		"ns/adopted": object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "adopted", "adopted-uid", nil, map[string]any{SandboxPodNameAnnotation: "pool-abc"}),
+		"ns/foreign": object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "foreign", "foreign-uid", ownerRef("apps/v1", "Deployment", "d", "d-uid", true), nil),
+	}
+	byKey := func(k string) *unstructured.Unstructured { return sandboxes[k] }
+	sbRef := func(name, uid string) map[string]any {
+		return ownerRef("agents.x-k8s.io/v1beta1", "Sandbox", name, uid, true)
+	}
+	for _, tc := range []struct {
+		name    string
+		pod     *unstructured.Unstructured
+		want    *control.Owner
+		wantErr string
+	}{
+		{"claimed", object("v1", "Pod", "ns", "sb", "p1", sbRef("sb", "sb-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "sb", UID: "sb-uid"}, Holder: &control.ObjectRef{Kind: "SandboxClaim", Namespace: "ns", Name: "c1", UID: "claim-uid"}}, ""},
+		{"warm", object("v1", "Pod", "ns", "warm", "p2", sbRef("warm", "warm-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "warm", UID: "warm-uid"}, Holder: &control.ObjectRef{Kind: "SandboxWarmPool", Namespace: "ns", Name: "pool", UID: "pool-uid"}}, ""},
+		{"no holder", object("v1", "Pod", "ns", "alone", "p3", sbRef("alone", "alone-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "alone", UID: "alone-uid"}}, ""},
+		{"adopted by annotation", object("v1", "Pod", "ns", "pool-abc", "p4", sbRef("adopted", "adopted-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "adopted", UID: "adopted-uid"}}, ""},
+		{"a holder of another kind is not named", object("v1", "Pod", "ns", "foreign", "p5", sbRef("foreign", "foreign-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "foreign", UID: "foreign-uid"}}, ""},
+		{"no owner", object("v1", "Pod", "ns", "x", "p6", nil, nil), nil, ""},
+		{"not a controller", object("v1", "Pod", "ns", "sb", "p7", ownerRef("agents.x-k8s.io/v1beta1", "Sandbox", "sb", "sb-uid", false), nil), nil, ""},
+		{"another group's Sandbox", object("v1", "Pod", "ns", "sb", "p8", ownerRef("evil.example/v1", "Sandbox", "sb", "sb-uid", true), nil), nil, ""},
+		{"a forged UID", object("v1", "Pod", "ns", "sb", "p9", sbRef("sb", "other-uid"), nil), nil, "that Sandbox's UID is sb-uid"},
+		{"a Sandbox that is not there", object("v1", "Pod", "ns", "gone", "p10", sbRef("gone", "gone-uid"), nil), nil, "there is none"},
+		{"another namespace's Sandbox", object("v1", "Pod", "other", "sb", "p11", sbRef("sb", "sb-uid"), nil), nil, "there is none"},
+		{"a pod the Sandbox does not name", object("v1", "Pod", "ns", "impostor", "p12", sbRef("sb", "sb-uid"), nil), nil, "whose pod is sb"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := OwnerOf(tc.pod, byKey)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %+v, %v; want error %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !sameOwner(got, tc.want) {
+				t.Fatalf("got %+v (holder %+v), %v; want %+v", got, holder(got), err, tc.want)
+			}
+		})
+	}
+}
+
+func holder(o *control.Owner) any {
+	if o == nil {
+		return nil
+	}
+	return o.Holder
+}

@@ -299,6 +299,9 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 		Role: sb.profile.Role, PolicyDigest: sb.liveDigestNow(), Profile: profile, Egress: egress,
 		Containers: sb.members.List(), WallClockUsed: used, Suspended: !leaveRunning,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
+	if o := sb.owner.Load(); o != nil {
+		m.SandboxObject, m.SandboxUID = o.Sandbox.Namespace+"/"+o.Sandbox.Name, o.Sandbox.UID
+	}
 	digest, err := store.Commit(tmp, m)
 	if err != nil {
 		return fail(fmt.Errorf("signing the image: %w", err))
@@ -410,6 +413,30 @@ func procField(status, name string) string {
 		}
 	}
 	return ""
+}
+
+// suspendHold is how long a stop of an agent-sandbox Sandbox's pod whose
+// role keeps memory on suspend waits for the node agent's suspend to begin:
+// the Sandbox's controller deletes the pod as the node agent, seeing the
+// same change, asks for the checkpoint.
+const suspendHold = 5 * time.Second
+
+// holdForSuspend holds a stop of a pod that a suspend may be about to
+// save (its role keeps memory, and the node agent linked it to a Sandbox)
+// until a checkpoint begins, at most suspendHold. Any other stop goes at
+// once.
+func holdForSuspend(ctx context.Context, sb *sandboxState) {
+	if sb.profile == nil || sb.profile.Suspend != policy.SuspendMemory || sb.owner.Load() == nil || sb.suspendedInto.Load() != nil {
+		return
+	}
+	deadline := time.Now().Add(suspendHold)
+	for sb.checkpointing.Load() == nil && sb.suspendedInto.Load() == nil && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // checkpointStopWait bounds how long a kill waits for a checkpoint under
@@ -541,6 +568,11 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 	if !ok || sb.restore == nil || !sb.restore.take() {
 		return nil, false, nil
 	}
+	if err := s.proveOwner(ctx, sb); err != nil {
+		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("not restored from checkpoint %s: %v", sb.restore.image.Manifest.Name, err),
+			map[string]string{"container_id": r.ID, "checkpoint": sb.restore.image.Manifest.Name}), true)
+		return nil, true, errkind.PermissionDenied(fmt.Errorf("agentbox: checkpoint %s: %w", sb.restore.image.Manifest.Name, err))
+	}
 	start := time.Now()
 	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir, Background: true}})
 	if err != nil {
@@ -553,6 +585,40 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 }
 
 // restoredFrom names the checkpoint a container's sandbox was restored from.
+// ownerProofWait bounds how long the restore of a Sandbox's checkpoint
+// waits for the node agent to prove the new pod is that Sandbox's.
+const ownerProofWait = 30 * time.Second
+
+// proveOwner holds the restore of a checkpoint taken of an agent-sandbox
+// Sandbox's pod until the node agent says which Sandbox the new pod
+// belongs to (from the API server: the pod, by its UID, and the Sandbox),
+// and refuses it unless that is the same Sandbox, by UID. An annotation a
+// pod author writes names a checkpoint; it never proves whose memory the
+// pod may take.
+func (s *service) proveOwner(ctx context.Context, sb *sandboxState) error {
+	m := sb.restore.image.Manifest
+	if m.SandboxUID == "" {
+		return nil
+	}
+	deadline := time.Now().Add(ownerProofWait)
+	for {
+		if o := sb.owner.Load(); o != nil {
+			if o.Sandbox.UID != m.SandboxUID {
+				return fmt.Errorf("it is Sandbox %s's (uid %s), and this pod belongs to %s (uid %s)", m.SandboxObject, m.SandboxUID, o.Sandbox, o.Sandbox.UID)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("it is Sandbox %s's (uid %s), and in %v the node agent (agentbox sync) did not prove this pod is that Sandbox's", m.SandboxObject, m.SandboxUID, ownerProofWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func (s *service) restoredFrom(id string) string {
 	if sb, ok := s.sandboxes.of(id); ok && sb.restore != nil {
 		return sb.restore.image.Manifest.Name

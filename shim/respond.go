@@ -123,6 +123,10 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 	// The phase: a quarantine is said by its own fields.
 	in.State = st.Phase.String()
 	in.Owner = sb.owner.Load()
+	in.Suspend = p.Suspend
+	if sb.restore != nil {
+		in.RestoredFrom = sb.restore.image.Manifest.Name
+	}
 	return in
 }
 

@@ -94,8 +94,13 @@ type Manifest struct {
 	// WallClockUsed is how much of its wall-clock limit the agent had used.
 	WallClockUsed time.Duration `json:"wallClockUsedNs"`
 	// Suspended: the sandbox was stopped after the checkpoint.
-	Suspended bool  `json:"suspended"`
-	Trail     Trail `json:"trail"`
+	Suspended bool `json:"suspended"`
+	// SandboxObject and SandboxUID name the agent-sandbox Sandbox the pod
+	// belonged to (NAMESPACE/NAME), as the node agent proved it: only a
+	// pod proven to be that Sandbox's (by UID) is restored from it.
+	SandboxObject string `json:"sandboxObject,omitempty"`
+	SandboxUID    string `json:"sandboxUid,omitempty"`
+	Trail         Trail  `json:"trail"`
 	// Files are the image's files (gVisor's state and pages files).
 	Files []File `json:"files"`
 }

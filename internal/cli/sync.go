@@ -21,7 +21,7 @@ import (
 func syncCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sync",
-		Usage: "node agent: keep this node's policy snapshot in step with the cluster's AgentRole and AgentRoleBinding objects, and apply AgentQuarantine objects to its sandboxes",
+		Usage: "node agent: keep this node's policy snapshot in step with the cluster's AgentRole and AgentRoleBinding objects, apply AgentQuarantine objects to its sandboxes, and keep the Kubernetes Secrets roles name",
 		Description: `Watches the cluster's policy objects and writes them into the node's policy
 directory as one file (` + policysync.FileName + `), swapped in atomically, after
 validating it with the shim's loader together with the node's own files there. An
@@ -32,12 +32,22 @@ it has. Every change is a record in the node's audit trail (node-NODE.jsonl).
 It also quarantines this node's pods that an AgentQuarantine object names (by
 namespace/name or label selector) through their sandboxes' control sockets, lifts
 such a quarantine only when its object is deleted, and reports the pods in the
-object's status.nodes.`,
+object's status.nodes.
+
+A role's injected secret may name a key of a Kubernetes Secret (secretRef): the
+agent reads each Secret the node's roles name (a GET every --secrets-every; grant
+it get on those names only) and keeps each key's value in a file of its own under
+--secrets-dir (mode 0600, directories 0700), where the shim reads it. A rotated
+value is rewritten there and reaches the gateway's next requests. It also tells
+each sandbox's shim which kubernetes-sigs/agent-sandbox Sandbox its pod belongs
+to, and what holds it, for the trail.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
 			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
 			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
+			&cli.StringFlag{Name: "secrets-dir", Usage: "where the Kubernetes Secrets roles name (secretRef) are kept on the node, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},
+			&cli.DurationFlag{Name: "secrets-every", Value: 10 * time.Second, Usage: "read the Secrets roles name this often (one GET each): a rotated Secret reaches the gateway within it"},
 			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
 			configFlag(),
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
@@ -89,7 +99,12 @@ func runSync(c *cli.Context) error {
 	if controlDir == "none" {
 		controlDir = ""
 	}
-	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir}
+	secretsDir := flagOr(c, "secrets-dir", cfg.Policy.SecretsDir)
+	if secretsDir == "none" {
+		secretsDir = ""
+	}
+	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir,
+		SecretsDir: secretsDir, SecretsEvery: c.Duration("secrets-every")}
 	runErr := agent.Run(ctx)
 	if err := trail.Close(audit.TypeSandboxEnd.New("Success", "agentbox sync stopped", map[string]string{"node": node})); err != nil && runErr == nil {
 		runErr = err

@@ -186,6 +186,11 @@ type Sandbox struct {
 	// Owner is the agent-sandbox Sandbox its pod belongs to, as the node
 	// agent last said (nil: none said).
 	Owner *Owner `json:"owner,omitempty"`
+	// Suspend is the role's: "memory" when a Sandbox set to Suspended is
+	// to be checkpointed before its pod goes ("" otherwise).
+	Suspend string `json:"suspend,omitempty"`
+	// RestoredFrom names the checkpoint the sandbox was restored from.
+	RestoredFrom string `json:"restored_from,omitempty"`
 }
 
 // Response answers a request.

@@ -243,7 +243,7 @@ func writeProfileExplanation(w io.Writer, ex Explanation) {
 			if s.Env != "" {
 				held = "the sandbox's " + s.Env + " holds a placeholder, refused if sent elsewhere"
 			}
-			secrets = append(secrets, fmt.Sprintf("%s: the gateway sets %s: %q on requests to %s over TLS (%s)", s.File, s.Inject.Header, format, s.Inject.Host, held))
+			secrets = append(secrets, fmt.Sprintf("%s: the gateway sets %s: %q on requests to %s over TLS (%s)", s.Source(), s.Inject.Header, format, s.Inject.Host, held))
 			continue
 		}
 		secrets = append(secrets, fmt.Sprintf("%s <- %s (REACHES THE AGENT: it can read it and send it to any host it reaches; use inject to keep it outside)", s.Env, s.File))

@@ -113,6 +113,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		out.Limits = &m
 	}
 	pick(&out.Template, child.Template)
+	pick(&out.Suspend, child.Suspend)
 	return out
 }
 

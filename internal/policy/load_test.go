@@ -70,6 +70,19 @@ func TestParseProblems(t *testing.T) {
 			`secrets[0]: names neither env`, `secrets[1].inject.host: "*.example" is a pattern`, `secrets[1].inject.header: "Bad Header" is not an HTTP header name`,
 			`secrets[2].inject.header: Host is the HTTP framing's`, `secrets[2].inject.format: "Bearer" must hold {secret} once`,
 			`secrets[2].inject.host: "api.other" is not allowed by any host rule`, `secrets[3].inject.format`, `secrets[4].inject: header x-key of a.example is injected twice`}},
+		{"secretRef errors", roleHead + `spec:
+  network: {egress: allowlist, allow: [{host: a.example, ports: [443]}, {host: b.example, ports: [443]}]}
+  credentials:
+    secrets:
+    - {env: T, secretRef: {namespace: keys, name: vendor, key: token}}
+    - {file: /s, secretRef: {namespace: keys, name: vendor, key: token}, inject: {host: a.example, header: X-Key}}
+    - {secretRef: {namespace: Keys, name: "a/b", key: ".."}, inject: {host: b.example, header: X-Key}}
+    - {inject: {host: b.example, header: X-Other}}
+`, []string{
+			`secrets[0].secretRef: only a secret the gateway injects may come from a Kubernetes Secret`,
+			`secrets[1]: names both file and secretRef`,
+			`secrets[2].secretRef.namespace: "Keys" is not a namespace's name`, `secrets[2].secretRef.name: "a/b" is not a Secret's name`, `secrets[2].secretRef.key: ".." is not a Secret's key`,
+			`secrets[3].file`}},
 		{"binding to missing role", "apiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec:\n  role: ghost\n  subjects: [{namespace: x}]\n", []string{"p.yaml:5: spec.role: role \"ghost\" is not defined"}},
 		{"binding without subjects", roleHead + "spec: {}\n---\napiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec: {role: r}\n", []string{"spec.subjects: missing"}},
 		{"empty subject", roleHead + "spec: {}\n---\napiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec: {role: r, subjects: [{}]}\n", []string{"spec.subjects[0]: sets none of"}},

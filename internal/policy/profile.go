@@ -32,6 +32,9 @@ type Profile struct {
 	// Template is the checkpoint new sandboxes under the role start from
 	// ("" boot).
 	Template string `json:"template,omitempty"`
+	// Suspend is SuspendMemory when a suspend the cluster asks for keeps
+	// the agent's memory ("": it does not).
+	Suspend string `json:"suspend,omitempty"`
 	// Tightened lists the pod annotations that narrowed the role.
 	Tightened []string `json:"tightened,omitempty"`
 	Digest    string   `json:"digest"`
@@ -139,6 +142,13 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 			errs = append(errs, ferr("template", "%v", err))
 		}
 		p.Template = t
+	}
+	switch sus := deref(spec.Suspend, SuspendNone); sus {
+	case SuspendMemory:
+		p.Suspend = SuspendMemory
+	case SuspendNone:
+	default:
+		errs = append(errs, ferr("suspend", "%q is not memory or none", sus))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -69,7 +69,20 @@ type RoleSpec struct {
 	// clock starts afresh. A pod's agentbox.dev/restore-from wins.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9._-]{0,62}$`
 	Template *string `yaml:"template,omitempty" json:"template,omitempty"`
+	// Suspend says what a suspend that the cluster asks for keeps (an
+	// agent-sandbox Sandbox set to operatingMode: Suspended): "memory"
+	// (the node agent checkpoints the sandbox before its pod is deleted,
+	// and the Sandbox's next pod resumes from it) or "none" (the default:
+	// the pod is deleted, as without agentbox).
+	// +kubebuilder:validation:Enum=memory;none
+	Suspend *string `yaml:"suspend,omitempty" json:"suspend,omitempty"`
 }
+
+// What a role's suspend keeps.
+const (
+	SuspendMemory = "memory"
+	SuspendNone   = "none"
+)
 
 // Audit selects what the audit trail records (all by default). Container
 // starts and the shim's own decisions are always recorded.

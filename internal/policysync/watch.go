@@ -20,6 +20,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/kubeapi"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // Resources of agentbox's API.
@@ -46,6 +47,14 @@ type Agent struct {
 	// ControlDir, when set, holds this node's sandbox control sockets:
 	// the agent applies the AgentQuarantine objects to them.
 	ControlDir string
+
+	// SecretsDir, when set, is where the agent keeps the Kubernetes
+	// Secrets the roles name (secretRef), read every SecretsEvery.
+	SecretsDir   string
+	SecretsEvery time.Duration
+	// secretState is each Secret's last outcome ("ok" or the error);
+	// the sync loop's alone.
+	secretState map[policy.SecretRef]string
 
 	roles, bindings, nodes cache.SharedIndexInformer
 	quarantineInf, podInf  cache.SharedIndexInformer
@@ -93,13 +102,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.Log.Info("policy objects listed; syncing")
 	tick := time.NewTicker(a.Resync)
 	defer tick.Stop()
+	if a.SecretsEvery <= 0 {
+		a.SecretsEvery = 10 * time.Second
+	}
+	secretsTick := time.NewTicker(a.SecretsEvery)
+	defer secretsTick.Stop()
+	policyToo := true
 	for {
-		if err := a.Sync(ctx); err != nil {
-			a.Log.WithError(err).Warn("sync")
+		if policyToo {
+			if err := a.Sync(ctx); err != nil {
+				a.Log.WithError(err).Warn("sync")
+			}
 		}
+		if err := a.SyncSecrets(ctx); err != nil {
+			a.Log.WithError(err).Warn("secrets")
+		}
+		policyToo = true
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-secretsTick.C:
+			policyToo = false
 		case <-a.kick:
 			// Let a burst of events (kubectl apply -f dir) settle.
 			time.Sleep(200 * time.Millisecond)

@@ -568,11 +568,6 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 	if !ok || sb.restore == nil || !sb.restore.take() {
 		return nil, false, nil
 	}
-	if err := s.proveOwner(ctx, sb); err != nil {
-		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("not restored from checkpoint %s: %v", sb.restore.image.Manifest.Name, err),
-			map[string]string{"container_id": r.ID, "checkpoint": sb.restore.image.Manifest.Name}), true)
-		return nil, true, errkind.PermissionDenied(fmt.Errorf("agentbox: checkpoint %s: %w", sb.restore.image.Manifest.Name, err))
-	}
 	start := time.Now()
 	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir, Background: true}})
 	if err != nil {
@@ -585,8 +580,8 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 }
 
 // restoredFrom names the checkpoint a container's sandbox was restored from.
-// ownerProofWait bounds how long the restore of a Sandbox's checkpoint
-// waits for the node agent to prove the new pod is that Sandbox's.
+// ownerProofWait bounds how long the creation of a sandbox restoring a
+// Sandbox's checkpoint waits for the node agent to prove the new pod is that Sandbox's.
 const ownerProofWait = 30 * time.Second
 
 // proveOwner holds the restore of a checkpoint taken of an agent-sandbox
@@ -596,6 +591,9 @@ const ownerProofWait = 30 * time.Second
 // pod author writes names a checkpoint; it never proves whose memory the
 // pod may take.
 func (s *service) proveOwner(ctx context.Context, sb *sandboxState) error {
+	if sb.restore == nil || sb.restore.template {
+		return nil
+	}
 	m := sb.restore.image.Manifest
 	if m.SandboxUID == "" {
 		return nil

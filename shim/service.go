@@ -219,6 +219,15 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			plan.unwind("control socket failed")
 			return nil, errgrpc.ToGRPC(err)
 		}
+		if err := s.proveOwner(ctx, plan.sandbox); err != nil {
+			// Whose memory a pod may take is proven, never claimed.
+			err = errkind.PermissionDenied(fmt.Errorf("agentbox: container %s refused: checkpoint %s: %w", r.ID, plan.sandbox.restore.image.Manifest.Name, err))
+			s.discardTask(ctx, r.ID)
+			stopControl(plan.sandbox)
+			plan.sandbox.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", err.Error(), nil), true)
+			plan.unwind("restore refused")
+			return nil, errgrpc.ToGRPC(err)
+		}
 		s.sandboxes.addSandbox(plan.sandbox)
 		s.exits.track(r.ID, int(resp.Pid))
 		s.watchFull(plan.cfg, plan.sandbox)

@@ -40,7 +40,11 @@ it get on those names only) and keeps each key's value in a file of its own unde
 --secrets-dir (mode 0600, directories 0700), where the shim reads it. A rotated
 value is rewritten there and reaches the gateway's next requests. It also tells
 each sandbox's shim which kubernetes-sigs/agent-sandbox Sandbox its pod belongs
-to, and what holds it, for the trail.`,
+to, and what holds it, for the trail. When such a Sandbox whose role keeps memory
+on suspend (suspend: memory) is set to operatingMode Suspended, it checkpoints the
+pod's sandbox before the pod goes and names the checkpoint in the Sandbox's pod
+template, so that its next pod resumes from it; it writes Events on the Sandbox,
+and removes the image once resumed, or once the Sandbox is deleted.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
 			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
@@ -48,6 +52,7 @@ to, and what holds it, for the trail.`,
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
 			&cli.StringFlag{Name: "secrets-dir", Usage: "where the Kubernetes Secrets roles name (secretRef) are kept on the node, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},
 			&cli.DurationFlag{Name: "secrets-every", Value: 10 * time.Second, Usage: "read the Secrets roles name this often (one GET each): a rotated Secret reaches the gateway within it"},
+			&cli.StringFlag{Name: "checkpoint-dir", Usage: "the node's checkpoint store, where the image a resumed or deleted agent-sandbox Sandbox leaves is removed (default: the config's checkpoint.dir)"},
 			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
 			configFlag(),
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
@@ -104,7 +109,7 @@ func runSync(c *cli.Context) error {
 		secretsDir = ""
 	}
 	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir,
-		SecretsDir: secretsDir, SecretsEvery: c.Duration("secrets-every")}
+		SecretsDir: secretsDir, SecretsEvery: c.Duration("secrets-every"), CheckpointDir: flagOr(c, "checkpoint-dir", cfg.Checkpoint.Dir)}
 	runErr := agent.Run(ctx)
 	if err := trail.Close(audit.TypeSandboxEnd.New("Success", "agentbox sync stopped", map[string]string{"node": node})); err != nil && runErr == nil {
 		runErr = err

@@ -9,6 +9,7 @@ package policysync
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -16,9 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
 )
 
@@ -155,7 +159,7 @@ func (a *Agent) sandboxByKey(key string) *unstructured.Unstructured {
 
 // linkOwners tells each listed sandbox's shim what its pod belongs to,
 // when that changed.
-func (a *Agent) linkOwners(listed []control.Listed) {
+func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 	if a.sandboxInf.Load() == nil || a.podInf == nil {
 		return
 	}
@@ -170,6 +174,12 @@ func (a *Agent) linkOwners(listed []control.Listed) {
 			delete(a.ownerErrs, id)
 		}
 	}
+	for id := range a.suspends {
+		if !live[id] {
+			delete(a.suspends, id)
+		}
+	}
+	a.gcCheckpoints()
 	for _, l := range listed {
 		sb := l.Sandbox
 		if sb == nil || sb.Pod == "" {
@@ -191,14 +201,173 @@ func (a *Agent) linkOwners(listed []control.Listed) {
 			}
 			continue
 		}
-		if o == nil || sameOwner(o, sb.Owner) {
+		if o == nil {
 			continue
 		}
-		resp, err := control.Call(l.Socket, control.Request{Op: control.OpOwner, Owner: o}, controlTimeout)
+		if !sameOwner(o, sb.Owner) {
+			resp, err := control.Call(l.Socket, control.Request{Op: control.OpOwner, Owner: o}, controlTimeout)
+			if err != nil {
+				a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("linking a pod to its Sandbox")
+				continue
+			}
+			a.Log.WithField("sandbox", sb.ID).Info(resp.Message)
+			sb.Owner = o
+		}
+		a.suspendAndResume(ctx, l, o, a.sandboxByKey(o.Sandbox.Namespace+"/"+o.Sandbox.Name))
+	}
+}
+
+// operatingMode is a Sandbox's spec.operatingMode ("Running" when unset).
+func operatingMode(sb *unstructured.Unstructured) string {
+	if sb == nil {
+		return ""
+	}
+	m, _, _ := unstructured.NestedString(sb.Object, "spec", "operatingMode")
+	if m == "" {
+		return "Running"
+	}
+	return m
+}
+
+// restoreAnnotation is the pod annotation that names the checkpoint a pod
+// is restored from (policy.RestoreAnnotation).
+const restoreAnnotation = "agentbox.dev/restore-from"
+
+// SuspendName is the checkpoint a suspend of Sandbox uid writes at t:
+// "sb-UID-UNIXSECONDS" (a node's store keeps one name once).
+func SuspendName(uid string, t time.Time) string {
+	return fmt.Sprintf("sb-%s-%d", strings.ToLower(uid), t.Unix())
+}
+
+// suspendWait bounds the node agent's suspend request (gVisor writes the
+// agent's memory meanwhile).
+const suspendWait = 2 * time.Minute
+
+// suspendAndResume acts for the Sandboxes whose roles keep memory on
+// suspend. A sandbox whose Sandbox is set to Suspended is checkpointed
+// (its pod is about to be deleted: the shim holds the stop for the
+// checkpoint), and the Sandbox's pod template then names the checkpoint,
+// so that its next pod resumes from it. A pod restored from it is told
+// apart by the shim only once this agent proved it is the Sandbox's; the
+// annotation is then taken off the template and the image removed.
+func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *control.Owner, sbObj *unstructured.Unstructured) {
+	sb := l.Sandbox
+	if sb.Suspend != "memory" || sbObj == nil {
+		return
+	}
+	key := o.Sandbox.Namespace + "/" + o.Sandbox.Name
+	annotated, _, _ := unstructured.NestedString(sbObj.Object, "spec", "podTemplate", "metadata", "annotations", restoreAnnotation)
+	switch {
+	case operatingMode(sbObj) == "Suspended" && (sb.State == "running" || sb.State == "frozen") && a.suspends[sb.ID] == "":
+		name := SuspendName(o.Sandbox.UID, time.Now())
+		a.suspends[sb.ID] = name
+		reason := fmt.Sprintf("agent-sandbox: Sandbox %s (uid %s) was set to operatingMode Suspended", key, o.Sandbox.UID)
+		resp, err := control.Call(l.Socket, control.Request{Op: control.OpSuspend, Name: name, Reason: reason}, suspendWait)
 		if err != nil {
-			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("linking a pod to its Sandbox")
+			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("suspending for agent-sandbox")
+			a.event(ctx, sbObj, "Warning", "SuspendFailed", fmt.Sprintf("agentbox could not save the agent's memory on node %s: %v; the pod is deleted without it", a.NodeName, err))
+			return
+		}
+		cp := resp.Checkpoint
+		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:%q}}}}}`, restoreAnnotation, name)
+		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("naming the checkpoint in the Sandbox's pod template")
+			a.event(ctx, sbObj, "Warning", "SuspendFailed", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s, and could not name it in the Sandbox's pod template: %v", name, a.NodeName, err))
+			return
+		}
+		a.Log.WithField("sandbox", sb.ID).Infof("Sandbox %s suspended into checkpoint %s", key, name)
+		a.event(ctx, sbObj, "Normal", "Suspended", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s (%d bytes in %d ms); the Sandbox's next pod resumes from it", name, a.NodeName, cp.Bytes, cp.Millis))
+	case annotated != "" && sb.RestoredFrom == annotated && sb.State == "running":
+		// Resumed: the template's next pods boot afresh, and the image
+		// (memory, and so secrets) goes.
+		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:null}}}}}`, restoreAnnotation)
+		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("taking the checkpoint off the Sandbox's pod template")
+			return
+		}
+		removed := "it stays in the node's store"
+		if a.CheckpointDir != "" {
+			if err := (&checkpoint.Store{Dir: a.CheckpointDir}).Remove(annotated); err == nil {
+				removed = "it is removed from the node's store"
+			}
+		}
+		a.event(ctx, sbObj, "Normal", "Resumed", fmt.Sprintf("agentbox resumed the agent from checkpoint %s on node %s; %s", annotated, a.NodeName, removed))
+		if a.Trail != nil {
+			a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("Sandbox %s resumed from checkpoint %s in sandbox %s; %s", key, annotated, sb.ID, removed),
+				map[string]string{"checkpoint": annotated, "sandbox_object": key, "sandbox_uid": o.Sandbox.UID, "node": a.NodeName}), true)
+		}
+	}
+}
+
+// event writes a Kubernetes Event on a Sandbox, as kubectl describe shows.
+func (a *Agent) event(ctx context.Context, obj *unstructured.Unstructured, kind, reason, msg string) {
+	now := metav1.NewTime(time.Now())
+	ev := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "Event",
+		"metadata": map[string]any{"generateName": obj.GetName() + ".agentbox-", "namespace": obj.GetNamespace()},
+		"involvedObject": map[string]any{"apiVersion": obj.GetAPIVersion(), "kind": obj.GetKind(), "name": obj.GetName(),
+			"namespace": obj.GetNamespace(), "uid": string(obj.GetUID())},
+		"reason": reason, "message": msg, "type": kind,
+		"source":         map[string]any{"component": "agentbox-sync", "host": a.NodeName},
+		"firstTimestamp": now.UTC().Format(time.RFC3339), "lastTimestamp": now.UTC().Format(time.RFC3339), "count": int64(1),
+	}}
+	if _, err := a.Client.Resource(EventsGVR).Namespace(obj.GetNamespace()).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		a.Log.WithError(err).WithField("reason", reason).Warn("writing an event on " + obj.GetKind() + " " + obj.GetName())
+	}
+}
+
+// EventsGVR is the core Event resource.
+var EventsGVR = schema.GroupVersionResource{Version: "v1", Resource: "events"}
+
+// suspendUID is the Sandbox UID a suspend's checkpoint name holds
+// (SuspendName), if it is one.
+func suspendUID(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "sb-")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 || strings.Trim(rest[i+1:], "0123456789") != "" || rest[i+1:] == "" {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+// gcEvery is how often the node agent looks for the images of Sandboxes
+// that are gone.
+const gcEvery = 30 * time.Second
+
+// gcCheckpoints removes the suspend images of Sandboxes the API no longer
+// has (deleted while suspended), and records each in the node's trail.
+func (a *Agent) gcCheckpoints() {
+	inf := a.sandboxInf.Load()
+	if a.CheckpointDir == "" || inf == nil || time.Since(a.lastGC) < gcEvery {
+		return
+	}
+	a.lastGC = time.Now()
+	live := map[string]bool{}
+	for _, item := range (*inf).GetStore().List() {
+		if u, ok := item.(*unstructured.Unstructured); ok {
+			live[strings.ToLower(string(u.GetUID()))] = true
+		}
+	}
+	ents, err := os.ReadDir(a.CheckpointDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		uid, ok := suspendUID(e.Name())
+		if !ok || live[uid] || !e.IsDir() {
 			continue
 		}
-		a.Log.WithField("sandbox", sb.ID).Info(resp.Message)
+		if err := (&checkpoint.Store{Dir: a.CheckpointDir}).Remove(e.Name()); err != nil {
+			a.Log.WithError(err).Warn("removing the checkpoint of a deleted Sandbox")
+			continue
+		}
+		a.Log.Infof("checkpoint %s removed: its Sandbox (uid %s) is gone", e.Name(), uid)
+		if a.Trail != nil {
+			a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("checkpoint %s removed from the node's store: its Sandbox (uid %s) was deleted", e.Name(), uid),
+				map[string]string{"checkpoint": e.Name(), "sandbox_uid": uid, "node": a.NodeName, "removed": "true"}), true)
+		}
 	}
 }

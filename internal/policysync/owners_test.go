@@ -3,9 +3,11 @@ package policysync
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
 )
 
@@ -82,4 +84,23 @@ func holder(o *control.Owner) any {
 		return nil
 	}
 	return o.Holder
+}
+
+func TestSuspendName(t *testing.T) {
+	uid := "297a7bf9-d45e-4386-92c5-d92098b9e705"
+	name := SuspendName(uid, time.Unix(1796340781, 0))
+	if name != "sb-297a7bf9-d45e-4386-92c5-d92098b9e705-1796340781" {
+		t.Fatalf("SuspendName: %q", name)
+	}
+	if err := checkpoint.ValidName(name); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := suspendUID(name); !ok || got != uid {
+		t.Fatalf("suspendUID: %q %v", got, ok)
+	}
+	for _, n := range []string{"cp-1", "sb-", "sb-uid-", "sb-uid-12x", "sandbox-uid-1"} {
+		if _, ok := suspendUID(n); ok {
+			t.Errorf("suspendUID(%q) took it for a suspend's", n)
+		}
+	}
 }

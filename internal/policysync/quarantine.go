@@ -181,7 +181,7 @@ func (a *Agent) Quarantine(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.linkOwners(listed)
+	a.linkOwners(ctx, listed)
 	labels := a.podLabels()
 	var running []Running
 	sockets := map[string]string{}

@@ -61,10 +61,17 @@ type Agent struct {
 	// sandboxInf watches agent-sandbox's Sandboxes once the cluster
 	// serves them; ownerErrs is the last proof that failed, by sandbox
 	// (logged once each; the quarantine loop's alone).
-	sandboxInf  atomic.Pointer[cache.SharedIndexInformer]
-	ownerErrs   map[string]string
-	kick        chan struct{}
-	lastRefused string
+	sandboxInf atomic.Pointer[cache.SharedIndexInformer]
+	ownerErrs  map[string]string
+	// suspends are the checkpoints asked of sandboxes whose Sandbox was
+	// set to Suspended, by sandbox (the quarantine loop's alone).
+	suspends map[string]string
+	// CheckpointDir is the node's checkpoint store (where a resumed
+	// Sandbox's image is removed; "" keeps them).
+	CheckpointDir string
+	lastGC        time.Time
+	kick          chan struct{}
+	lastRefused   string
 }
 
 // Run watches until ctx ends. Until the informers have listed the objects
@@ -157,6 +164,7 @@ func (a *Agent) startQuarantines(ctx context.Context, factory dynamicinformer.Dy
 	}
 	pods.Start(ctx.Done())
 	a.ownerErrs = map[string]string{}
+	a.suspends = map[string]string{}
 	go a.watchSandboxes(ctx, kick)
 	go func() {
 		if !cache.WaitForCacheSync(ctx.Done(), a.quarantineInf.HasSynced, a.podInf.HasSynced) {

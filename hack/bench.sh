@@ -7,7 +7,9 @@
 # egress (allowlist vs open), the egress gateway (by name vs the address
 # allowlist: HTTP and HTTPS latency, download throughput), the quarantine
 # latency (idle, and under an audit flood), checkpoint and restore (idle and 200 MiB, and a
-# Python agent's pod start from its role's template vs cold vs runc). Prints medians and ratios; also writes them
+# Python agent's pod start from its role's template vs cold vs runc), and, on the
+# hack/kube.sh cluster, agent-sandbox's SandboxClaim to the agent answering an exec (a warm
+# pool, a cold agentbox Sandbox, a cold runc one). Prints medians and ratios; also writes them
 # to _output/bench-start.txt.
 #   AGENTBOX_BENCH_ROUNDS=30 AGENTBOX_BENCH_CRI_ROUNDS=15 hack/bench.sh
 source "$(dirname "$0")/lib.sh"
@@ -15,7 +17,7 @@ need_root
 "$REPO_ROOT/hack/build.sh"
 mkdir -p "$REPO_ROOT/_output"
 : >"$REPO_ROOT/_output/bench-start.txt"
-step "benchmarks: start-to-exit, audit, CRI pods and memory, egress, gateway, quarantine, checkpoint (about 18 minutes; log: _output/bench.log)"
+step "benchmarks: start-to-exit, audit, CRI pods and memory, egress, gateway, quarantine, checkpoint, agent-sandbox claims (about 22 minutes; log: _output/bench.log)"
 cd "$REPO_ROOT"
 AGENTBOX_BENCH=1 AGENTBOX_BENCH_OUT="$REPO_ROOT/_output/bench-start.txt" \
   go test -tags e2e -count=1 -timeout 60m -v -run "^TestBenchmark" ./internal/e2e >"$REPO_ROOT/_output/bench.log" 2>&1 \

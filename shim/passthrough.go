@@ -43,7 +43,9 @@ func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResp
 // of a paused sandbox (containerd stopping a frozen pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
 	if sb, ok := s.sandboxes.of(r.ID); ok {
-		holdForSuspend(ctx, sb)
+		if r.ExecID == "" {
+			holdForSuspend(ctx, sb)
+		}
 		if waited, ok := waitCheckpoint(ctx, sb); waited > 0 {
 			msg := fmt.Sprintf("a stop (signal %d) waited %v for the checkpoint under way", r.Signal, waited.Round(time.Millisecond))
 			if !ok {

@@ -1,0 +1,145 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+var claimsGVR = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
+
+// claimReady polls a SandboxClaim every 10 ms until its Ready condition is
+// True, and returns its Sandbox's name.
+func claimReady(ctx context.Context, c dynamic.Interface, ns, name string) (string, error) {
+	for {
+		u, err := c.Resource(claimsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			sb, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name")
+			for _, c := range conds {
+				if m, ok := c.(map[string]any); ok && m["type"] == "Ready" && m["status"] == "True" && sb != "" {
+					return sb, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("claim %s/%s not ready: %w", ns, name, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// TestBenchmarkClaim: agent-sandbox's SandboxClaim to the agent answering
+// an exec, on the hack/kube.sh cluster, interleaved: from a warm pool of
+// agentbox Sandboxes, a cold agentbox Sandbox, and a cold runc Sandbox (the
+// reference). Each round's claim-to-Ready is polled every 10 ms with the
+// API's client; the exec is kubectl exec (its own cost, about the same for
+// each runtime, is in every figure). AGENTBOX_BENCH=1 only.
+func TestBenchmarkClaim(t *testing.T) {
+	requireBench(t)
+	k := kubeCluster(t)
+	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
+	if err := kubeScript(log, "agent-sandbox"); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
+	}
+	ns := k.namespace(t, "bench-claim")
+	writeNodePolicy(t, k, "bench-claim.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: bench-claim}
+spec:
+  inherits: baseline
+  limits: {wallClock: 2h}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: bench-claim}
+spec:
+  role: bench-claim
+  subjects: [{namespace: %s}]
+`, ns))
+	template := func(name, rc string) obj {
+		pod := podSpec(ns, name, rc, "bench-claim", "sh", "-c", "exec sleep infinity")
+		return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+			"metadata": obj{"name": name, "namespace": ns},
+			"spec": obj{"networkPolicyManagement": "Unmanaged", "podTemplate": obj{
+				"metadata": obj{"annotations": pod["metadata"].(obj)["annotations"]}, "spec": pod["spec"]}}}
+	}
+	pool := func(name, tmpl string, replicas int) obj {
+		return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+			"metadata": obj{"name": name, "namespace": ns}, "spec": obj{"replicas": replicas, "sandboxTemplateRef": obj{"name": tmpl}}}
+	}
+	k.apply(t, template("abx", "agentbox"), template("runc", "runc"),
+		pool("warm", "abx", 2), pool("cold-abx", "abx", 0), pool("cold-runc", "runc", 0))
+	kc := os.Getenv("KUBECONFIG")
+	for _, e := range k.env {
+		if v, ok := strings.CutPrefix(e, "KUBECONFIG="); ok {
+			kc = v
+		}
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmReady := func() bool {
+		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "warm", "-o", "jsonpath={.status.readyReplicas}")
+		return strings.TrimSpace(r.stdout) == "2"
+	}
+	rounds := benchRounds("AGENTBOX_BENCH_CLAIM_ROUNDS", 7)
+	variants := []struct{ name, pool string }{{"warm pool (agentbox)", "warm"}, {"cold (agentbox)", "cold-abx"}, {"cold (runc)", "cold-runc"}}
+	ready := map[string][]time.Duration{}
+	answered := map[string][]time.Duration{}
+	for i := 0; i < rounds; i++ {
+		for _, v := range variants {
+			if v.pool == "warm" && !eventually(t, 3*time.Minute, warmReady) {
+				t.Fatalf("the warm pool did not refill:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods").stdout))
+			}
+			claim := fmt.Sprintf("%s-%d", v.pool, i)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			start := time.Now()
+			if _, err := client.Resource(claimsGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: obj{
+				"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+				"metadata": obj{"name": claim, "namespace": ns}, "spec": obj{"warmPoolRef": obj{"name": v.pool}}}}, metav1.CreateOptions{}); err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			sb, err := claimReady(ctx, client, ns, claim)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", v.name, err, clip(k.kubectl("-n", ns, "get", "sandboxclaim", claim, "-o", "yaml").stdout))
+			}
+			ready[v.name] = append(ready[v.name], time.Since(start))
+			if r := k.kubectl("-n", ns, "exec", sb, "--", "true"); r.code != 0 {
+				t.Fatalf("%s: exec in %s: %v", v.name, sb, r)
+			}
+			answered[v.name] = append(answered[v.name], time.Since(start))
+			k.kubectl("-n", ns, "delete", "sandboxclaim", claim, "--wait=false")
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "agent-sandbox SandboxClaim to the agent (hack/kube.sh cluster, %d rounds each, interleaved; median, p90):\n", rounds)
+	ref := stats(answered["cold (runc)"]).median
+	for _, v := range variants {
+		r, a := stats(ready[v.name]), stats(answered[v.name])
+		fmt.Fprintf(&b, "  %-22s claim Ready %s (p90 %s); exec answered %s (p90 %s); %.2fx runc's cold\n", v.name, ms(r.median), ms(r.p90), ms(a.median), ms(a.p90), float64(a.median)/float64(ref))
+	}
+	t.Log(b.String())
+	benchOut(t, b.String())
+}

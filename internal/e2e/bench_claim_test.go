@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -51,11 +50,7 @@ func claimReady(ctx context.Context, c dynamic.Interface, ns, name string) (stri
 func TestBenchmarkClaim(t *testing.T) {
 	requireBench(t)
 	k := kubeCluster(t)
-	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
-	if err := kubeScript(log, "agent-sandbox"); err != nil {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
-	}
+	k.agentSandbox(t)
 	ns := k.namespace(t, "bench-claim")
 	writeNodePolicy(t, k, "bench-claim.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
 kind: Role

@@ -33,11 +33,7 @@ func asbSandbox(ns, name, role string, argv ...string) obj {
 // pod, with the refusal in the pod's events.
 func TestKubeAgentSandbox(t *testing.T) {
 	k := kubeCluster(t)
-	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
-	if err := kubeScript(log, "agent-sandbox"); err != nil {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
-	}
+	k.agentSandbox(t)
 	ns := k.namespace(t, "e2e-asb")
 	writeNodePolicy(t, k, "e2e-asb.yaml", `apiVersion: agentbox.dev/v1
 kind: Role
@@ -139,11 +135,7 @@ func (k *kubeNode) ownerRecords(t *testing.T, sandbox string) []record {
 // Sandbox (by UID) kept warm by the pool, then claimed by the claim.
 func TestKubeAgentSandboxClaim(t *testing.T) {
 	k := kubeCluster(t)
-	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
-	if err := kubeScript(log, "agent-sandbox"); err != nil {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
-	}
+	k.agentSandbox(t)
 	ns := k.namespace(t, "e2e-asb-pool")
 	t.Cleanup(func() {
 		k.kubectl("delete", "agentrolebinding", "sandbox-agent", "--ignore-not-found")
@@ -213,5 +205,17 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 		return strings.TrimSpace(r.stdout) == "2"
 	}) {
 		t.Errorf("the warm pool did not refill:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods").stdout))
+	}
+}
+
+// agentSandbox installs kubernetes-sigs/agent-sandbox's CRDs and controller
+// on the cluster (hack/kube.sh agent-sandbox: cached, and a no-op when it
+// runs).
+func (k *kubeNode) agentSandbox(t *testing.T) {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
+	if err := kubeScript(log, "agent-sandbox"); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
 	}
 }

@@ -135,19 +135,7 @@ func TestKubeEgressRealClients(t *testing.T) {
 	})}
 	go srv.ServeTLS(ln, "", "")
 	defer srv.Close()
-	upstream, err := newDNSServer("127.0.0.1:0", map[string]netip.Addr{"api.kube.test.": netip.MustParseAddr(nodeIP)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upstream.conn.Close()
-	caFile := filepath.Join(k.dir, "realclients-ca.pem")
-	if err := os.WriteFile(caFile, []byte(caPEM), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	k.patchConfig(t, map[string]string{
-		"upstreams = []":        fmt.Sprintf("upstreams = [%q]", upstream.conn.LocalAddr().String()),
-		`upstream_ca_file = ""`: fmt.Sprintf("upstream_ca_file = %q", caFile),
-	})
+	k.inspectedOnBridge(t, "api.kube.test", nodeIP, caPEM)
 	writeNodePolicy(t, k, "e2e-kube-realclients.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-kube-realclients}
@@ -193,4 +181,24 @@ spec:
 	if t.Failed() {
 		t.Fatalf("pod logs:\n%s", logs)
 	}
+}
+
+// inspectedOnBridge has the node resolve name to addr (an upstream DNS
+// server on loopback) and its gateways trust caPEM for the servers behind
+// inspected rules, until the test ends.
+func (k *kubeNode) inspectedOnBridge(t *testing.T, name, addr, caPEM string) {
+	t.Helper()
+	upstream, err := newDNSServer("127.0.0.1:0", map[string]netip.Addr{name + ".": netip.MustParseAddr(addr)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upstream.conn.Close() })
+	caFile := filepath.Join(k.dir, name+"-ca.pem")
+	if err := os.WriteFile(caFile, []byte(caPEM), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.patchConfig(t, map[string]string{
+		"upstreams = []":        fmt.Sprintf("upstreams = [%q]", upstream.conn.LocalAddr().String()),
+		`upstream_ca_file = ""`: fmt.Sprintf("upstream_ca_file = %q", caFile),
+	})
 }

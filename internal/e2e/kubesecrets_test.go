@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,19 +71,7 @@ func TestKubeSecretRef(t *testing.T) {
 	keys := k.namespace(t, "e2e-keys")
 	const nodeIP = "10.97.0.1"
 	origin, caPEM := newAuthOrigin(t, nodeIP, "api.kube.test")
-	upstream, err := newDNSServer("127.0.0.1:0", map[string]netip.Addr{"api.kube.test.": netip.MustParseAddr(nodeIP)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer upstream.conn.Close()
-	caFile := filepath.Join(k.dir, "secretref-ca.pem")
-	if err := os.WriteFile(caFile, []byte(caPEM), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	k.patchConfig(t, map[string]string{
-		"upstreams = []":        fmt.Sprintf("upstreams = [%q]", upstream.conn.LocalAddr().String()),
-		`upstream_ca_file = ""`: fmt.Sprintf("upstream_ca_file = %q", caFile),
-	})
+	k.inspectedOnBridge(t, "api.kube.test", nodeIP, caPEM)
 	t.Cleanup(func() {
 		k.kubectl("delete", "agentrolebinding", "e2e-keys", "e2e-keys-other", "--ignore-not-found")
 		k.kubectl("delete", "agentrole", "e2e-keys", "e2e-keys-other", "--ignore-not-found")

@@ -21,11 +21,7 @@ import (
 // namespace that names it without being the Sandbox's.
 func TestKubeSandboxSuspendResume(t *testing.T) {
 	k := kubeCluster(t)
-	log := filepath.Join(t.TempDir(), "agent-sandbox.log")
-	if err := kubeScript(log, "agent-sandbox"); err != nil {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("hack/kube.sh agent-sandbox: %v\n%s", err, clip(string(b)))
-	}
+	k.agentSandbox(t)
 	ns := k.namespace(t, "e2e-asb-suspend")
 	thief := k.namespace(t, "e2e-asb-thief")
 	writeNodePolicy(t, k, "e2e-asb-mem.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1

@@ -80,7 +80,12 @@ kubelet_root = "$DIR/kubelet"
 [checkpoint]
 dir = "$DIR/checkpoints"
 key_file = "$DIR/agentbox/node.key"
+# The "cluster's" shared store: a suspend's image is also written there,
+# encrypted, and a restore takes it from there when this store lacks it.
+shared_dir = "$DIR/shared-checkpoints"
+shared_key_file = "$DIR/agentbox/cluster.key"
 EOT
+  [ -f "$DIR/agentbox/cluster.key" ] || (umask 077 && head -c 32 /dev/urandom >"$DIR/agentbox/cluster.key")
   # The benchmark's stock-gVisor reference reads gVisor's own option format.
   cat >"$DIR/runsc-stock/config.toml" <<EOT
 binary_name = "$TOOLS_BIN/runsc"

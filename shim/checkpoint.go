@@ -326,7 +326,57 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	sb.suspendedInto.Store(&name)
 	sb.fire(ctx, sandbox.Suspend)
 	s.stopSuspended(ctx, sb)
+	shareImage(sb, store, cp)
 	return cp, nil
+}
+
+// sharedOf is the cluster's shared store (nil when the config names none).
+func sharedOf(cfg *config.Config) (*checkpoint.Shared, error) {
+	if cfg.Checkpoint.SharedDir == "" {
+		return nil, nil
+	}
+	return checkpoint.OpenShared(cfg.Checkpoint.SharedDir, cfg.Checkpoint.SharedKeyFile)
+}
+
+// shareImage writes a suspend's image to the cluster's shared store,
+// encrypted, so that the sandbox can resume on another node. A failure is
+// recorded; the image stays on this node.
+func shareImage(sb *sandboxState, store *checkpoint.Store, cp *control.Checkpointed) {
+	sh, err := sharedOf(sb.cfg)
+	if sh == nil && err == nil {
+		return
+	}
+	start := time.Now()
+	var n int64
+	if err == nil {
+		n, err = store.Export(cp.Name, sh)
+	}
+	took := time.Since(start)
+	if err != nil {
+		sb.audit.trail.Emit(audit.TypeCheckpointShared.New("Failure", fmt.Sprintf("checkpoint %s not written to the shared store (%v): it resumes only on this node", cp.Name, err),
+			map[string]string{"checkpoint": cp.Name, "error": err.Error()}), true)
+		return
+	}
+	cp.SharedBytes, cp.SharedMillis = n, took.Milliseconds()
+	sb.audit.trail.Emit(audit.TypeCheckpointShared.New("Success", fmt.Sprintf("checkpoint %s written to the shared store %s, encrypted: %d bytes in %v", cp.Name, sh.Dir, n, took.Round(time.Millisecond)),
+		map[string]string{"checkpoint": cp.Name, "store": sh.Dir, "bytes": fmt.Sprint(n), "took": took.Round(time.Millisecond).String(), "direction": "export"}), true)
+}
+
+// importShared takes checkpoint name from the shared store into the
+// node's when the node's lacks it, and says what it did ("" : nothing).
+func importShared(cfg *config.Config, store *checkpoint.Store, name string) (string, error) {
+	if _, err := os.Lstat(filepath.Join(store.Dir, name)); err == nil || checkpoint.ValidName(name) != nil {
+		return "", nil
+	}
+	sh, err := sharedOf(cfg)
+	if sh == nil || err != nil || !sh.Has(name) {
+		return "", err
+	}
+	start := time.Now()
+	if err := store.Import(name, sh); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("taken from the shared store %s in %v", sh.Dir, time.Since(start).Round(time.Millisecond)), nil
 }
 
 // stopSuspended stops a sandbox whose suspend image is committed, still
@@ -495,6 +545,10 @@ func openRestore(cfg *config.Config, sb *sandboxState, name string, template boo
 	if template {
 		from = "the role's template"
 	}
+	imported, err := importShared(cfg, store, name)
+	if err != nil {
+		return errkind.PermissionDenied(fmt.Errorf("%s: checkpoint %s: %w", from, name, err))
+	}
 	img, err := store.Open(name)
 	if err != nil {
 		return errkind.PermissionDenied(fmt.Errorf("%s: %w", from, err))
@@ -510,13 +564,17 @@ func openRestore(cfg *config.Config, sb *sandboxState, name string, template boo
 	if !template {
 		sb.clock.CountFrom(m.WallClockUsed)
 	}
+	d := map[string]string{"checkpoint": m.Name, "image_digest": img.Digest, "previous_sandbox": m.Trail.Sandbox,
+		"previous_seq": fmt.Sprint(m.Trail.LastSeq), "previous_hash": m.Trail.LastHash, "previous_pod": m.Pod,
+		"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": sb.clock.Used().String(),
+		"containers": fmt.Sprint(len(m.Containers)), "template": fmt.Sprint(template)}
+	if imported != "" {
+		d["shared_store"] = imported
+	}
 	sb.audit.trail.Emit(audit.TypeRestored.New("Success",
 		fmt.Sprintf("restores checkpoint %s (%s) of sandbox %s, taken %s under role %s; that trail's record %d links here",
 			m.Name, img.Digest, m.SandboxID, m.Created.Format(time.RFC3339), m.Role, m.Trail.LastSeq),
-		map[string]string{"checkpoint": m.Name, "image_digest": img.Digest, "previous_sandbox": m.Trail.Sandbox,
-			"previous_seq": fmt.Sprint(m.Trail.LastSeq), "previous_hash": m.Trail.LastHash, "previous_pod": m.Pod,
-			"previous_role": m.Role, "previous_policy_digest": m.PolicyDigest, "wall_clock_used": sb.clock.Used().String(),
-			"containers": fmt.Sprint(len(m.Containers)), "template": fmt.Sprint(template)}), true)
+		d), true)
 	return nil
 }
 

@@ -64,15 +64,18 @@ func (s *service) stopAll(ctx context.Context, sb *sandboxState) {
 }
 
 // adjustExit reports a container killed by its sandbox's wall clock with
-// WallClockExitStatus.
+// WallClockExitStatus, one its suspend stopped with 0, and one OOM-killed
+// under gVisor with SIGKILL's status.
 func (s *service) adjustExit(e *proc.Exit) {
 	switch {
 	case e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID):
 		e.Status = WallClockExitStatus
-	case e.Status == runscWaitFailed && s.sandboxes.suspendedContainer(e.ID):
-		// Its sandbox process was killed once the suspend's image was
-		// made (stopSuspended).
-		e.Status = 128 + int(unix.SIGKILL)
+	case s.sandboxes.suspendedContainer(e.ID):
+		// Its sandbox was stopped once the suspend's image was made
+		// (stopSuspended): it did not fail, it was saved. 0, as gVisor's
+		// own stop-after-save reports, so that a pod does not restart
+		// it fresh (OnFailure) or count it failed; the trail says why.
+		e.Status = 0
 	case e.Status == runscWaitFailed && s.sandboxes.oomKilledContainer(e.ID):
 		// The sandbox was OOM-killed under the container: it died with
 		// it (SIGKILL), as Kubernetes expects of an OOMKilled container.

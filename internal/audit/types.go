@@ -74,6 +74,7 @@ var (
 	TypeFrozen           = RecordType{"agentbox/frozen", ClassRemediation, 1, "Isolate", medium, "an admin paused the whole sandbox (agentbox sandbox freeze), or a failed quarantine froze it: the reason, who asked"}
 	TypeThawed           = RecordType{"agentbox/thawed", ClassRemediation, 3, "Restore", info, "a frozen sandbox resumed, with how long it was frozen"}
 	TypeCheckpointed     = RecordType{"agentbox/checkpointed", ClassAppLifecycle, 99, "Checkpoint", info, "gVisor wrote the sandbox's memory into the node's checkpoint store (agentbox sandbox checkpoint or suspend, ctr task checkpoint): the checkpoint's name, whether the sandbox was stopped after, who asked; a restored sandbox's trail links to this record"}
+	TypeCheckpointShared = RecordType{"agentbox/checkpoint_shared", ClassAppLifecycle, 99, "Checkpoint", info, "a suspend's image written to the cluster's shared store, encrypted with the cluster's checkpoint key: the checkpoint, the bytes and the time; a failure says why (the image stays on its node). A restore that takes an image from there says so in its agentbox/restored record (shared_store)"}
 	TypeCheckpointFailed = RecordType{"agentbox/checkpoint_failed", ClassAppLifecycle, 99, "Checkpoint", low, "a checkpoint was asked for and not made, with the reason"}
 	TypeStopped          = RecordType{"agentbox/stopped", ClassRemediation, 2, "Evict", medium, "an admin stopped the sandbox (agentbox sandbox stop), or a failed quarantine did: every container killed, the reason, who asked"}
 	TypeSecretRotated    = RecordType{"agentbox/secret_rotated", ClassAppLifecycle, 8, "Update", info, "an injected secret's source changed on the node (a rotated Kubernetes Secret, a rewritten file): the gateway's next requests carry the new value; host, header and source, never the value. A source that cannot be read is recorded as a failure, and the value the gateway had stays"}
@@ -89,7 +90,7 @@ var Catalog = []RecordType{
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
 	TypeEgressRequest, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
-	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeOwner, TypeSecretRotated, TypeGap, TypeSandboxEnd,
+	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointShared, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeOwner, TypeSecretRotated, TypeGap, TypeSandboxEnd,
 }
 
 // typeByName finds a record type by its name.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/policy"
 	"agentbox.dev/agentbox/internal/policysync"
 )
 
@@ -53,6 +55,9 @@ and removes the image once resumed, or once the Sandbox is deleted.`,
 			&cli.StringFlag{Name: "secrets-dir", Usage: "where the Kubernetes Secrets roles name (secretRef) are kept on the node, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},
 			&cli.DurationFlag{Name: "secrets-every", Value: 10 * time.Second, Usage: "read the Secrets roles name this often (one GET each): a rotated Secret reaches the gateway within it"},
 			&cli.StringFlag{Name: "checkpoint-dir", Usage: "the node's checkpoint store, where the image a resumed or deleted agent-sandbox Sandbox leaves is removed (default: the config's checkpoint.dir)"},
+			&cli.StringFlag{Name: "checkpoint-shared-dir", Usage: "the cluster's shared checkpoint store, where the images of resumed or deleted Sandboxes are removed too (default: the config's checkpoint.shared_dir)"},
+			&cli.StringFlag{Name: "checkpoint-key-secret", Usage: "NAMESPACE/NAME/KEY: the Secret key holding the cluster's checkpoint key (32 bytes), kept in --checkpoint-key-file"},
+			&cli.StringFlag{Name: "checkpoint-key-file", Usage: "where the cluster's checkpoint key is kept (default: the config's checkpoint.shared_key_file)"},
 			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
 			configFlag(),
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
@@ -108,7 +113,20 @@ func runSync(c *cli.Context) error {
 	if secretsDir == "none" {
 		secretsDir = ""
 	}
-	agent := &policysync.Agent{Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir,
+	var keyRef *policy.SecretRef
+	if v := c.String("checkpoint-key-secret"); v != "" {
+		parts := strings.Split(v, "/")
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			return cli.Exit(fmt.Sprintf("--checkpoint-key-secret %q: want NAMESPACE/NAME/KEY", v), 2)
+		}
+		keyRef = &policy.SecretRef{Namespace: parts[0], Name: parts[1], Key: parts[2]}
+	}
+	keyFile := flagOr(c, "checkpoint-key-file", cfg.Checkpoint.SharedKeyFile)
+	if keyRef != nil && keyFile == "" {
+		return cli.Exit("--checkpoint-key-secret needs --checkpoint-key-file (or the config's checkpoint.shared_key_file)", 2)
+	}
+	agent := &policysync.Agent{CheckpointKey: keyRef, CheckpointKeyFile: keyFile, SharedDir: flagOr(c, "checkpoint-shared-dir", cfg.Checkpoint.SharedDir),
+		Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir,
 		SecretsDir: secretsDir, SecretsEvery: c.Duration("secrets-every"), CheckpointDir: flagOr(c, "checkpoint-dir", cfg.Checkpoint.Dir)}
 	runErr := agent.Run(ctx)
 	if err := trail.Close(audit.TypeSandboxEnd.New("Success", "agentbox sync stopped", map[string]string{"node": node})); err != nil && runErr == nil {

@@ -105,6 +105,15 @@ type Checkpoint struct {
 	// signs every image's manifest, and a restore refuses an image it did
 	// not sign.
 	KeyFile string `toml:"key_file"`
+	// SharedDir is a directory every node mounts (a ReadWriteMany
+	// PersistentVolume, NFS): a suspend's image is also written there,
+	// encrypted with SharedKeyFile's key, and a node whose store lacks an
+	// image a pod asks for takes it from there. "" (the default): images
+	// stay on the node that made them.
+	SharedDir string `toml:"shared_dir"`
+	// SharedKeyFile is the cluster's checkpoint key (32 bytes, 0600, the
+	// same on every node; the node agent can keep it from a Secret).
+	SharedKeyFile string `toml:"shared_key_file"`
 }
 
 // DefaultControlDir is where the sandboxes' control sockets are when the
@@ -373,6 +382,14 @@ func (c *Config) Validate() error {
 	}
 	if !cleanAbs(c.Checkpoint.Dir) {
 		errs = append(errs, fmt.Errorf("checkpoint.dir: %q must be a clean absolute path", c.Checkpoint.Dir))
+	}
+	if (c.Checkpoint.SharedDir == "") != (c.Checkpoint.SharedKeyFile == "") {
+		errs = append(errs, errors.New("checkpoint.shared_dir and checkpoint.shared_key_file: set both or neither"))
+	}
+	for _, f := range []struct{ k, v string }{{"shared_dir", c.Checkpoint.SharedDir}, {"shared_key_file", c.Checkpoint.SharedKeyFile}} {
+		if f.v != "" && !cleanAbs(f.v) {
+			errs = append(errs, fmt.Errorf("checkpoint.%s: %q must be a clean absolute path", f.k, f.v))
+		}
 	}
 	if !cleanAbs(c.Checkpoint.KeyFile) {
 		errs = append(errs, fmt.Errorf("checkpoint.key_file: %q must be a clean absolute path", c.Checkpoint.KeyFile))

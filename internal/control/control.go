@@ -215,6 +215,10 @@ type Checkpointed struct {
 	// sandbox was stopped after.
 	Millis    int64 `json:"millis"`
 	Suspended bool  `json:"suspended"`
+	// SharedBytes and SharedMillis say what writing it, encrypted, to
+	// the cluster's shared store took (0: not written there).
+	SharedBytes  int64 `json:"shared_bytes,omitempty"`
+	SharedMillis int64 `json:"shared_millis,omitempty"`
 }
 
 // SocketPath is the control socket of sandbox id under the containerd

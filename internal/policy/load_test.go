@@ -70,6 +70,7 @@ func TestParseProblems(t *testing.T) {
 			`secrets[0]: names neither env`, `secrets[1].inject.host: "*.example" is a pattern`, `secrets[1].inject.header: "Bad Header" is not an HTTP header name`,
 			`secrets[2].inject.header: Host is the HTTP framing's`, `secrets[2].inject.format: "Bearer" must hold {secret} once`,
 			`secrets[2].inject.host: "api.other" is not allowed by any host rule`, `secrets[3].inject.format`, `secrets[4].inject: header x-key of a.example is injected twice`}},
+		{"suspend error", roleHead + "spec:\n  suspend: always\n", []string{`spec.suspend: "always" is not memory or none`}},
 		{"secretRef errors", roleHead + `spec:
   network: {egress: allowlist, allow: [{host: a.example, ports: [443]}, {host: b.example, ports: [443]}]}
   credentials:

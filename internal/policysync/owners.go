@@ -291,6 +291,9 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 				removed = "it is removed from the node's store"
 			}
 		}
+		if a.SharedDir != "" && checkpoint.RemoveShared(a.SharedDir, annotated) == nil {
+			removed += " and from the shared store"
+		}
 		a.event(ctx, sbObj, "Normal", "Resumed", fmt.Sprintf("agentbox resumed the agent from checkpoint %s on node %s; %s", annotated, a.NodeName, removed))
 		if a.Trail != nil {
 			a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("Sandbox %s resumed from checkpoint %s in sandbox %s; %s", key, annotated, sb.ID, removed),
@@ -341,7 +344,7 @@ const gcEvery = 30 * time.Second
 // has (deleted while suspended), and records each in the node's trail.
 func (a *Agent) gcCheckpoints() {
 	inf := a.sandboxInf.Load()
-	if a.CheckpointDir == "" || inf == nil || time.Since(a.lastGC) < gcEvery {
+	if a.CheckpointDir == "" && a.SharedDir == "" || inf == nil || time.Since(a.lastGC) < gcEvery {
 		return
 	}
 	a.lastGC = time.Now()
@@ -351,23 +354,34 @@ func (a *Agent) gcCheckpoints() {
 			live[strings.ToLower(string(u.GetUID()))] = true
 		}
 	}
-	ents, err := os.ReadDir(a.CheckpointDir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		uid, ok := suspendUID(e.Name())
-		if !ok || live[uid] || !e.IsDir() {
+	for _, st := range []struct {
+		dir, what string
+		remove    func(name string) error
+	}{
+		{a.CheckpointDir, "the node's store", (&checkpoint.Store{Dir: a.CheckpointDir}).Remove},
+		{a.SharedDir, "the shared store", func(name string) error { return checkpoint.RemoveShared(a.SharedDir, name) }},
+	} {
+		if st.dir == "" {
 			continue
 		}
-		if err := (&checkpoint.Store{Dir: a.CheckpointDir}).Remove(e.Name()); err != nil {
-			a.Log.WithError(err).Warn("removing the checkpoint of a deleted Sandbox")
+		ents, err := os.ReadDir(st.dir)
+		if err != nil {
 			continue
 		}
-		a.Log.Infof("checkpoint %s removed: its Sandbox (uid %s) is gone", e.Name(), uid)
-		if a.Trail != nil {
-			a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("checkpoint %s removed from the node's store: its Sandbox (uid %s) was deleted", e.Name(), uid),
-				map[string]string{"checkpoint": e.Name(), "sandbox_uid": uid, "node": a.NodeName, "removed": "true"}), true)
+		for _, e := range ents {
+			uid, ok := suspendUID(e.Name())
+			if !ok || live[uid] || !e.IsDir() {
+				continue
+			}
+			if err := st.remove(e.Name()); err != nil {
+				a.Log.WithError(err).Warn("removing the checkpoint of a deleted Sandbox from " + st.what)
+				continue
+			}
+			a.Log.Infof("checkpoint %s removed from %s: its Sandbox (uid %s) is gone", e.Name(), st.what, uid)
+			if a.Trail != nil {
+				a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("checkpoint %s removed from %s: its Sandbox (uid %s) was deleted", e.Name(), st.what, uid),
+					map[string]string{"checkpoint": e.Name(), "sandbox_uid": uid, "node": a.NodeName, "removed": "true"}), true)
+			}
 		}
 	}
 }

@@ -66,6 +66,7 @@ func SecretRefs(set *policy.Set) []policy.SecretRef {
 // keys no role names any more. A Secret that cannot be read keeps the file
 // it had (the gateway keeps injecting the last value) and is recorded.
 func (a *Agent) SyncSecrets(ctx context.Context) error {
+	a.syncCheckpointKey(ctx)
 	if a.SecretsDir == "" {
 		return nil
 	}
@@ -205,4 +206,35 @@ func writeSecretFile(path string, value []byte) (bool, error) {
 		return false, errors.Join(fmt.Errorf("writing %s", path), err)
 	}
 	return true, nil
+}
+
+// syncCheckpointKey keeps the cluster's checkpoint key (the shared store's)
+// from its Secret in its file, recording what cannot be read.
+func (a *Agent) syncCheckpointKey(ctx context.Context) {
+	r := a.CheckpointKey
+	if r == nil || a.CheckpointKeyFile == "" {
+		return
+	}
+	value, err := a.readSecret(ctx, *r)
+	if err == nil && len(value) != 32 {
+		err = fmt.Errorf("key %q: %d bytes, want 32", r.Key, len(value))
+	}
+	var changed bool
+	if err == nil {
+		changed, err = writeSecretFile(a.CheckpointKeyFile, value)
+	}
+	state := "ok"
+	if err != nil {
+		state = err.Error()
+	}
+	if a.keyState != state {
+		status, msg := "Success", fmt.Sprintf("the cluster's checkpoint key: Secret %s kept in %s", r, a.CheckpointKeyFile)
+		if err != nil {
+			status, msg = "Failure", fmt.Sprintf("the cluster's checkpoint key: Secret %s: %v", r, err)
+		}
+		if err != nil || changed {
+			a.recordSecret(status, msg, *r)
+		}
+		a.keyState = state
+	}
 }

@@ -55,6 +55,7 @@ type Agent struct {
 	// secretState is each Secret's last outcome ("ok" or the error);
 	// the sync loop's alone.
 	secretState map[policy.SecretRef]string
+	keyState    string
 
 	roles, bindings, nodes cache.SharedIndexInformer
 	quarantineInf, podInf  cache.SharedIndexInformer
@@ -69,9 +70,15 @@ type Agent struct {
 	// CheckpointDir is the node's checkpoint store (where a resumed
 	// Sandbox's image is removed; "" keeps them).
 	CheckpointDir string
-	lastGC        time.Time
-	kick          chan struct{}
-	lastRefused   string
+	// SharedDir is the cluster's shared checkpoint store ("": none).
+	SharedDir string
+	// CheckpointKey, when set, is the Secret key holding the cluster's
+	// checkpoint key, kept in CheckpointKeyFile.
+	CheckpointKey     *policy.SecretRef
+	CheckpointKeyFile string
+	lastGC            time.Time
+	kick              chan struct{}
+	lastRefused       string
 }
 
 // Run watches until ctx ends. Until the informers have listed the objects

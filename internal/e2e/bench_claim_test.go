@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,8 +44,9 @@ func claimReady(ctx context.Context, c dynamic.Interface, ns, name string) (stri
 
 // TestBenchmarkClaim: agent-sandbox's SandboxClaim to the agent answering
 // an exec, on the hack/kube.sh cluster, interleaved: from a warm pool of
-// agentbox Sandboxes, a cold agentbox Sandbox, and a cold runc Sandbox (the
-// reference). Each round's claim-to-Ready is polled every 10 ms with the
+// agentbox Sandboxes, a cold agentbox Sandbox, one whose role names a
+// template (restored from a checkpoint of the agent instead of booting),
+// and a cold runc Sandbox (the reference). Each round's claim-to-Ready is polled every 10 ms with the
 // API's client; the exec is kubectl exec (its own cost, about the same for
 // each runtime, is in every figure). AGENTBOX_BENCH=1 only.
 func TestBenchmarkClaim(t *testing.T) {
@@ -79,6 +81,33 @@ spec:
 	}
 	k.apply(t, template("abx", "agentbox"), template("runc", "runc"),
 		pool("warm", "abx", 2), pool("cold-abx", "abx", 0), pool("cold-runc", "runc", 0))
+	// A role whose template is a checkpoint of the agent, taken on the
+	// node: its Sandboxes restore instead of booting.
+	k.apply(t, podSpec(ns, "seed", "agentbox", "bench-claim", "sh", "-c", "exec sleep infinity"))
+	k.waitPod(t, ns, "seed", 2*time.Minute, "Running", running)
+	tmplName := uniqueID("bench-claim-tmpl")
+	if r := k.run(2*time.Minute, nil, filepath.Join(repoRoot, "hack", "kube.sh"), "node", filepath.Join(repoRoot, "_output", "bin", "agentbox"),
+		"sandbox", "checkpoint", "--config", "/etc/agentbox/config.toml", "--name", tmplName, "--reason", "bench: the role's template", "--pod", ns+"/seed"); r.code != 0 {
+		t.Fatalf("checkpoint on the node: %v", r)
+	}
+	k.kubectl("-n", ns, "delete", "pod", "seed", "--wait=false")
+	writeNodePolicy(t, k, "bench-claim-tmpl.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: bench-claim-tmpl}
+spec:
+  inherits: bench-claim
+  template: %s
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: bench-claim-tmpl}
+spec:
+  role: bench-claim-tmpl
+  subjects: [{namespace: %s}]
+`, tmplName, ns))
+	tmpl := template("tmpl", "agentbox")
+	tmpl["spec"].(obj)["podTemplate"].(obj)["metadata"].(obj)["annotations"].(obj)["agentbox.dev/role"] = "bench-claim-tmpl"
+	k.apply(t, tmpl, pool("cold-tmpl", "tmpl", 0))
 	kc := os.Getenv("KUBECONFIG")
 	for _, e := range k.env {
 		if v, ok := strings.CutPrefix(e, "KUBECONFIG="); ok {
@@ -98,7 +127,8 @@ spec:
 		return strings.TrimSpace(r.stdout) == "2"
 	}
 	rounds := benchRounds("AGENTBOX_BENCH_CLAIM_ROUNDS", 7)
-	variants := []struct{ name, pool string }{{"warm pool (agentbox)", "warm"}, {"cold (agentbox)", "cold-abx"}, {"cold (runc)", "cold-runc"}}
+	variants := []struct{ name, pool string }{{"warm pool (agentbox)", "warm"}, {"cold (agentbox)", "cold-abx"},
+		{"role template (agentbox)", "cold-tmpl"}, {"cold (runc)", "cold-runc"}}
 	ready := map[string][]time.Duration{}
 	answered := map[string][]time.Duration{}
 	for i := 0; i < rounds; i++ {
@@ -133,7 +163,7 @@ spec:
 	ref := stats(answered["cold (runc)"]).median
 	for _, v := range variants {
 		r, a := stats(ready[v.name]), stats(answered[v.name])
-		fmt.Fprintf(&b, "  %-22s claim Ready %s (p90 %s); exec answered %s (p90 %s); %.2fx runc's cold\n", v.name, ms(r.median), ms(r.p90), ms(a.median), ms(a.p90), float64(a.median)/float64(ref))
+		fmt.Fprintf(&b, "  %-25s claim Ready %s (p90 %s); exec answered %s (p90 %s); %.2fx runc's cold\n", v.name, ms(r.median), ms(r.p90), ms(a.median), ms(a.p90), float64(a.median)/float64(ref))
 	}
 	t.Log(b.String())
 	benchOut(t, b.String())

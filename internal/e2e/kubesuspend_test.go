@@ -63,6 +63,11 @@ spec:
 	if !strings.HasPrefix(name, "sb-"+uid+"-") {
 		t.Fatalf("the Sandbox's pod template names checkpoint %q", name)
 	}
+	// No shared store here: the next pod is pinned to this node.
+	pin := k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.spec.podTemplate.spec.nodeSelector.kubernetes\.io/hostname}`)
+	if pin == "" || pin != k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.metadata.annotations.agentbox\.dev/pinned-to}`) {
+		t.Errorf("the suspended Sandbox is not pinned to its node: nodeSelector %q", pin)
+	}
 	recs := k.trail(t, first)
 	cp := findRecord(recs, "agentbox/checkpointed")
 	if cp == nil || cp.Detail["checkpoint"] != name || cp.Detail["suspended"] != "true" || !strings.Contains(cp.Detail["reason"], "operatingMode Suspended") {
@@ -109,6 +114,9 @@ spec:
 		return k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.spec.podTemplate.metadata.annotations.agentbox\.dev/restore-from}`) == ""
 	}) {
 		t.Error("the Sandbox's pod template still names the checkpoint")
+	}
+	if sel := k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.spec.podTemplate.spec.nodeSelector}`); sel != "" {
+		t.Errorf("the resumed Sandbox is still pinned: %s", sel)
 	}
 	if _, err := os.Stat(filepath.Join(k.dir, "varlib", "agentbox", "checkpoints", name)); err == nil {
 		t.Error("the resumed Sandbox's image is still in the node's store")

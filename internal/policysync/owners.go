@@ -229,6 +229,27 @@ func operatingMode(sb *unstructured.Unstructured) string {
 	return m
 }
 
+// hostnameLabel is the node label a suspended Sandbox's next pod is pinned
+// by; pinnedAnnotation, on the Sandbox, says the node agent pinned it.
+const (
+	hostnameLabel    = "kubernetes.io/hostname"
+	pinnedAnnotation = "agentbox.dev/pinned-to"
+)
+
+// CoreNodesGVR is the core Node resource.
+var CoreNodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// hostname is this node's kubernetes.io/hostname label (its name when the
+// Node cannot be read or has none).
+func (a *Agent) hostname(ctx context.Context) string {
+	if n, err := a.Client.Resource(CoreNodesGVR).Get(ctx, a.NodeName, metav1.GetOptions{}); err == nil {
+		if h := n.GetLabels()[hostnameLabel]; h != "" {
+			return h
+		}
+	}
+	return a.NodeName
+}
+
 // restoreAnnotation is the pod annotation that names the checkpoint a pod
 // is restored from (policy.RestoreAnnotation).
 const restoreAnnotation = "agentbox.dev/restore-from"
@@ -270,17 +291,42 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 		}
 		cp := resp.Checkpoint
 		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:%q}}}}}`, restoreAnnotation, name)
+		pinned := ""
+		if a.SharedDir == "" {
+			// The image stays on this node: so does the Sandbox's next
+			// pod (a node selector of this node's hostname, taken off on
+			// resume), unless the template selects by hostname already.
+			if _, has, _ := unstructured.NestedString(sbObj.Object, "spec", "podTemplate", "spec", "nodeSelector", hostnameLabel); !has {
+				pinned = a.hostname(ctx)
+				patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}},"spec":{"podTemplate":{"metadata":{"annotations":{%q:%q}},"spec":{"nodeSelector":{%q:%q}}}}}`,
+					pinnedAnnotation, pinned, restoreAnnotation, name, hostnameLabel, pinned)
+			}
+		}
 		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("naming the checkpoint in the Sandbox's pod template")
 			a.event(ctx, sbObj, "Warning", "SuspendFailed", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s, and could not name it in the Sandbox's pod template: %v", name, a.NodeName, err))
 			return
 		}
 		a.Log.WithField("sandbox", sb.ID).Infof("Sandbox %s suspended into checkpoint %s", key, name)
-		a.event(ctx, sbObj, "Normal", "Suspended", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s (%d bytes in %d ms); the Sandbox's next pod resumes from it", name, a.NodeName, cp.Bytes, cp.Millis))
+		where := "the Sandbox's next pod resumes from it"
+		switch {
+		case pinned != "":
+			where = "the Sandbox's next pod resumes from it on this node (" + hostnameLabel + "=" + pinned + ": there is no shared store)"
+		case a.SharedDir != "":
+			where = "the Sandbox's next pod resumes from it on any node (the shared store)"
+		}
+		a.event(ctx, sbObj, "Normal", "Suspended", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s (%d bytes in %d ms); %s", name, a.NodeName, cp.Bytes, cp.Millis, where))
 	case annotated != "" && sb.RestoredFrom == annotated && sb.State == "running":
 		// Resumed: the template's next pods boot afresh, and the image
 		// (memory, and so secrets) goes.
 		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:null}}}}}`, restoreAnnotation)
+		if pin := sbObj.GetAnnotations()[pinnedAnnotation]; pin != "" {
+			// The node selector it added, if the template still has it.
+			if v, _, _ := unstructured.NestedString(sbObj.Object, "spec", "podTemplate", "spec", "nodeSelector", hostnameLabel); v == pin {
+				patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:null}},"spec":{"podTemplate":{"metadata":{"annotations":{%q:null}},"spec":{"nodeSelector":{%q:null}}}}}`,
+					pinnedAnnotation, restoreAnnotation, hostnameLabel)
+			}
+		}
 		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("taking the checkpoint off the Sandbox's pod template")
 			return

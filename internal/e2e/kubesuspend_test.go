@@ -115,7 +115,7 @@ spec:
 	}) {
 		t.Error("the Sandbox's pod template still names the checkpoint")
 	}
-	if sel := k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.spec.podTemplate.spec.nodeSelector}`); sel != "" {
+	if sel := k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", `jsonpath={.spec.podTemplate.spec.nodeSelector.kubernetes\.io/hostname}{.metadata.annotations.agentbox\.dev/pinned-to}`); sel != "" {
 		t.Errorf("the resumed Sandbox is still pinned: %s", sel)
 	}
 	if _, err := os.Stat(filepath.Join(k.dir, "varlib", "agentbox", "checkpoints", name)); err == nil {

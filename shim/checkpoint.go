@@ -394,11 +394,7 @@ func (s *service) stopSuspended(ctx context.Context, sb *sandboxState) {
 	if _, err := s.next.Resume(ctx, &task.ResumeRequest{ID: sb.id}); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: resuming a suspended sandbox to stop it")
 	}
-	for _, id := range sb.members.RootLast() {
-		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
-			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill after suspend")
-		}
-	}
+	s.killMembers(ctx, sb)
 }
 
 // forceDelete has runsc delete a container of a sandbox stopSuspended

@@ -56,6 +56,12 @@ func (s *service) stopSandbox(sandboxID, limit, why string) {
 func (s *service) stopAll(ctx context.Context, sb *sandboxState) {
 	s.thawForKill(ctx, sb)
 	sb.fire(ctx, sandbox.Stop)
+	s.killMembers(ctx, sb)
+}
+
+// killMembers sends SIGKILL to every process of every container of the
+// sandbox, the root last.
+func (s *service) killMembers(ctx context.Context, sb *sandboxState) {
 	for _, id := range sb.members.RootLast() {
 		if _, err := s.next.Kill(s.shimCtx, &task.KillRequest{ID: id, Signal: uint32(unix.SIGKILL), All: true}); err != nil {
 			log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: kill")

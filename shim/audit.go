@@ -257,6 +257,10 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 					msg = fmt.Sprintf("container stopped (status %d): its sandbox was suspended into checkpoint %s", e.ExitStatus, *name)
 					d["suspended_into"] = *name
 				}
+				if name := sb.restoreFailed.Load(); name != nil {
+					msg = fmt.Sprintf("container stopped (status %d): its restore from checkpoint %s failed", e.ExitStatus, *name)
+					d["restore_failed"] = *name
+				}
 			}
 			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", msg, d), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {

@@ -29,6 +29,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	pb "gvisor.dev/gvisor/pkg/shim/v1/taskserver/task_server_go_proto"
 
@@ -625,12 +626,29 @@ func (s *service) restoreStart(ctx context.Context, r *task.StartRequest) (*task
 	start := time.Now()
 	resp, err := s.next.Restore(ctx, &extension.RestoreRequest{Start: r, Conf: extension.RestoreConfig{ImagePath: sb.restore.image.Dir, Background: true}})
 	if err != nil {
-		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("restoring container %s from checkpoint %s: %v", r.ID, sb.restore.image.Manifest.Name, err),
+		sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", fmt.Sprintf("restoring container %s from checkpoint %s: %s", r.ID, sb.restore.image.Manifest.Name, briefError(err.Error())),
 			map[string]string{"container_id": r.ID, "checkpoint": sb.restore.image.Manifest.Name}), true)
+		s.abandonRestore(ctx, sb, r.ID)
 		return nil, true, err
 	}
 	log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: restored from checkpoint %s in %v", sb.restore.image.Manifest.Name, time.Since(start))
 	return resp, true, nil
+}
+
+// abandonRestore ends a sandbox whose restore failed at Start. runsc
+// leaves its sandbox process waiting, and gVisor's task service learns of
+// a container's exit only from a wait it starts after a successful start:
+// a kill, a wait or `ctr task delete -f` of the container would wait
+// forever, and the sandbox and its gofer would outlive the pod. The shim
+// kills the sandbox process and reports the container exited (SIGKILL's
+// status); Delete then removes it by force.
+func (s *service) abandonRestore(ctx context.Context, sb *sandboxState, id string) {
+	name := sb.restore.image.Manifest.Name
+	sb.restoreFailed.Store(&name)
+	if err := killSandboxProcess(s.exits, id); err != nil {
+		log.G(ctx).WithError(err).WithField("container_id", id).Warn("agentbox: killing the sandbox of a failed restore")
+	}
+	proc.ExitCh <- proc.Exit{ID: id, Status: 128 + int(unix.SIGKILL), Timestamp: time.Now()}
 }
 
 // restoredFrom names the checkpoint a container's sandbox was restored from.

@@ -71,6 +71,10 @@ type sandboxState struct {
 	// suspendedInto names the checkpoint a suspend stopped the sandbox
 	// after ("" when none did): its containers' exits say so.
 	suspendedInto atomic.Pointer[string]
+	// restoreFailed names the checkpoint whose restore failed at Start
+	// (nil: none): abandonRestore ended the sandbox, Delete removes it by
+	// force and its exit says why.
+	restoreFailed atomic.Pointer[string]
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node
 	// agent last said (nil: none said). Written under ops.
 	owner atomic.Pointer[control.Owner]

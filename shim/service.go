@@ -362,9 +362,10 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	defer s.deleting.Done()
 	ph := newPhases("delete", r.ID)
 	defer ph.done()
-	if sb, ok := s.sandboxes.of(r.ID); ok && r.ExecID == "" && sb.suspendedInto.Load() != nil {
-		// Its sandbox process was killed while paused (stopSuspended):
-		// runsc still holds it paused, and deletes it only by force.
+	if sb, ok := s.sandboxes.of(r.ID); ok && r.ExecID == "" && (sb.suspendedInto.Load() != nil || sb.restoreFailed.Load() != nil) {
+		// Its sandbox process was killed while paused (stopSuspended) or
+		// after a failed restore (abandonRestore): runsc still holds it
+		// paused or created, and deletes it only by force.
 		forceDelete(ctx, sb.cfg, s.containerdAddress, r.ID)
 		ph.mark("runsc_force_delete")
 	}

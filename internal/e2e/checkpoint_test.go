@@ -402,3 +402,58 @@ func TestCheckpointCRI(t *testing.T) {
 	}
 	t.Logf("checkpointed through the CRI as %s; the restored agent went on at %d", ptr.Manifest.Name, got[0])
 }
+
+// TestRestoreFailedAtStartEnds: a checkpoint that passes every check of
+// agentbox's can still be refused by runsc at Start (here: the new
+// container's argv is not the one checkpointed). The container then ends,
+// reported, and `ctr task delete -f` removes it at once: runsc had left the
+// sandbox process waiting and gVisor's task service never learned of an
+// exit, so the delete waited forever and the sandbox and its gofer
+// outlived it. The legitimate twin, the same argv, restores (above,
+// TestCheckpointCtr).
+func TestRestoreFailedAtStartEnds(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	id := uniqueID("rsfail")
+	if r := dev.ctr(30*time.Second, "run", "-d", "--runtime", runtimeType, agentImage, id, "sh", "-c", "while :; do sleep 1; done"); r.code != 0 {
+		t.Fatalf("ctr run: %v", r)
+	}
+	defer dev.removeContainer(id)
+	if r := dev.ctr(60*time.Second, "task", "checkpoint", id); r.code != 0 {
+		t.Fatalf("ctr task checkpoint: %v", r)
+	}
+	var name string
+	for _, c := range storedCheckpoints(t) {
+		if c.SandboxID == id {
+			name = c.Name
+		}
+	}
+	if name == "" {
+		t.Fatal("no image in the node's store")
+	}
+	rid := uniqueID("rsfail-restored")
+	r := dev.ctr(60*time.Second, "run", "-d", "--runtime", runtimeType, "--annotation", "agentbox.dev/restore-from="+name,
+		agentImage, rid, "sh", "-c", "sleep 1000")
+	if r.code == 0 || !strings.Contains(r.stderr, `"Args" does not match`) {
+		t.Fatalf("a restore with another argv: want runsc's refusal, got %v", r)
+	}
+	defer dev.removeContainer(rid)
+	if r := dev.ctr(30*time.Second, "task", "delete", "-f", rid); r.code != 0 || r.timedOut {
+		t.Fatalf("ctr task delete -f of the refused restore: %v", r)
+	}
+	if r := dev.ctr(10*time.Second, "task", "ls"); strings.Contains(r.stdout, rid) {
+		t.Errorf("the refused restore's task is still listed:\n%s", r.stdout)
+	}
+	recs := readTrail(t, rid)
+	var failed, stopped bool
+	for _, rec := range recs {
+		failed = failed || rec.Event == "agentbox/sandbox_failed" && strings.Contains(rec.Message, "from checkpoint "+name) && strings.Contains(rec.Message, "does not match")
+		stopped = stopped || rec.Event == "agentbox/container_exit" && strings.Contains(rec.Message, "its restore from checkpoint "+name+" failed")
+	}
+	if !failed || !stopped {
+		t.Errorf("the trail should say the restore failed (%v) and why the container stopped (%v)", failed, stopped)
+		for _, rec := range recs {
+			t.Logf("%s %s", rec.Event, rec.Message)
+		}
+	}
+}

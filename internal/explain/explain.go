@@ -327,6 +327,12 @@ func egressRules(rules []policy.EgressRule) string {
 		if r.HTTP != nil {
 			dst += fmt.Sprintf(" (TLS terminated: methods %v, paths %v)", orAny(r.HTTP.Methods), orAny(r.HTTP.Paths))
 		}
+		if r.WebSocket {
+			dst += " (websocket)"
+		}
+		if r.API != "" {
+			dst += fmt.Sprintf(" (model host, %s API: TLS terminated, each call recorded)", r.API)
+		}
 		parts = append(parts, dst)
 	}
 	return " to " + strings.Join(parts, "; ")

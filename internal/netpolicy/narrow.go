@@ -193,7 +193,7 @@ func isPattern(host string) bool { return len(host) > 1 && host[0] == '*' }
 
 func sameRule(a, b Rule) bool {
 	return a.Host == b.Host && a.Prefix == b.Prefix && slices.Equal(a.Ports, b.Ports) && a.AllowPrivate == b.AllowPrivate &&
-		a.WebSocket == b.WebSocket
+		a.WebSocket == b.WebSocket && a.API == b.API
 }
 
 func describeRule(r Rule) string {
@@ -206,6 +206,9 @@ func describeRule(r Rule) string {
 	}
 	if r.WebSocket {
 		what += " websocket"
+	}
+	if r.API != "" {
+		what += " api " + r.API
 	}
 	return what
 }

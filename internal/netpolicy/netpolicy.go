@@ -58,6 +58,9 @@ type Rule struct {
 	Inspect bool
 	// WebSocket: the rule's requests may upgrade to a WebSocket.
 	WebSocket bool
+	// API is the model API the host serves ("": none): its rule is
+	// inspected and each model call recorded.
+	API string
 }
 
 // Inject is a secret the gateway adds to one host's requests (its value is
@@ -141,8 +144,8 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			if len(ports) == 0 {
 				return nil, fmt.Errorf("network.allow[%d]: host %s names no ports: the egress gateway serves a host rule's listed ports", i, host)
 			}
-			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate, WebSocket: r.WebSocket,
-				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix)}
+			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate, WebSocket: r.WebSocket, API: r.API,
+				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix), Inspect: r.API != ""}
 			if r.HTTP != nil {
 				rule.Methods, rule.Paths, rule.Inspect = r.HTTP.Methods, r.HTTP.Paths, true
 			}

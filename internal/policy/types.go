@@ -165,6 +165,13 @@ type EgressRule struct {
 	// idle for the gateway's idle timeout, the role drops the rule, or the
 	// sandbox is quarantined.
 	WebSocket bool `yaml:"websocket,omitempty" json:"websocket,omitempty"`
+	// API names the model API the host serves: anthropic, openai (the
+	// Responses and Chat Completions formats, and any server that speaks
+	// them) or gemini. The gateway then inspects the rule and records each
+	// model call: the model, its tokens, why it stopped and the tool calls
+	// it asked for.
+	// +kubebuilder:validation:Enum=anthropic;openai;gemini
+	API string `yaml:"api,omitempty" json:"api,omitempty"`
 }
 
 // HTTPRule is what requests a host rule lets through. Empty lists allow

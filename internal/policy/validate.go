@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/modelapi"
 )
 
 // ValidRoleName reports whether name can name a role.
@@ -131,12 +133,18 @@ func checkEgressRule(field string, r EgressRule) []error {
 		if r.HTTP != nil {
 			errs = append(errs, checkHTTP(field+".http", *r.HTTP)...)
 		}
+		if r.API != "" && !modelapi.API(r.API).Valid() {
+			errs = append(errs, ferr(field+".api", "%q is not a model API this gateway reads (%v)", r.API, modelapi.APIs))
+		}
 	default:
 		if r.HTTP != nil {
 			errs = append(errs, ferr(field+".http", "only a host rule takes it: the gateway decides requests by name"))
 		}
 		if r.AllowPrivate {
 			errs = append(errs, ferr(field+".allowPrivate", "only a host rule takes it; a CIDR rule names its addresses already"))
+		}
+		if r.API != "" {
+			errs = append(errs, ferr(field+".api", "only a host rule takes it: model calls are read at the gateway, which a CIDR rule's connections do not pass"))
 		}
 		if r.WebSocket {
 			errs = append(errs, ferr(field+".websocket", "only a host rule takes it: the gateway decides upgrades by name, and a CIDR rule's connections do not pass it"))

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"encoding/json"
 	"os"
 	"strconv"
 	"strings"
@@ -215,6 +216,13 @@ func (r *Record) appendOCSF(b []byte) []byte {
 			e.optStr("path", d.Path)
 			e.optStr("type", d.Type)
 			e.close()
+		}
+	}
+	if r.Model != nil {
+		// Rare and nested: encoding/json's (deterministic) encoding.
+		if b, err := json.Marshal(r.Model); err == nil {
+			e.key("model")
+			e.b = append(e.b, b...)
 		}
 	}
 	e.b = appendMap(e.b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })

@@ -24,6 +24,17 @@ func sampleRecords() []*Record {
 		{at: at, ClassUID: ClassNetwork, ClassName: "Network Activity", ActivityID: 1, ActivityName: "Open", Status: "Success", Event: "agentbox/egress_connection",
 			Process: &Process{PID: 9, Exe: "/usr/bin/curl", Argv: []string{"curl", "https://a.test/"}, UID: &uid}, joined: true,
 			Dst: &Endpoint{IP: "198.51.100.7", Port: 443}, Src: &Endpoint{IP: "10.88.0.7", Port: 40001}, Detail: map[string]string{"connect_event": "12"}, Sandbox: "sb"},
+		// A model call: the ai_operation profile's objects, and the rest.
+		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "Model Call", Status: "Success", Event: "agentbox/model_call",
+			Process: &Process{PID: 12, Exe: "/usr/bin/node", UID: &uid}, joined: true, Dst: &Endpoint{IP: "10.88.0.1", Port: 443},
+			Detail: map[string]string{"host": "api.anthropic.com", "method": "POST", "path": "/v1/messages", "http_status": "200"},
+			Model: &ModelCall{Name: "claude-sonnet-4-5", Provider: "Anthropic", Application: "claude-cli/2.1 <x>", Tokens: &Tokens{1500, 57, 1557},
+				API: "anthropic", Requested: "claude-sonnet-4-5", Stream: true, StopReason: "tool_use", FirstByteMS: 12.5, Events: 10,
+				RequestDigest: "ab12", RequestBytes: 4096, ToolCalls: []ToolCall{{ID: "toolu_1", Name: "Bash", Input: `{"command":"go test ./..."}`, Truncated: true}}},
+			Sandbox: "sb", Seq: 3, PrevHash: "abc"},
+		// One that got no answer: no tokens, no model named.
+		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "Model Call", Status: "Success", Event: "agentbox/model_call",
+			Detail: map[string]string{"host": "api.openai.com"}, Model: &ModelCall{API: "openai", Problem: "no response"}, Sandbox: "sb"},
 	}
 }
 

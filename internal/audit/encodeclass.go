@@ -156,6 +156,26 @@ func (r *Record) encodeClass(e *enc) {
 			e.optStr("hostname", r.Detail["host"])
 			e.close()
 		}
+		if m := r.Model; m != nil {
+			// The ai_operation profile's model and message context.
+			e.open("ai_model")
+			e.str("name", orUnknown(m.Name))
+			e.str("ai_provider", orUnknown(m.Provider))
+			e.close()
+			e.open("message_context")
+			e.open("application")
+			e.str("name", orUnknown(m.Application))
+			e.close()
+			e.open("service")
+			e.str("name", orUnknown(r.Detail["host"]))
+			e.close()
+			if t := m.Tokens; t != nil {
+				e.int("prompt_tokens", t.Prompt)
+				e.int("completion_tokens", t.Completion)
+				e.int("total_tokens", t.Total)
+			}
+			e.close()
+		}
 	case ClassAuthorizeSession:
 		e.open("user")
 		e.str("uid", r.agentUID())

@@ -35,6 +35,18 @@ type wireRecord struct {
 	ExitCode   *int32       `json:"exit_code"`
 	File       *wireFile    `json:"file"`
 	FileResult *wireFile    `json:"file_result"`
+	AIModel    *struct {
+		Name     string `json:"name"`
+		Provider string `json:"ai_provider"`
+	} `json:"ai_model"`
+	MessageContext *struct {
+		Application struct {
+			Name string `json:"name"`
+		} `json:"application"`
+		Prompt     *int64 `json:"prompt_tokens"`
+		Completion *int64 `json:"completion_tokens"`
+		Total      *int64 `json:"total_tokens"`
+	} `json:"message_context"`
 	Unmapped   struct {
 		Sandbox      string            `json:"sandbox_id"`
 		Container    string            `json:"container_id"`
@@ -58,6 +70,7 @@ type wireRecord struct {
 		Src          *Endpoint         `json:"src"`
 		Counts       map[string]uint64 `json:"counts"`
 		Detail       map[string]string `json:"detail"`
+		Model        *ModelCall        `json:"model"`
 	} `json:"unmapped"`
 	Attestations []wireAttestation `json:"attestation_list"`
 }
@@ -171,6 +184,18 @@ func ParseLine(line []byte) (*Record, error) {
 	if w.FileResult != nil {
 		r.Target = &File{Path: w.FileResult.Path, Mode: u.TargetMode}
 	}
+	if m := u.Model; m != nil {
+		r.Model = m
+		if a := w.AIModel; a != nil {
+			m.Name, m.Provider = unknownToEmpty(a.Name), unknownToEmpty(a.Provider)
+		}
+		if c := w.MessageContext; c != nil {
+			m.Application = unknownToEmpty(c.Application.Name)
+			if c.Prompt != nil && c.Completion != nil && c.Total != nil {
+				m.Tokens = &Tokens{Prompt: *c.Prompt, Completion: *c.Completion, Total: *c.Total}
+			}
+		}
+	}
 	return r, nil
 }
 
@@ -264,4 +289,12 @@ func splitChain(line []byte) chainFields {
 	}
 	c.seq, c.prev, c.sandbox, c.event, c.counts = *r.Seq, *r.PrevHash, r.Sandbox, r.Event, r.Counts
 	return c
+}
+
+// unknownToEmpty undoes orUnknown.
+func unknownToEmpty(s string) string {
+	if s == "unknown" {
+		return ""
+	}
+	return s
 }

@@ -98,6 +98,9 @@ type Record struct {
 	// Target is a second path: a rename's new name, a link's new name, a
 	// symlink's target.
 	Target *File `json:"target,omitempty"`
+	// Model is a model call's (agentbox/model_call): OCSF's ai_operation
+	// profile carries the model and the tokens, the rest is unmapped.
+	Model *ModelCall `json:"model,omitempty"`
 	// Severity is an OCSF severity_id (0 is Informational).
 	Severity int `json:"severity_id,omitempty"`
 
@@ -225,3 +228,48 @@ func (c *Chain) Commit(hash string) {
 func (c *Chain) Seq() uint64 { return c.seq }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// ModelCall is what the egress gateway read of a call to a model host.
+// Name, Provider, Application and the token counts go to OCSF's ai_model
+// and message_context; the rest, under unmapped.model.
+type ModelCall struct {
+	// Name is the model that answered (or, without an answer, the one
+	// asked for); Provider its vendor (OCSF ai_provider).
+	Name        string `json:"-"`
+	Provider    string `json:"-"`
+	Application string `json:"-"` // the client's User-Agent
+	// Tokens are the response's own counts (nil: it gave none).
+	Tokens *Tokens `json:"-"`
+	// API is the host rule's (anthropic, openai, gemini).
+	API        string `json:"api"`
+	Requested  string `json:"requested_model,omitempty"`
+	Stream     bool   `json:"stream,omitempty"`
+	StopReason string `json:"stop_reason,omitempty"`
+	// FirstByteMS is the time from the request to its response's first
+	// byte, in milliseconds.
+	FirstByteMS float64 `json:"first_byte_ms,omitempty"`
+	Events      int     `json:"events,omitempty"`
+	// RequestDigest is the SHA-256 of the request body (what the model
+	// was sent), RequestBytes its size.
+	RequestDigest string     `json:"request_digest,omitempty"`
+	RequestBytes  int64      `json:"request_bytes,omitempty"`
+	ToolCalls     []ToolCall `json:"tool_calls,omitempty"`
+	// Error is the API's error message; Problem what the gateway could
+	// not read (counts may then be partial).
+	Error   string `json:"error,omitempty"`
+	Problem string `json:"problem,omitempty"`
+}
+
+// Tokens are a model call's token counts.
+type Tokens struct {
+	Prompt, Completion, Total int64
+}
+
+// ToolCall is a tool the model asked the agent to run: its input is
+// scrubbed like argv and cut to a bound (Truncated).
+type ToolCall struct {
+	ID        string `json:"id,omitempty"`
+	Name      string `json:"name"`
+	Input     string `json:"input,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+}

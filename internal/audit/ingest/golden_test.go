@@ -28,6 +28,7 @@ func corpus(t *testing.T) []byte {
 		"agentbox/dns_failed":           {"name": "api.example.com", "type": "AAAA", "rcode": "SERVFAIL"},
 		"agentbox/dns_address_withheld": {"name": "api.example.com", "type": "A", "address": "10.0.0.1", "reason": "private"},
 		"agentbox/egress_request":       {"method": "GET", "host": "api.example.com", "path": "/v1/models", "http_status": "200", "egress": "allow"},
+		"agentbox/model_call":           {"method": "POST", "host": "api.anthropic.com", "path": "/v1/messages", "http_status": "200", "egress": "allow", "injected": "X-Api-Key"},
 		"agentbox/egress_connection":    {"sni": "api.example.com", "dialled": "198.51.100.7:443", "egress": "allow"},
 		"agentbox/egress_refused":       {"sni": "evil.example", "reason": "no rule allows evil.example", "egress": "deny"},
 		"agentbox/websocket_closed":     {"host": "api.example.com", "path": "/ws", "dialled": "198.51.100.7:443", "bytes_sent": "12", "bytes_received": "40", "reason": "idle for 2m0s", "egress": "allow"},
@@ -45,7 +46,12 @@ func corpus(t *testing.T) []byte {
 		switch rt.Name {
 		case "agentbox/exec":
 			r.Process = &audit.Process{Argv: []string{"sh", "-c", "id"}}
-		case "agentbox/egress_request", "agentbox/egress_connection", "agentbox/websocket_closed", "agentbox/secret_reflected":
+		case "agentbox/egress_request", "agentbox/egress_connection", "agentbox/websocket_closed", "agentbox/secret_reflected", "agentbox/model_call":
+			if rt.Name == "agentbox/model_call" {
+				r.Model = &audit.ModelCall{Name: "claude-sonnet-4-5", Provider: "Anthropic", Application: "claude-cli/2.1.328", Tokens: &audit.Tokens{Prompt: 1500, Completion: 57, Total: 1557},
+					API: "anthropic", Requested: "claude-sonnet-4-5", Stream: true, StopReason: "tool_use", FirstByteMS: 41.2, Events: 10, RequestDigest: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", RequestBytes: 5120,
+					ToolCalls: []audit.ToolCall{{ID: "toolu_01", Name: "Bash", Input: `{"command":"go test ./..."}`}}}
+			}
 			r.Dst = &audit.Endpoint{IP: "198.51.100.7", Port: 443}
 			// The gateway's client, joined to the connect that opened it.
 			r.Src = &audit.Endpoint{IP: "10.88.0.7", Port: 40001}

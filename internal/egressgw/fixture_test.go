@@ -68,6 +68,8 @@ type site struct {
 	// check, when set, sees every request the site receives (set before
 	// any is sent).
 	check func(*http.Request)
+	// serve, when set, answers a request first (true: it did).
+	serve func(http.ResponseWriter, *http.Request) bool
 }
 
 func (s *site) handler() http.Handler {
@@ -81,6 +83,9 @@ func (s *site) handler() http.Handler {
 		s.mu.Unlock()
 		if s.check != nil {
 			s.check(r)
+		}
+		if s.serve != nil && s.serve(w, r) {
+			return
 		}
 		if originEdge(w, r) {
 			return

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox.dev/agentbox/internal/modelapi"
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
@@ -65,6 +66,23 @@ type Event struct {
 	// Reflected are the injected secrets the response carried back,
 	// replaced before the agent read them.
 	Reflected []Reflection
+	// Model is what a model host's request and response said (its rule
+	// names an API); nil otherwise.
+	Model *ModelCall
+}
+
+// ModelCall is a call to a model host, as the gateway read it on the way.
+type ModelCall struct {
+	API      modelapi.API
+	Request  modelapi.Request
+	Response modelapi.Response
+	// Answered: a response came (its status is the Event's).
+	Answered bool
+	// FirstByte is the time from the request's arrival to the first byte
+	// of its response's body.
+	FirstByte time.Duration
+	// Application is the client's User-Agent.
+	Application string
 }
 
 // Config is one pod's gateway.

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox.dev/agentbox/internal/modelapi"
+
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
@@ -53,6 +55,53 @@ type exchange struct {
 	found reflections
 	// opened is set when a WebSocket's 101 was let through.
 	opened func()
+	// model reads a model host's call (nil: the rule names no API).
+	model *modelTap
+}
+
+// modelTap reads a model call on its way: the request's body as it goes
+// up, the response's as it comes down. Its parts run on the request's
+// goroutines, one after the other; result is read once the proxy is done.
+type modelTap struct {
+	call  ModelCall
+	start time.Time
+	req   *modelapi.RequestTap
+	res   *modelapi.ResponseTap
+	// complete: the response body was read to its end.
+	complete bool
+}
+
+func (m *modelTap) result() *ModelCall {
+	c := m.call
+	if m.req != nil {
+		c.Request = m.req.Request()
+	}
+	if m.res != nil {
+		c.Answered = true
+		c.Response = m.res.Close(m.complete)
+	}
+	return &c
+}
+
+// modelBody passes a model host's response to the agent as it comes,
+// and a copy of each piece to the model call's reader.
+type modelBody struct {
+	io.ReadCloser
+	m *modelTap
+}
+
+func (b modelBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		if b.m.call.FirstByte == 0 {
+			b.m.call.FirstByte = time.Since(b.m.start)
+		}
+		_, _ = b.m.res.Write(p[:n])
+	}
+	if err == io.EOF {
+		b.m.complete = true
+	}
+	return n, err
 }
 
 // newHTTPFront makes the server of a port's plain HTTP connections, or
@@ -106,8 +155,12 @@ func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
 			if _, p := splitHost(pr.In.Host); p != "" {
 				pr.Out.Host = net.JoinHostPort(name, p)
 			}
+			x, _ := pr.In.Context().Value(exchangeKey).(*exchange)
+			if x != nil && x.model != nil {
+				// Its response is read on the way: not compressed.
+				pr.Out.Header.Del("Accept-Encoding")
+			}
 			if terminated {
-				x, _ := pr.In.Context().Value(exchangeKey).(*exchange)
 				if x == nil {
 					return
 				}
@@ -245,6 +298,16 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	body := &countingBody{ReadCloser: r.Body, rc: cw.rc, start: time.Now(), grace: g.cfg.BodyGrace, rate: g.cfg.BodyMinRate}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
+	}
+	if api := modelapi.API(rule.API); api != "" && !websocket {
+		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent"))}}
+		if r.Body != nil && r.Body != http.NoBody {
+			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), r.Body)
+			r.Body = x.model.req
+		} else {
+			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), http.NoBody)
+		}
+		defer func() { ev.Model = x.model.result() }()
 	}
 	// A client that half-closes after its request (HTTP/1.0 tools, nc)
 	// must still get the response: net/http cancels the request's context

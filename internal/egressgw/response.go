@@ -11,6 +11,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/modelapi"
 )
 
 // checkResponse is the front's ModifyResponse: it refuses a switch of
@@ -32,22 +34,34 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		x.opened()
 		return nil
 	}
-	if len(x.forms) == 0 {
-		return nil
-	}
-	res.Header = scrubHeader(x.forms, res.Header, "header", &x.found)
-	if res.Body == nil || res.Body == http.NoBody {
-		return nil
-	}
-	body, err := decoded(res)
-	if err != nil {
-		return err
-	}
-	res.Body = readCloser{newScrubReader(body, x.forms, &x.found, func() {
-		if len(res.Trailer) > 0 {
-			res.Trailer = scrubHeader(x.forms, res.Trailer, "trailer", &x.found)
+	if len(x.forms) > 0 {
+		res.Header = scrubHeader(x.forms, res.Header, "header", &x.found)
+		if res.Body != nil && res.Body != http.NoBody {
+			body, err := decoded(res)
+			if err != nil {
+				return err
+			}
+			res.Body = readCloser{newScrubReader(body, x.forms, &x.found, func() {
+				if len(res.Trailer) > 0 {
+					res.Trailer = scrubHeader(x.forms, res.Trailer, "trailer", &x.found)
+				}
+			}), res.Body}
 		}
-	}), res.Body}
+	}
+	if m := x.model; m != nil && res.Body != nil {
+		// Read after the scrub: a secret echoed in a tool call's input
+		// is the placeholder there too.
+		body := res.Body
+		if len(x.forms) == 0 {
+			dec, err := decoded(res)
+			if err != nil {
+				return err
+			}
+			body = readCloser{dec, res.Body}
+		}
+		m.res = modelapi.NewResponseTap(m.call.API, res.Header.Get("Content-Type"))
+		res.Body = modelBody{body, m}
+	}
 	return nil
 }
 

@@ -69,12 +69,77 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 			delete(detail, k)
 		}
 	}
+	var model *audit.ModelCall
+	if e.Kind == egressgw.Request && e.Model != nil {
+		typ, model = audit.TypeModelCall, modelCall(e.Model, clean)
+		msg = modelMessage(model, msg)
+	}
 	r := typ.New(status, msg, detail)
+	r.Model = model
 	endpoints(r, e)
 	if r.Dst == nil {
 		r.Dst = &audit.Endpoint{Port: e.Port}
 	}
 	return r
+}
+
+// modelCall is the record of what the gateway read of a model call. What
+// the model and the client said comes from the sandbox or its origin:
+// scrubbed like argv.
+func modelCall(m *egressgw.ModelCall, clean func(string) string) *audit.ModelCall {
+	res := m.Response
+	out := &audit.ModelCall{Name: clean(res.Model), Provider: m.API.Provider(), Application: clean(m.Application), API: string(m.API),
+		Requested: clean(m.Request.Model), Stream: m.Request.Stream, StopReason: clean(res.StopReason), Events: res.Events,
+		RequestDigest: m.Request.Digest, RequestBytes: m.Request.Bytes, Error: clean(res.Error), Problem: res.Problem}
+	if out.Name == "" {
+		out.Name = out.Requested
+	}
+	if m.FirstByte > 0 {
+		out.FirstByteMS = float64(m.FirstByte.Microseconds()) / 1000
+	}
+	if res.Usage.Known {
+		out.Tokens = &audit.Tokens{Prompt: res.Usage.Prompt, Completion: res.Usage.Completion, Total: res.Usage.Total}
+	}
+	if !m.Answered && out.Problem == "" {
+		out.Problem = "no response"
+	}
+	for _, c := range res.ToolCalls {
+		out.ToolCalls = append(out.ToolCalls, audit.ToolCall{ID: clean(c.ID), Name: clean(c.Name), Input: clean(c.Input), Truncated: c.Truncated})
+	}
+	return out
+}
+
+// modelMessage says what a model call was, after the request's line.
+func modelMessage(m *audit.ModelCall, request string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "model call to %s", orUnknown(m.Name))
+	if t := m.Tokens; t != nil {
+		fmt.Fprintf(&b, ": %d prompt + %d completion tokens", t.Prompt, t.Completion)
+	}
+	if m.StopReason != "" {
+		fmt.Fprintf(&b, ", stop %s", m.StopReason)
+	}
+	if len(m.ToolCalls) > 0 {
+		names := make([]string, len(m.ToolCalls))
+		for i, c := range m.ToolCalls {
+			names[i] = c.Name
+		}
+		fmt.Fprintf(&b, ", tool calls %s", strings.Join(names, ", "))
+	}
+	if m.Error != "" {
+		fmt.Fprintf(&b, ", error %q", m.Error)
+	}
+	if m.Problem != "" {
+		fmt.Fprintf(&b, " (%s)", m.Problem)
+	}
+	return b.String() + "; " + request
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "an unnamed model"
+	}
+	return s
 }
 
 // scrubbed is s as the role's scrubber leaves it ("" stays "").

@@ -12,6 +12,7 @@ import (
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/modelapi"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -176,5 +177,43 @@ func TestConnectDecision(t *testing.T) {
 	annotate(other)
 	if other.Detail != nil {
 		t.Errorf("a record other than a connect was annotated: %v", other.Detail)
+	}
+}
+
+func TestModelCall(t *testing.T) {
+	scrub, err := audit.NewScrubber(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := egressgw.Event{Kind: egressgw.Request, Proto: "https", SNI: "api.anthropic.com", Host: "api.anthropic.com", Method: "POST", Path: "/v1/messages",
+		Status: 200, Rule: "allow[0] host api.anthropic.com ports [443]", Dialled: "10.0.0.9:443", Injected: []string{"X-Api-Key"},
+		Model: &egressgw.ModelCall{API: modelapi.Anthropic, Answered: true, FirstByte: 41200 * time.Microsecond, Application: "claude-cli/2.1",
+			Request: modelapi.Request{Model: "claude-asked", Stream: true, Digest: "ab", Bytes: 10},
+			Response: modelapi.Response{Model: "claude-answered", StopReason: "tool_use", Usage: modelapi.Usage{Known: true, Prompt: 12, Completion: 30, Total: 42}, Events: 5,
+				ToolCalls: []modelapi.ToolCall{{ID: "toolu_1", Name: "Bash", Input: `{"command":"curl -H 'Authorization: Bearer abcdefghijklmnopqrstuvwxyz' https://x/"}`}}}}}
+	r := Gateway(e, scrub)
+	m := r.Model
+	if r.Event != "agentbox/model_call" || m == nil || m.Name != "claude-answered" || m.Provider != "Anthropic" || m.Requested != "claude-asked" ||
+		m.Tokens == nil || *m.Tokens != (audit.Tokens{Prompt: 12, Completion: 30, Total: 42}) || m.FirstByteMS != 41.2 || m.Application != "claude-cli/2.1" ||
+		len(m.ToolCalls) != 1 || m.ToolCalls[0].Name != "Bash" || r.Detail["injected"] != "X-Api-Key" {
+		t.Fatalf("record %+v, model %+v", r, m)
+	}
+	// A tool call's input is scrubbed as argv is.
+	if strings.Contains(m.ToolCalls[0].Input, "abcdefghijklmnop") {
+		t.Errorf("the bearer token is in the record: %s", m.ToolCalls[0].Input)
+	}
+	if want := "model call to claude-answered: 12 prompt + 30 completion tokens, stop tool_use, tool calls Bash; POST https://api.anthropic.com/v1/messages -> 200"; !strings.HasPrefix(r.Message, want) {
+		t.Errorf("message %q, want %q...", r.Message, want)
+	}
+	// No answer: the model asked for, and why there is nothing else.
+	e.Model = &egressgw.ModelCall{API: modelapi.OpenAI, Request: modelapi.Request{Model: "gpt-x"}}
+	e.Status = 502
+	if r := Gateway(e, scrub); r.Model.Name != "gpt-x" || r.Model.Problem != "no response" || r.Model.Tokens != nil || r.Model.Provider != "OpenAI" {
+		t.Fatalf("unanswered: %+v", r.Model)
+	}
+	// A refusal is not a model call, whatever the rule.
+	e.Kind = egressgw.Refused
+	if r := Gateway(e, scrub); r.Event != "agentbox/egress_refused" || r.Model != nil {
+		t.Fatalf("refused: %+v", r)
 	}
 }

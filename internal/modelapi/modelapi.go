@@ -17,6 +17,7 @@ import (
 	"hash"
 	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -82,6 +83,9 @@ type Request struct {
 // RequestTap reads a request body through to the upstream, hashing it
 // and keeping its start for Request.
 type RequestTap struct {
+	// mu: the transport may read the body on its own goroutine, even
+	// after the response came.
+	mu   sync.Mutex
 	api  API
 	path string
 	src  io.ReadCloser
@@ -98,6 +102,8 @@ func NewRequestTap(api API, path string, body io.ReadCloser) *RequestTap {
 // Read passes the body through.
 func (t *RequestTap) Read(p []byte) (int, error) {
 	n, err := t.src.Read(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.h.Write(p[:n])
 	t.n += int64(n)
 	if room := MaxRequest + 1 - len(t.kept); room > 0 {
@@ -112,6 +118,10 @@ func (t *RequestTap) Close() error { return t.src.Close() }
 // Request is what the tapped body (as far as it was read) asked for.
 func (t *RequestTap) Request() Request {
 	var r Request
+	if t != nil {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+	}
 	if t != nil && t.n > 0 {
 		r.Digest, r.Bytes = hex.EncodeToString(t.h.Sum(nil)), t.n
 	}

@@ -186,6 +186,15 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 	if egress != nil && egress.Enforced {
 		opts.Annotate = egressrec.ConnectDecision(egress, &sb.live, sb.dnsAddr)
 	}
+	if links := sb.links; links != nil {
+		decide := opts.Annotate
+		opts.Annotate = func(r *audit.Record) {
+			if decide != nil {
+				decide(r)
+			}
+			links.Annotate(r)
+		}
+	}
 	if sb.connects != nil {
 		opts.Emitted = sb.connects.Note
 	}

@@ -26,6 +26,7 @@ import (
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/egressrec"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/toollink"
 )
 
 // applyEgress loads the role's egress rules into the pod's network
@@ -156,6 +157,13 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	// The connects the receiver sees to the gateway, by local address.
 	connects := audit.NewConnectIndex(sb.dnsAddr, maxGatewayConnects)
 	sb.connects = connects
+	for _, r := range pl.Allow {
+		if r.API != "" {
+			sb.links = toollink.New()
+			break
+		}
+	}
+	links := sb.links
 	ca, roots, secrets, err := inspection(cfg, sb, pl)
 	if err != nil {
 		return err
@@ -177,7 +185,14 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		// Each record is joined to the connect that opened its connection
 		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
-			emit := func(r *audit.Record) { trail.Emit(r, false) }
+			emit := func(r *audit.Record) {
+				trail.Emit(r, false)
+				if links != nil && r.Model != nil {
+					// Its tool calls wait for their processes (its Seq
+					// is set now).
+					links.Note(r)
+				}
+			}
 			connects.Emit(egressrec.Gateway(e, scrub), emit)
 			for _, r := range egressrec.Reflected(e, scrub) {
 				connects.Emit(r, emit)

@@ -18,6 +18,7 @@ import (
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/toollink"
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
@@ -126,7 +127,10 @@ type sandboxState struct {
 	upstreams []netip.AddrPort
 	// connects are the agent's connects to the gateway (nil without
 	// one): its records name the process that opened each connection.
-	connects    *audit.ConnectIndex
+	connects *audit.ConnectIndex
+	// links holds the model's tool calls waiting for the processes they
+	// start (nil: no host rule names a model API).
+	links       *toollink.Linker
 	resolved    *netpolicy.Resolutions
 	dedupe      *netpolicy.Deduper
 	denialsLost atomic.Int64

@@ -133,7 +133,7 @@ func startWebHost() error {
 		}
 	}
 	w := &webHost{sites: map[string]int{}, from: map[string]int{}, auth: map[string][]string{}}
-	cert, caPEM, err := webCert(gwAllowA, gwAllowB, gwOther)
+	cert, caPEM, err := webCert(append([]string{gwAllowA, gwAllowB, gwOther}, modelHosts...)...)
 	if err != nil {
 		return err
 	}
@@ -161,13 +161,13 @@ func startWebHost() error {
 		w.mu.Lock()
 		w.sites[host]++
 		w.from[from]++
-		for _, k := range []string{"Authorization", "X-Token"} {
+		for _, k := range modelKeyHeaders {
 			for _, v := range r.Header.Values(k) {
 				w.auth[host+" "+r.URL.Path] = append(w.auth[host+" "+r.URL.Path], k+": "+v)
 			}
 		}
 		w.mu.Unlock()
-		if originEdge(rw, r) {
+		if originEdge(rw, r) || serveModel(rw, r) {
 			return
 		}
 		io.Copy(io.Discard, r.Body)

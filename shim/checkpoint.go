@@ -303,6 +303,10 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if o := sb.owner.Load(); o != nil {
 		m.SandboxObject, m.SandboxUID = o.Sandbox.Namespace+"/"+o.Sandbox.Name, o.Sandbox.UID
 	}
+	if gw := sb.egress().gateway; gw != nil {
+		u := gw.ModelUsage()
+		m.ModelTokens, m.ModelRequests = u.Tokens, u.Requests
+	}
 	digest, err := store.Commit(tmp, m)
 	if err != nil {
 		return fail(fmt.Errorf("signing the image: %w", err))

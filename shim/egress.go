@@ -208,6 +208,10 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			return errors.Join(fmt.Errorf("egress gateway: listen on %s:%d: %w", sb.dnsAddr, p, err), gw.Close())
 		}
 	}
+	if r := sb.restore; r != nil && !r.template {
+		// The budget goes on from what the checkpointed agent had used.
+		gw.SetModelUsage(egressgw.ModelUsage{Tokens: r.image.Manifest.ModelTokens, Requests: r.image.Manifest.ModelRequests})
+	}
 	sb.egressMu.Lock()
 	sb.gateway, sb.ca = gw, ca
 	sb.egressMu.Unlock()

@@ -47,7 +47,7 @@ type wireRecord struct {
 		Completion *int64 `json:"completion_tokens"`
 		Total      *int64 `json:"total_tokens"`
 	} `json:"message_context"`
-	Unmapped   struct {
+	Unmapped struct {
 		Sandbox      string            `json:"sandbox_id"`
 		Container    string            `json:"container_id"`
 		Namespace    string            `json:"namespace"`

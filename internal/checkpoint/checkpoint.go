@@ -93,6 +93,10 @@ type Manifest struct {
 	Containers []string `json:"containers"`
 	// WallClockUsed is how much of its wall-clock limit the agent had used.
 	WallClockUsed time.Duration `json:"wallClockUsedNs"`
+	// ModelTokens and ModelRequests are what its model calls had used of
+	// its model budget (limits.model): a restored agent goes on from them.
+	ModelTokens   int64 `json:"modelTokens,omitempty"`
+	ModelRequests int64 `json:"modelRequests,omitempty"`
 	// Suspended: the sandbox was stopped after the checkpoint.
 	Suspended bool `json:"suspended"`
 	// SandboxObject and SandboxUID name the agent-sandbox Sandbox the pod

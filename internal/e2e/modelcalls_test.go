@@ -159,15 +159,15 @@ func TestModelCalls(t *testing.T) {
 	checkAgentLoop(t, loop, ran)
 	type want struct {
 		api, provider, model, stop, tool, input, app string
-		tokens                                      audit.Tokens
-		stream                                      bool
+		tokens                                       audit.Tokens
+		stream                                       bool
 	}
 	input := `{"command":"` + modelCommand + `"}`
 	for path, w := range map[string]want{
 		"/v1/messages":  {"anthropic", "Anthropic", "claude-e2e-20261201", "tool_use", "Bash", input, "e2e-agent/1.0", audit.Tokens{Prompt: 120, Completion: 24, Total: 144}, true},
 		"/v1/responses": {"openai", "OpenAI", "gpt-e2e-2026", "completed", "shell", input, "e2e-agent/1.0", audit.Tokens{Prompt: 300, Completion: 30, Total: 330}, false},
 		"/v1beta/models/gemini-e2e:streamGenerateContent": {"gemini", "Google", "gemini-e2e-001", "STOP", "run_shell_command", input, "e2e-agent/1.0", audit.Tokens{Prompt: 80, Completion: 12, Total: 92}, true},
-		"/v1/chat/completions": {"openai", "OpenAI", "gpt-chat-e2e", "tool_calls", "shell", input, "node", audit.Tokens{Prompt: 50, Completion: 9, Total: 59}, true},
+		"/v1/chat/completions":                            {"openai", "OpenAI", "gpt-chat-e2e", "tool_calls", "shell", input, "node", audit.Tokens{Prompt: 50, Completion: 9, Total: 59}, true},
 	} {
 		r := calls[path]
 		if r == nil {

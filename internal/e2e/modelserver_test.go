@@ -162,4 +162,3 @@ func serveModel(w http.ResponseWriter, r *http.Request) bool {
 
 // modelKeyHeaders are where each vendor takes its key.
 var modelKeyHeaders = []string{"Authorization", "X-Token", "X-Api-Key", "X-Goog-Api-Key"}
-

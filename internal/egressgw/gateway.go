@@ -69,6 +69,9 @@ type Event struct {
 	// Model is what a model host's request and response said (its rule
 	// names an API); nil otherwise.
 	Model *ModelCall
+	// Limit names the bound of the model budget that refused the
+	// request (model_tokens, model_requests, model_requests_per_minute).
+	Limit string
 }
 
 // ModelCall is a call to a model host, as the gateway read it on the way.
@@ -182,6 +185,8 @@ type Gateway struct {
 	suspended string
 	// secrets are what the gateway injects now (SetSecrets).
 	secrets atomic.Pointer[[]Secret]
+	// usage counts the model calls against the plan's budget.
+	usage usage
 }
 
 // raw is the secret a response is scanned for.

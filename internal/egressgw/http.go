@@ -300,6 +300,11 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		r.Body = body
 	}
 	if api := modelapi.API(rule.API); api != "" && !websocket {
+		if limit, why := g.usage.take(g.plan().Budget, time.Now()); limit != "" {
+			ev.Kind, ev.Reason, ev.Limit = Refused, why, limit
+			quotaAnswer(cw, api, limit, why)
+			return
+		}
 		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent"))}}
 		if r.Body != nil && r.Body != http.NoBody {
 			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), r.Body)
@@ -307,7 +312,12 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		} else {
 			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), http.NoBody)
 		}
-		defer func() { ev.Model = x.model.result() }()
+		defer func() {
+			ev.Model = x.model.result()
+			if u := ev.Model.Response.Usage; u.Known {
+				g.usage.addTokens(u.Total)
+			}
+		}()
 	}
 	// A client that half-closes after its request (HTTP/1.0 tools, nc)
 	// must still get the response: net/http cancels the request's context

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,5 +181,81 @@ func TestModelCallCompressedAnyway(t *testing.T) {
 	e := f.event(t)
 	if e.Model == nil || e.Model.Response.Usage.Total != 4 || e.Model.Response.StopReason != "stop" || e.Model.Request.Model != "gpt-x" {
 		t.Fatalf("event %+v", e.Model)
+	}
+}
+
+// The model budget: calls are counted as they go and their tokens as
+// their responses say; past a bound the client gets its vendor's 429
+// (its own error shape, which the CLIs show), and a lower bound from a
+// live tightening applies to the next call.
+func TestModelBudget(t *testing.T) {
+	ca, err := NewCA("sandbox-1", []string{"a.test", "b.test"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live atomic.Pointer[netpolicy.Plan]
+	f := newFixtureWith(t, true, Config{CA: ca, Live: &live}, func(port int) netpolicy.Plan {
+		pl, err := netpolicy.Compile(&policy.Profile{
+			Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+				{Host: "a.test", Ports: []int{port}, API: "anthropic"}, {Host: "b.test", Ports: []int{port}, API: "openai"}}},
+			Limits: policy.LimitsProfile{Model: policy.ModelBudget{Tokens: 50}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *pl
+	})
+	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, sseStream(""))
+		return true
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	post := func(host string) string {
+		return f.tlsDo(t, roots, host, "POST /v1/messages HTTP/1.1\r\nHost: "+host+"\r\nContent-Length: 2\r\n\r\n{}")
+	}
+	// 42 tokens each: the first two go (0, then 42 < 50), the third not.
+	for i := 0; i < 2; i++ {
+		if got := post("a.test"); !strings.HasPrefix(got, "200 ") {
+			t.Fatalf("call %d: %q", i, got)
+		}
+		if e := f.event(t); e.Model == nil || e.Limit != "" {
+			t.Fatalf("call %d: %+v", i, e)
+		}
+	}
+	if u := f.gw.ModelUsage(); u != (ModelUsage{Tokens: 84, Requests: 2}) {
+		t.Fatalf("usage %+v", u)
+	}
+	got := post("a.test")
+	if !strings.HasPrefix(got, `429 {"error":{"message":"agentbox: this sandbox's model budget is spent: 84 of 50 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"}`) {
+		t.Fatalf("past the budget: %q", got)
+	}
+	e := f.event(t)
+	if e.Kind != Refused || e.Limit != "model_tokens" || e.Status != 429 || e.Model != nil {
+		t.Fatalf("refusal %+v", e)
+	}
+	// OpenAI's shape on its host.
+	if got := post("b.test"); !strings.HasPrefix(got, `429 {"error":{"code":"insufficient_quota","message":"agentbox: `) {
+		t.Fatalf("openai's 429: %q", got)
+	}
+	f.event(t)
+	// A restored sandbox starts from its checkpoint's counts; a live
+	// tightening to 3 calls a minute applies to the next call.
+	f.gw.SetModelUsage(ModelUsage{})
+	pl := *f.gw.plan()
+	pl.Budget = policy.ModelBudget{Tokens: 50, RequestsPerMinute: 3} // 2 went this minute
+	live.Store(&pl)
+	if got := post("a.test"); !strings.HasPrefix(got, "200 ") {
+		t.Fatalf("after the reset: %q", got)
+	}
+	f.event(t)
+	resp, _, _ := f.tlsRoundTrip(t, roots, "a.test", "POST /v1/messages HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\n\r\n{}")
+	if resp == nil || resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "60" {
+		t.Fatalf("past the rate: %+v", resp)
+	}
+	if e := f.event(t); e.Limit != "model_requests_per_minute" {
+		t.Fatalf("rate refusal %+v", e)
 	}
 }

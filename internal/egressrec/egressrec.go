@@ -58,6 +58,11 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 			e.Duration.Round(time.Millisecond), e.Sent, e.Received, detail["reason"])
 	default:
 		typ, detail["egress"], status = audit.TypeEgressRefused, "deny", "Failure"
+		if e.Limit != "" {
+			typ, detail["limit"] = audit.TypeModelLimit, e.Limit
+			msg = fmt.Sprintf("model call to %s%s refused: %s", name, detail["path"], detail["reason"])
+			break
+		}
 		target := name
 		if target == "" {
 			target = "port " + fmt.Sprint(e.Port)

@@ -17,6 +17,39 @@ import (
 // did. A sandbox keeps the machinery it started with: a pod without a
 // resolver and gateway (egress open) takes no host rule live.
 func Narrow(cur, next *Plan) (live *Plan, applied, pending []string) {
+	live, applied, pending = narrowRules(cur, next)
+	if live != cur {
+		var a, p []string
+		live.Budget, a, p = narrowBudget(cur.Budget, next.Budget)
+		applied, pending = append(applied, a...), append(pending, p...)
+	}
+	return live, applied, pending
+}
+
+// narrowBudget is the tighter of two model budgets, bound by bound: a
+// lower bound applies at once, a higher one or none is pending.
+func narrowBudget(cur, next policy.ModelBudget) (policy.ModelBudget, []string, []string) {
+	var applied, pending []string
+	out := cur
+	for _, b := range []struct {
+		name      string
+		cur, next int64
+		live      *int64
+	}{{"tokens", cur.Tokens, next.Tokens, &out.Tokens}, {"requests", cur.Requests, next.Requests, &out.Requests},
+		{"requests per minute", cur.RequestsPerMinute, next.RequestsPerMinute, &out.RequestsPerMinute}} {
+		switch {
+		case b.next == b.cur:
+		case b.next > 0 && (b.cur == 0 || b.next < b.cur):
+			*b.live = b.next
+			applied = append(applied, fmt.Sprintf("model %s bounded to %d", b.name, b.next))
+		default:
+			pending = append(pending, fmt.Sprintf("model %s bound %s (loosens)", b.name, map[bool]string{true: "removed", false: fmt.Sprint("raised to ", b.next)}[b.next == 0]))
+		}
+	}
+	return out, applied, pending
+}
+
+func narrowRules(cur, next *Plan) (live *Plan, applied, pending []string) {
 	if !cur.Enforced {
 		if next.Enforced {
 			pending = append(pending, "egress "+mode(next)+": the sandbox has no network interface (egress none); applies to new sandboxes")
@@ -215,7 +248,7 @@ func describeRule(r Rule) string {
 
 // Equal says whether two plans enforce the same.
 func (pl *Plan) Equal(o *Plan) bool {
-	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver ||
+	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver || pl.Budget != o.Budget ||
 		!slices.Equal(pl.Denied, o.Denied) || len(pl.Allow) != len(o.Allow) || !slices.Equal(pl.Injects, o.Injects) {
 		return false
 	}

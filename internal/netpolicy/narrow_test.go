@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,5 +107,28 @@ func TestNarrow(t *testing.T) {
 				t.Error("the live plan changed whether the pod has a resolver")
 			}
 		})
+	}
+}
+
+// A model budget narrows bound by bound: lower applies, higher or none is
+// pending (and so refuses a restore under the looser role).
+func TestNarrowBudget(t *testing.T) {
+	cur := &Plan{Enforced: true, Resolver: true, Budget: policy.ModelBudget{Tokens: 1000, Requests: 10}}
+	next := &Plan{Enforced: true, Resolver: true, Budget: policy.ModelBudget{Tokens: 500, RequestsPerMinute: 5}}
+	live, applied, pending := Narrow(cur, next)
+	if live.Budget != (policy.ModelBudget{Tokens: 500, Requests: 10, RequestsPerMinute: 5}) {
+		t.Fatalf("live budget %+v", live.Budget)
+	}
+	if want := []string{"model tokens bounded to 500", "model requests per minute bounded to 5"}; !slices.Equal(applied, want) {
+		t.Errorf("applied %q, want %q", applied, want)
+	}
+	if want := []string{"model requests bound removed (loosens)"}; !slices.Equal(pending, want) {
+		t.Errorf("pending %q, want %q", pending, want)
+	}
+	if _, _, p := Narrow(next, &Plan{Enforced: true, Resolver: true, Budget: policy.ModelBudget{Tokens: 900, RequestsPerMinute: 5}}); !slices.Equal(p, []string{"model tokens bound raised to 900 (loosens)"}) {
+		t.Errorf("raised: %q", p)
+	}
+	if live.Equal(cur) || !live.Equal(live) {
+		t.Error("Equal ignores the budget")
 	}
 }

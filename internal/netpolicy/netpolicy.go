@@ -113,6 +113,9 @@ type Plan struct {
 	// Injects are the role's secrets with inject, whose host rules are
 	// inspected.
 	Injects []Inject
+	// Budget bounds the sandbox's calls to model hosts (the role's
+	// limits.model), counted by the gateway.
+	Budget policy.ModelBudget
 }
 
 // DNSPort is the port DNS to resolvers other than the pod's is dropped on.
@@ -131,6 +134,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	default:
 		return nil, fmt.Errorf("egress %q", p.Network.Egress)
 	}
+	pl.Budget = p.Limits.Model
 	named := map[netip.Addr]bool{}
 	for i, r := range p.Network.Allow {
 		ports := append([]int(nil), r.Ports...)

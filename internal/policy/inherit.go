@@ -110,6 +110,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.CPUTime, c.CPUTime)
 		pick(&m.OpenFiles, c.OpenFiles)
 		pick(&m.WallClock, c.WallClock)
+		pick(&m.Model, c.Model)
 		out.Limits = &m
 	}
 	pick(&out.Template, child.Template)

@@ -93,7 +93,19 @@ type LimitsProfile struct {
 	CPUTimeSeconds int64         `json:"cpuTimeSeconds"`
 	OpenFiles      int           `json:"openFiles"`
 	WallClock      time.Duration `json:"wallClockNanos"`
+	// Model bounds the sandbox's model calls (zero: none).
+	Model ModelBudget `json:"model"`
 }
+
+// ModelBudget bounds a sandbox's model calls; 0 means no bound.
+type ModelBudget struct {
+	Tokens            int64 `json:"tokens,omitempty"`
+	Requests          int64 `json:"requests,omitempty"`
+	RequestsPerMinute int64 `json:"requestsPerMinute,omitempty"`
+}
+
+// Any says whether b bounds anything.
+func (b ModelBudget) Any() bool { return b.Tokens > 0 || b.Requests > 0 || b.RequestsPerMinute > 0 }
 
 // Defaults a role gets for what neither it nor its parents set: least
 // privilege, and limits that keep one agent from starving a node.
@@ -368,6 +380,32 @@ func (p *Profile) compileLimits(li Limits) []error {
 	}
 	if p.Limits.WallClock, err = parseDuration(li.WallClock, DefaultWallClock); err != nil {
 		errs = append(errs, ferr("limits.wallClock", "%v", err))
+	}
+	if m := li.Model; m != nil {
+		positive := func(field string, v *int64) int64 {
+			if v == nil {
+				return 0
+			}
+			if *v < 1 {
+				errs = append(errs, ferr(field, "%d is not a bound (at least 1; leave it out for none)", *v))
+			}
+			return *v
+		}
+		p.Limits.Model.Tokens = positive("limits.model.tokens", m.Tokens)
+		p.Limits.Model.Requests = positive("limits.model.requests", m.Requests)
+		if m.PerMinute != nil {
+			p.Limits.Model.RequestsPerMinute = positive("limits.model.perMinute.requests", m.PerMinute.Requests)
+		}
+		if !p.Limits.Model.Any() {
+			errs = append(errs, ferr("limits.model", "bounds nothing: set tokens, requests or perMinute.requests"))
+		}
+		apis := false
+		for _, r := range p.Network.Allow {
+			apis = apis || r.API != ""
+		}
+		if !apis {
+			errs = append(errs, ferr("limits.model", "no host rule names a model API (api:): the gateway would count no call"))
+		}
 	}
 	return errs
 }

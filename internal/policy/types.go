@@ -298,6 +298,30 @@ type Limits struct {
 	OpenFiles *int `yaml:"openFiles,omitempty" json:"openFiles,omitempty"`
 	// WallClock is how long the sandbox may run before the shim stops it.
 	WallClock *string `yaml:"wallClock,omitempty" json:"wallClock,omitempty"`
+	// Model bounds the sandbox's model use, counted by the egress gateway
+	// from the model hosts' own responses (host rules with api:). Past a
+	// bound, the gateway answers the client as the vendor does when a
+	// quota is spent (429), and records it.
+	Model *ModelLimits `yaml:"model,omitempty" json:"model,omitempty"`
+}
+
+// ModelLimits bounds a sandbox's model calls (unset: no bound).
+type ModelLimits struct {
+	// Tokens bounds the tokens (prompt and completion) of all its calls.
+	// +kubebuilder:validation:Minimum=1
+	Tokens *int64 `yaml:"tokens,omitempty" json:"tokens,omitempty"`
+	// Requests bounds the number of its calls.
+	// +kubebuilder:validation:Minimum=1
+	Requests *int64 `yaml:"requests,omitempty" json:"requests,omitempty"`
+	// PerMinute bounds its calls in any minute.
+	PerMinute *ModelRate `yaml:"perMinute,omitempty" json:"perMinute,omitempty"`
+}
+
+// ModelRate is a bound per minute.
+type ModelRate struct {
+	// Requests bounds the calls in any minute.
+	// +kubebuilder:validation:Minimum=1
+	Requests *int64 `yaml:"requests,omitempty" json:"requests,omitempty"`
 }
 
 // RoleBinding says who may claim a role.

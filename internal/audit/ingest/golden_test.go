@@ -28,6 +28,7 @@ func corpus(t *testing.T) []byte {
 		"agentbox/dns_failed":           {"name": "api.example.com", "type": "AAAA", "rcode": "SERVFAIL"},
 		"agentbox/dns_address_withheld": {"name": "api.example.com", "type": "A", "address": "10.0.0.1", "reason": "private"},
 		"agentbox/egress_request":       {"method": "GET", "host": "api.example.com", "path": "/v1/models", "http_status": "200", "egress": "allow"},
+		"agentbox/model_limit":          {"method": "POST", "host": "api.openai.com", "path": "/v1/responses", "http_status": "429", "egress": "deny", "limit": "model_tokens", "reason": "this sandbox's model budget is spent: 1000 of 1000 tokens used (limits.model.tokens)"},
 		"agentbox/model_call":           {"method": "POST", "host": "api.anthropic.com", "path": "/v1/messages", "http_status": "200", "egress": "allow", "injected": "X-Api-Key"},
 		"agentbox/egress_connection":    {"sni": "api.example.com", "dialled": "198.51.100.7:443", "egress": "allow"},
 		"agentbox/egress_refused":       {"sni": "evil.example", "reason": "no rule allows evil.example", "egress": "deny"},

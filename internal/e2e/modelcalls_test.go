@@ -222,3 +222,44 @@ func keys[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// TestModelBudget: a role's model budget, from inside gVisor: the first
+// call goes (144 of 150 tokens), the second gets Anthropic's own 429 with
+// agentbox's reason, which the client shows, and the trail says which
+// bound refused it; the vendor never saw the second call.
+func TestModelBudget(t *testing.T) {
+	requireEnv(t)
+	requireRealAgentImage(t)
+	expectNoLeaks(t, dev)
+	before := len(web.authSeen(anthropicHost, "/v1/messages"))
+	p := newPodIn(t, "modelbudget", "e2e-model-budget", map[string]string{"agentbox.dev/role": "e2e-model-budget"})
+	call := `curl -sS -w ' http=%{http_code}' https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -H "content-type: application/json" -d '{"model":"claude-budget","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}'`
+	script := strings.Join([]string{gwStep("first", call), gwStep("second", call), "echo probes-done", "sleep 600"}, "; ")
+	id := p.containerWith(t, "agent", map[string]any{
+		"image":   map[string]any{"image": realAgentImage},
+		"command": []string{"bash", "-c", script},
+		"linux":   map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 65532}}},
+	})
+	logs := waitLogsWithin(t, id, "probes-done", 2*time.Minute)
+	lines := stepLines(logs.stdout)
+	if got := lines["first"]; !strings.Contains(got, `"stop_reason":"tool_use"`) || !strings.HasSuffix(strings.TrimSpace(got), "http=200") {
+		t.Errorf("first call: %q", got)
+	}
+	want := `{"error":{"message":"agentbox: this sandbox's model budget is spent: 144 of 150 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"} http=429`
+	if got := strings.TrimSpace(lines["second"]); got != want {
+		t.Errorf("second call: %q, want %q", got, want)
+	}
+	if n := len(web.authSeen(anthropicHost, "/v1/messages")) - before; n != 1 {
+		t.Errorf("the vendor saw %d calls, want 1", n)
+	}
+	p.remove()
+	var limited bool
+	for _, r := range readTrail(t, p.id) {
+		if r.Event == "agentbox/model_limit" && r.Detail["limit"] == "model_tokens" && r.Detail["http_status"] == "429" {
+			limited = true
+		}
+	}
+	if !limited {
+		t.Error("trail: no agentbox/model_limit record")
+	}
+}

@@ -60,6 +60,25 @@ func Text(w io.Writer, rep *Report) error {
 	if rep.Exit != nil {
 		p("EXIT   %s\n", q(rep.Exit.Message))
 	}
+	if len(rep.Turns) > 0 {
+		p("\nMODEL TURNS\n")
+		for _, tu := range rep.Turns {
+			p("  %s #%d %s (%s) %d tokens", rel(rep.Start, tu.Time), tu.Seq, q(tu.Model), q(tu.API), tu.Tokens)
+			if tu.StopReason != "" {
+				p(", stop %s", q(tu.StopReason))
+			}
+			p(", client %s pid %d\n", q(tu.Client), tu.PID)
+			for _, c := range tu.Tools {
+				p("    tool %s %s %s\n", q(c.Name), q(c.ID), q(c.Input))
+				if len(c.Processes) > 0 {
+					p("      started pid %v\n", c.Processes)
+				}
+				for _, it := range c.Refusals {
+					p("      REFUSED %s #%d %s %s\n", rel(rep.Start, it.Time), it.Seq, it.Event, q(it.Message))
+				}
+			}
+		}
+	}
 	p("\nPROCESSES\n")
 	var tree func(ps []*Process, indent string)
 	tree = func(ps []*Process, indent string) {

@@ -30,6 +30,7 @@ type Report struct {
 	Records      int       `json:"records"`
 
 	Verify    Verification  `json:"verification"`
+	Turns     []*Turn       `json:"turns,omitempty"`
 	Processes []*Process    `json:"processes"`
 	Files     []Directory   `json:"files"`
 	Network   []Host        `json:"network"`
@@ -64,6 +65,36 @@ type Process struct {
 	// Execs are the images the process ran after its first (exec without
 	// fork), oldest first.
 	Execs []string `json:"execs,omitempty"`
+	// ToolCall is the model tool call that started it ("" none known):
+	// its own link, or its parent's.
+	ToolCall string `json:"tool_call,omitempty"`
+
+	parent *Process
+	tool   *ToolUse
+}
+
+// Turn is one model call: what the model answered, and what the tool
+// calls it asked for did.
+type Turn struct {
+	Time       time.Time  `json:"time"`
+	Seq        uint64     `json:"seq"`
+	Model      string     `json:"model"`
+	API        string     `json:"api"`
+	Tokens     int64      `json:"tokens"`
+	StopReason string     `json:"stop_reason,omitempty"`
+	Client     string     `json:"client,omitempty"`
+	PID        int32      `json:"pid,omitempty"`
+	Tools      []*ToolUse `json:"tool_calls,omitempty"`
+}
+
+// ToolUse is a tool call of a turn: the processes it started (linked by
+// the runtime, toollink) and what was refused to them or their children.
+type ToolUse struct {
+	ID        string  `json:"id"`
+	Name      string  `json:"name"`
+	Input     string  `json:"input,omitempty"`
+	Processes []int32 `json:"processes,omitempty"`
+	Refusals  []Item  `json:"refusals,omitempty"`
 }
 
 // Directory groups the changed files under one directory.
@@ -118,7 +149,7 @@ func Build(recs []*audit.Record, v audit.VerifyResult) *Report {
 	if v.Problem != nil {
 		rep.Verify.Problem = v.Problem.Error()
 	}
-	b := builder{rep: rep, procs: map[int32]*Process{}, hosts: map[string]*Host{}, byAddr: map[string]string{}}
+	b := builder{rep: rep, procs: map[int32]*Process{}, hosts: map[string]*Host{}, byAddr: map[string]string{}, turns: map[string]*Turn{}}
 	for _, r := range recs {
 		b.add(r)
 	}
@@ -133,6 +164,7 @@ type builder struct {
 	files  []FileChange
 	hosts  map[string]*Host
 	byAddr map[string]string // address -> the name it answered
+	turns  map[string]*Turn  // by the model call record's id (SANDBOX/SEQ)
 }
 
 func recTime(r *audit.Record) time.Time {
@@ -187,6 +219,7 @@ func (b *builder) add(r *audit.Record) {
 		if p.Exe != "" {
 			p.Name = path.Base(p.Exe) // the new image, not the comm before it
 		}
+		b.linkTool(p, r)
 	case r.Event == "sentry/task_exit":
 		if p := b.procs[r.Process.PID]; p != nil {
 			p.ExitCode, p.Signal = r.Process.ExitSts, r.Process.ExitSignal
@@ -212,6 +245,9 @@ func (b *builder) add(r *audit.Record) {
 				b.byAddr[a] = h.Host
 			}
 		}
+	case r.Event == "agentbox/model_call" && r.Model != nil:
+		b.turn(r, t)
+		fallthrough
 	case r.Event == "agentbox/egress_request":
 		h := b.host(r.Detail["host"])
 		h.Allowed++
@@ -278,12 +314,57 @@ func (b *builder) refusal(it Item, msg string) {
 	it.Kind, it.Message = "refusal", msg
 	b.rep.Refusals = append(b.rep.Refusals, it)
 	b.rep.Timeline = append(b.rep.Timeline, it)
+	// Beside the model turn whose tool call started the process (or its
+	// ancestor).
+	for p := b.procs[it.PID]; p != nil && it.PID != 0; p = p.parent {
+		if p.tool != nil {
+			p.tool.Refusals = append(p.tool.Refusals, it)
+			break
+		}
+	}
+}
+
+// turn starts a model turn from its call's record.
+func (b *builder) turn(r *audit.Record, t time.Time) {
+	m := r.Model
+	tu := &Turn{Time: t, Seq: r.Seq, Model: m.Name, API: m.API, StopReason: m.StopReason, Client: m.Application, PID: pidOf(r)}
+	if m.Tokens != nil {
+		tu.Tokens = m.Tokens.Total
+	}
+	for _, c := range m.ToolCalls {
+		tu.Tools = append(tu.Tools, &ToolUse{ID: c.ID, Name: c.Name, Input: c.Input})
+	}
+	b.rep.Turns = append(b.rep.Turns, tu)
+	b.turns[r.Sandbox+"/"+strconv.FormatUint(r.Seq, 10)] = tu
+}
+
+// linkTool ties a process to the tool call the runtime linked it to, or
+// to its parent's.
+func (b *builder) linkTool(p *Process, r *audit.Record) {
+	if id := r.Detail["tool_call_id"]; id != "" {
+		if tu := b.turns[r.Detail["model_call"]]; tu != nil {
+			for _, c := range tu.Tools {
+				if c.ID == id {
+					p.tool, p.ToolCall = c, id
+					c.Processes = append(c.Processes, p.PID)
+					return
+				}
+			}
+		}
+	}
+	for q := p.parent; q != nil; q = q.parent {
+		if q.tool != nil {
+			p.tool, p.ToolCall = q.tool, q.tool.ID
+			return
+		}
+	}
 }
 
 func (b *builder) spawn(pid, ppid int32, t time.Time) *Process {
 	p := &Process{PID: pid, Start: t}
 	if parent := b.procs[ppid]; ppid != 0 && parent != nil {
 		parent.Children = append(parent.Children, p)
+		p.parent, p.tool, p.ToolCall = parent, parent.tool, parent.ToolCall
 	} else {
 		b.roots = append(b.roots, p)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/toollink"
 )
 
 // modelScript calls each model API from inside gVisor as agents' clients
@@ -104,9 +105,9 @@ func TestModelCalls(t *testing.T) {
 	lines := stepLines(logs.stdout)
 	for step, want := range map[string]string{
 		"keys":      "placeholder placeholder placeholder",
-		"anthropic": `"type":"tool_use","id":"toolu_e2e1","name":"Bash"`, "openai": `"call_id":"call_e2e1"`,
+		"anthropic": `"id":"toolu_e2e1","input":{},"name":"Bash","type":"tool_use"`, "openai": `"call_id":"call_e2e1"`,
 		"gemini": `"functionCall":{"args":{"command":`, "node-chat": "tool-call-streamed", "secret-in-sandbox": "searched",
-		"agent-loop": "final: All done. made-by-the-model",
+		"agent-loop": "final: All done. made-by-claude-loop",
 	} {
 		if got := lines[step]; !strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, want) {
 			t.Errorf("%s: %q, want rc=0 and %q", step, got, want)
@@ -149,7 +150,7 @@ func TestModelCalls(t *testing.T) {
 			path, _, _ := strings.Cut(r.Detail["path"], "?")
 			calls[path] = r
 		}
-		if r.Event == "sentry/execve" && r.Process != nil && len(r.Process.Argv) == 3 && r.Process.Argv[2] == modelCommand {
+		if r.Event == "sentry/execve" && r.Process != nil && len(r.Process.Argv) == 3 && r.Process.Argv[2] == modelCommand("claude-loop") {
 			ran = r
 		}
 		if bytes.Contains(l, []byte(secretValue)) {
@@ -158,16 +159,15 @@ func TestModelCalls(t *testing.T) {
 	}
 	checkAgentLoop(t, loop, ran)
 	type want struct {
-		api, provider, model, stop, tool, input, app string
-		tokens                                       audit.Tokens
-		stream                                       bool
+		api, provider, model, requested, stop, tool, app string
+		tokens                                           audit.Tokens
+		stream                                           bool
 	}
-	input := `{"command":"` + modelCommand + `"}`
 	for path, w := range map[string]want{
-		"/v1/messages":  {"anthropic", "Anthropic", "claude-e2e-20261201", "tool_use", "Bash", input, "e2e-agent/1.0", audit.Tokens{Prompt: 120, Completion: 24, Total: 144}, true},
-		"/v1/responses": {"openai", "OpenAI", "gpt-e2e-2026", "completed", "shell", input, "e2e-agent/1.0", audit.Tokens{Prompt: 300, Completion: 30, Total: 330}, false},
-		"/v1beta/models/gemini-e2e:streamGenerateContent": {"gemini", "Google", "gemini-e2e-001", "STOP", "run_shell_command", input, "e2e-agent/1.0", audit.Tokens{Prompt: 80, Completion: 12, Total: 92}, true},
-		"/v1/chat/completions":                            {"openai", "OpenAI", "gpt-chat-e2e", "tool_calls", "shell", input, "node", audit.Tokens{Prompt: 50, Completion: 9, Total: 59}, true},
+		"/v1/messages":  {"anthropic", "Anthropic", "claude-e2e-20261201", "claude-e2e", "tool_use", "Bash", "e2e-agent/1.0", audit.Tokens{Prompt: 120, Completion: 24, Total: 144}, true},
+		"/v1/responses": {"openai", "OpenAI", "gpt-e2e-2026", "gpt-e2e", "completed", "shell", "e2e-agent/1.0", audit.Tokens{Prompt: 300, Completion: 30, Total: 330}, false},
+		"/v1beta/models/gemini-e2e:streamGenerateContent": {"gemini", "Google", "gemini-e2e-001", "gemini-e2e", "STOP", "run_shell_command", "e2e-agent/1.0", audit.Tokens{Prompt: 80, Completion: 12, Total: 92}, true},
+		"/v1/chat/completions":                            {"openai", "OpenAI", "gpt-chat-e2e", "gpt-chat-e2e", "tool_calls", "shell", "node", audit.Tokens{Prompt: 50, Completion: 9, Total: 59}, true},
 	} {
 		r := calls[path]
 		if r == nil {
@@ -176,18 +176,18 @@ func TestModelCalls(t *testing.T) {
 		}
 		m := r.Model
 		if m == nil || m.API != w.api || m.Provider != w.provider || m.Name != w.model || m.StopReason != w.stop || m.Stream != w.stream ||
-			m.Tokens == nil || *m.Tokens != w.tokens || len(m.ToolCalls) != 1 || m.ToolCalls[0].Name != w.tool || m.ToolCalls[0].Input != w.input ||
+			m.Tokens == nil || *m.Tokens != w.tokens || len(m.ToolCalls) != 1 || m.ToolCalls[0].Name != w.tool || commandOf(m.ToolCalls[0].Input) != modelCommand(w.requested) ||
 			(m.Application != w.app && w.app != "node") || m.Application == "" || m.FirstByteMS <= 0 || len(m.RequestDigest) != 64 || m.Problem != "" {
 			t.Errorf("%s: %s\n%+v", path, r.Message, m)
 		}
 		// The actor: the client's process, joined from the connect that
 		// opened the gateway connection.
-		exe := "/usr/bin/curl"
+		name := "curl"
 		if w.app == "node" {
-			exe = "/usr/bin/node"
+			name = "node"
 		}
-		if r.Process == nil || r.Process.Exe != exe {
-			t.Errorf("%s: actor %+v, want %s", path, r.Process, exe)
+		if r.Process == nil || r.Process.Name != name || r.Process.PID == 0 {
+			t.Errorf("%s: actor %+v, want %s", path, r.Process, name)
 		}
 	}
 }
@@ -206,6 +206,7 @@ func checkAgentLoop(t *testing.T, loop []*audit.Record, ran *audit.Record) {
 	if ran == nil {
 		t.Fatal("no sentry/execve record of the tool's bash -c")
 	}
+	t.Logf("the loop's first call is #%d, the tool's bash -c #%d", loop[0].Seq, ran.Seq)
 	want := map[string]string{"tool_call_id": "toolu_e2e1", "tool_call_name": "Bash", "model": "claude-loop-20261201",
 		"model_call": fmt.Sprintf("%s/%d", loop[0].Sandbox, loop[0].Seq)}
 	for k, v := range want {
@@ -213,6 +214,12 @@ func checkAgentLoop(t *testing.T, loop []*audit.Record, ran *audit.Record) {
 			t.Errorf("the tool's process: %s = %q, want %q (%v)", k, ran.Detail[k], v, ran.Detail)
 		}
 	}
+}
+
+// commandOf is the command a tool call's input holds.
+func commandOf(input string) string {
+	cmd, _ := toollink.Command(input)
+	return cmd
 }
 
 func keys[V any](m map[string]V) []string {
@@ -224,7 +231,7 @@ func keys[V any](m map[string]V) []string {
 }
 
 // TestModelBudget: a role's model budget, from inside gVisor: the first
-// call goes (144 of 150 tokens), the second gets Anthropic's own 429 with
+// call goes (0 of 100 tokens used; it uses 144), the second gets Anthropic's own 429 with
 // agentbox's reason, which the client shows, and the trail says which
 // bound refused it; the vendor never saw the second call.
 func TestModelBudget(t *testing.T) {
@@ -245,7 +252,7 @@ func TestModelBudget(t *testing.T) {
 	if got := lines["first"]; !strings.Contains(got, `"stop_reason":"tool_use"`) || !strings.HasSuffix(strings.TrimSpace(got), "http=200") {
 		t.Errorf("first call: %q", got)
 	}
-	want := `{"error":{"message":"agentbox: this sandbox's model budget is spent: 144 of 150 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"} http=429`
+	want := `{"error":{"message":"agentbox: this sandbox's model budget is spent: 144 of 100 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"} http=429`
 	if got := strings.TrimSpace(lines["second"]); got != want {
 		t.Errorf("second call: %q, want %q", got, want)
 	}

@@ -25,8 +25,12 @@ const (
 // modelHosts are the vendor names the web host answers as models.
 var modelHosts = []string{anthropicHost, openaiHost, geminiHost}
 
-// modelCommand is the command the scripted model asks the agent to run.
-const modelCommand = "echo made-by-the-model > model.txt && cat model.txt"
+// modelCommand is the command the scripted model asks the agent to run
+// (each model its own: a tool call no process answers waits, and two
+// waiting calls with one command are linked to neither).
+func modelCommand(model string) string {
+	return "echo made-by-" + model + " > model.txt && cat model.txt"
+}
 
 // serveModel answers a model API request; false when r is not one.
 func serveModel(w http.ResponseWriter, r *http.Request) bool {
@@ -43,7 +47,11 @@ func serveModel(w http.ResponseWriter, r *http.Request) bool {
 	// A tool's result in the request: the model is done.
 	done := strings.Contains(string(body), "tool_result") || strings.Contains(string(body), "function_call_output") ||
 		strings.Contains(string(body), `"role":"tool"`) || strings.Contains(string(body), "functionResponse")
-	input, _ := json.Marshal(map[string]string{"command": modelCommand})
+	model := req.Model
+	if host == geminiHost {
+		model, _, _ = strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1beta/models/"), ":")
+	}
+	input, _ := json.Marshal(map[string]string{"command": modelCommand(model)})
 	sse := func(events ...string) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		f, _ := w.(http.Flusher)
@@ -136,7 +144,7 @@ func serveModel(w http.ResponseWriter, r *http.Request) bool {
 			jsonOut(map[string]any{"error": map[string]any{"code": 403, "message": "Method doesn't allow unregistered callers.", "status": "PERMISSION_DENIED"}})
 			return true
 		}
-		part := map[string]any{"functionCall": map[string]any{"name": "run_shell_command", "args": map[string]string{"command": modelCommand}}}
+		part := map[string]any{"functionCall": map[string]any{"name": "run_shell_command", "args": map[string]string{"command": modelCommand(model)}}}
 		if done {
 			part = map[string]any{"text": "All done."}
 		}

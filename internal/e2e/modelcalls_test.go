@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,7 +34,9 @@ step node-chat node -e '
 fetch("https://api.openai.com/v1/chat/completions", {method: "POST", headers: {"content-type": "application/json", authorization: "Bearer " + process.env.OPENAI_API_KEY},
   body: JSON.stringify({model: "gpt-chat-e2e", stream: true, stream_options: {include_usage: true}, messages: [{role: "user", content: "make model.txt"}]})})
   .then(r => r.text()).then(t => console.log(t.includes("call_e2e2") ? "tool-call-streamed" : t)).catch(e => console.log("error", e.cause || e))'
-step agent-loop python3 -c "$AGENT_LOOP_PY"
+step agent-loop python3 -c "$AGENT_LOOP_PY" claude-loop
+step model-file cat model.txt
+step agent-loop-injected python3 -c "$AGENT_LOOP_PY" claude-exfil
 step secret-in-sandbox sh -c 'grep -rlsF ` + "'" + `{{SECRET}}` + "'" + ` /proc/self/environ /workspace /tmp /etc; echo searched'
 echo probes-done
 sleep 600
@@ -43,10 +46,10 @@ sleep 600
 // runs the tool call's command with bash -c, as agents' shell tools do,
 // sends the result back and prints the model's last answer.
 const agentLoopPy = `
-import json, os, subprocess, urllib.request
+import json, os, subprocess, sys, urllib.request
 def call(messages):
     req = urllib.request.Request("https://api.anthropic.com/v1/messages",
-        data=json.dumps({"model": "claude-loop", "max_tokens": 300, "stream": True, "messages": messages}).encode(),
+        data=json.dumps({"model": sys.argv[1], "max_tokens": 300, "stream": True, "messages": messages}).encode(),
         headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01",
                  "content-type": "application/json", "user-agent": "e2e-loop/1.0"})
     blocks, stop = {}, None
@@ -71,7 +74,7 @@ messages = [{"role": "user", "content": "make model.txt"}]
 for turn in range(5):
     blocks, stop = call(messages)
     if stop != "tool_use":
-        print("final:", blocks[0].get("text"), open("model.txt").read().strip())
+        print("final:", blocks[0].get("text"))
         break
     uses = [b for b in blocks if b["type"] == "tool_use"]
     results = []
@@ -107,7 +110,7 @@ func TestModelCalls(t *testing.T) {
 		"keys":      "placeholder placeholder placeholder",
 		"anthropic": `"id":"toolu_e2e1","input":{},"name":"Bash","type":"tool_use"`, "openai": `"call_id":"call_e2e1"`,
 		"gemini": `"functionCall":{"args":{"command":`, "node-chat": "tool-call-streamed", "secret-in-sandbox": "searched",
-		"agent-loop": "final: All done. made-by-claude-loop",
+		"agent-loop": "final: All done.", "model-file": "made-by-claude-loop", "agent-loop-injected": "final: All done.",
 	} {
 		if got := lines[step]; !strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, want) {
 			t.Errorf("%s: %q, want rc=0 and %q", step, got, want)
@@ -147,6 +150,9 @@ func TestModelCalls(t *testing.T) {
 				loop = append(loop, r)
 				continue
 			}
+			if r.Model != nil && r.Model.Requested == exfilModel {
+				continue // checkInjectedTurn reads the report of it
+			}
 			path, _, _ := strings.Cut(r.Detail["path"], "?")
 			calls[path] = r
 		}
@@ -158,6 +164,7 @@ func TestModelCalls(t *testing.T) {
 		}
 	}
 	checkAgentLoop(t, loop, ran)
+	checkInjectedTurn(t, p.id)
 	type want struct {
 		api, provider, model, requested, stop, tool, app string
 		tokens                                           audit.Tokens
@@ -213,6 +220,48 @@ func checkAgentLoop(t *testing.T, loop []*audit.Record, ran *audit.Record) {
 		if ran.Detail[k] != v {
 			t.Errorf("the tool's process: %s = %q, want %q (%v)", k, ran.Detail[k], v, ran.Detail)
 		}
+	}
+}
+
+// checkInjectedTurn: agentbox audit report puts the connect refused to
+// the injected turn's curl beside the tool call that asked for it.
+func checkInjectedTurn(t *testing.T, sandbox string) {
+	t.Helper()
+	r := runCommand(time.Minute, nil, nil, filepath.Join(repoRoot, "_output", "bin", "agentbox"), "audit", "report", "-o", "json",
+		"--sandbox", sandbox, filepath.Join(dev.dir, "audit"))
+	if r.code != 0 {
+		t.Fatalf("agentbox audit report: %v", r)
+	}
+	var rep struct {
+		Turns []struct {
+			Model string `json:"model"`
+			Tools []struct {
+				ID        string  `json:"id"`
+				Processes []int32 `json:"processes"`
+				Refusals  []struct {
+					Message string `json:"message"`
+				} `json:"refusals"`
+			} `json:"tool_calls"`
+		} `json:"turns"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("report: %v\n%s", err, clip(r.stdout))
+	}
+	found := false
+	for _, tu := range rep.Turns {
+		if tu.Model != exfilModel+"-20261201" {
+			continue
+		}
+		for _, c := range tu.Tools {
+			for _, ref := range c.Refusals {
+				if len(c.Processes) == 1 && strings.Contains(ref.Message, webAddr) {
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the report does not put the refused connect beside the injected turn:\n%s", clip(r.stdout))
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // The scripted model server: the test web host answers the three model
@@ -22,8 +24,12 @@ const (
 	geminiHost    = "generativelanguage.googleapis.com"
 )
 
-// modelHosts are the vendor names the web host answers as models.
-var modelHosts = []string{anthropicHost, openaiHost, geminiHost}
+// modelPassHost answers as Anthropic too, under a passthrough rule: the
+// benchmark's reference.
+const modelPassHost = "models.gw.e2e.test"
+
+// modelHosts are the names the web host answers as models.
+var modelHosts = []string{anthropicHost, openaiHost, geminiHost, modelPassHost}
 
 // modelCommand is the command the scripted model asks the agent to run
 // (each model its own: a tool call no process answers waits, and two
@@ -75,7 +81,9 @@ func serveModel(w http.ResponseWriter, r *http.Request) bool {
 		json.NewEncoder(w).Encode(v)
 	}
 	switch {
-	case host == anthropicHost && r.URL.Path == "/v1/messages":
+	case (host == anthropicHost || host == modelPassHost) && r.URL.Path == "/v1/messages" && strings.HasPrefix(req.Model, "bench-"):
+		benchStream(w, req.Model)
+	case (host == anthropicHost || host == modelPassHost) && r.URL.Path == "/v1/messages":
 		if r.Header.Get("X-Api-Key") == "" {
 			w.WriteHeader(401)
 			jsonOut(map[string]any{"type": "error", "error": map[string]string{"type": "authentication_error", "message": "x-api-key header is required"}})
@@ -178,3 +186,36 @@ func serveModel(w http.ResponseWriter, r *http.Request) bool {
 
 // modelKeyHeaders are where each vendor takes its key.
 var modelKeyHeaders = []string{"Authorization", "X-Token", "X-Api-Key", "X-Goog-Api-Key"}
+
+// benchStream is the benchmark's Messages stream: "bench-events", 50 text
+// deltas 20 ms apart, each holding the time it was sent (unix ns); or
+// "bench-bulk", 16 MiB of text deltas as fast as they go.
+func benchStream(w http.ResponseWriter, model string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	f, _ := w.(http.Flusher)
+	send := func(s string) {
+		io.WriteString(w, s)
+		if f != nil {
+			f.Flush()
+		}
+	}
+	send(`event: message_start` + "\n" + `data: {"type":"message_start","message":{"model":"` + model + `","usage":{"input_tokens":10,"output_tokens":1}}}` + "\n\n")
+	delta := func(text string) string {
+		return `event: content_block_delta` + "\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + text + `"}}` + "\n\n"
+	}
+	switch model {
+	case "bench-events":
+		for i := 0; i < 50; i++ {
+			send(delta(strconv.FormatInt(time.Now().UnixNano(), 10)))
+			time.Sleep(20 * time.Millisecond)
+		}
+	case "bench-bulk":
+		chunk := delta(strings.Repeat("a", 16<<10))
+		for n := 0; n < 16<<20; n += 16 << 10 {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+		}
+	}
+	send(`event: message_delta` + "\n" + `data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":50}}` + "\n\n")
+}

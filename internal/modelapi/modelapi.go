@@ -269,7 +269,7 @@ func (t *ResponseTap) Close(complete bool) Response {
 
 // event reads one server-sent event.
 func (t *ResponseTap) event(raw []byte) {
-	var data []byte
+	var data, name []byte
 	for _, l := range bytes.Split(raw, []byte("\n")) {
 		l = bytes.TrimRight(l, "\r")
 		if v, ok := bytes.CutPrefix(l, []byte("data:")); ok {
@@ -277,16 +277,34 @@ func (t *ResponseTap) event(raw []byte) {
 				data = append(data, '\n')
 			}
 			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		} else if v, ok := bytes.CutPrefix(l, []byte("event:")); ok {
+			name = bytes.TrimSpace(v)
 		}
 	}
 	if len(data) == 0 {
 		return
 	}
 	t.res.Events++
-	if bytes.Equal(data, []byte("[DONE]")) {
+	if bytes.Equal(data, []byte("[DONE]")) || skipped(name, data) {
 		return
 	}
 	t.json(data)
+}
+
+// skipped says whether a named event holds nothing a call's record keeps:
+// the text the model writes, streamed a few tokens an event, is most of a
+// stream and is not parsed (a tool call's input deltas are).
+func skipped(name, data []byte) bool {
+	switch string(name) {
+	case "content_block_delta":
+		return !bytes.Contains(data, []byte("input_json_delta"))
+	case "ping", "content_block_stop", "message_stop",
+		"response.output_text.delta", "response.reasoning_summary_text.delta", "response.reasoning_text.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.content_part.added",
+		"response.content_part.done", "response.output_text.done", "response.output_item.added":
+		return true
+	}
+	return false
 }
 
 // json reads one JSON value: a whole response, or one event's data (a

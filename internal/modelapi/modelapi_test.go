@@ -199,3 +199,13 @@ func TestRequests(t *testing.T) {
 		t.Errorf("a large body: %+v", r)
 	}
 }
+
+// The text a model streams is not parsed (most of a stream): a text delta
+// that is not even JSON leaves no problem, and the events are counted.
+func TestTextDeltasSkipped(t *testing.T) {
+	tap := NewResponseTap(Anthropic, "text/event-stream")
+	tap.Write([]byte("event: content_block_delta\ndata: {not json, text_delta\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n"))
+	if r := tap.Close(true); r.Problem != "" || r.Events != 2 || r.StopReason != "end_turn" {
+		t.Fatalf("%+v", r)
+	}
+}

@@ -251,9 +251,15 @@ type ModelCall struct {
 	Events      int     `json:"events,omitempty"`
 	// RequestDigest is the SHA-256 of the request body (what the model
 	// was sent), RequestBytes its size.
-	RequestDigest string     `json:"request_digest,omitempty"`
-	RequestBytes  int64      `json:"request_bytes,omitempty"`
-	ToolCalls     []ToolCall `json:"tool_calls,omitempty"`
+	RequestDigest string `json:"request_digest,omitempty"`
+	RequestBytes  int64  `json:"request_bytes,omitempty"`
+	// RequestContent is the end of what the model was sent, scrubbed,
+	// when the role asks for it (audit.model: content); ContentCut says
+	// it is not the whole. Keep is the role's audit.model.
+	RequestContent string     `json:"request_content,omitempty"`
+	ContentCut     bool       `json:"request_content_cut,omitempty"`
+	Keep           string     `json:"kept,omitempty"`
+	ToolCalls      []ToolCall `json:"tool_calls,omitempty"`
 	// Error is the API's error message; Problem what the gateway could
 	// not read (counts may then be partial).
 	Error   string `json:"error,omitempty"`

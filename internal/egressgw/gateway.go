@@ -86,6 +86,8 @@ type ModelCall struct {
 	FirstByte time.Duration
 	// Application is the client's User-Agent.
 	Application string
+	// Keep is what the record keeps (the plan's ModelAudit).
+	Keep string
 }
 
 // Config is one pod's gateway.

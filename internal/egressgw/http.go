@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/modelapi"
+	"agentbox.dev/agentbox/internal/policy"
 
 	"agentbox.dev/agentbox/internal/netpolicy"
 )
@@ -75,6 +76,9 @@ func (m *modelTap) result() *ModelCall {
 	c := m.call
 	if m.req != nil {
 		c.Request = m.req.Request()
+		if c.Keep == policy.ModelContent {
+			c.Request.Content, c.Request.ContentCut = m.req.Content()
+		}
 	}
 	if m.res != nil {
 		c.Answered = true
@@ -305,7 +309,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			quotaAnswer(cw, api, limit, why)
 			return
 		}
-		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent"))}}
+		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent")), Keep: g.plan().ModelAudit}}
 		if r.Body != nil && r.Body != http.NoBody {
 			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), r.Body)
 			r.Body = x.model.req

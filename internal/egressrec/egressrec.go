@@ -16,6 +16,7 @@ import (
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // Gateway turns a gateway event into a record. Names, methods and
@@ -110,6 +111,18 @@ func modelCall(m *egressgw.ModelCall, clean func(string) string) *audit.ModelCal
 	}
 	for _, c := range res.ToolCalls {
 		out.ToolCalls = append(out.ToolCalls, audit.ToolCall{ID: clean(c.ID), Name: clean(c.Name), Input: clean(c.Input), Truncated: c.Truncated})
+	}
+	// What the role's audit.model keeps: calls drops the tool calls'
+	// inputs and the digest of what was sent; content adds the end of it.
+	out.Keep = m.Keep
+	switch m.Keep {
+	case policy.ModelCalls:
+		out.RequestDigest = ""
+		for i := range out.ToolCalls {
+			out.ToolCalls[i].Input, out.ToolCalls[i].Truncated = "", false
+		}
+	case policy.ModelContent:
+		out.RequestContent, out.ContentCut = clean(m.Request.Content), m.Request.ContentCut
 	}
 	return out
 }

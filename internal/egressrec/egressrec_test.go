@@ -217,3 +217,29 @@ func TestModelCall(t *testing.T) {
 		t.Fatalf("refused: %+v", r)
 	}
 }
+
+// audit.model: calls keeps no tool input and no digest; content keeps the
+// end of what was sent, scrubbed.
+func TestModelCallKeep(t *testing.T) {
+	scrub, err := audit.NewScrubber(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(keep string) *audit.ModelCall {
+		e := egressgw.Event{Kind: egressgw.Request, Host: "api.openai.com", Method: "POST", Path: "/v1/responses", Status: 200,
+			Model: &egressgw.ModelCall{API: modelapi.OpenAI, Answered: true, Keep: keep,
+				Request:  modelapi.Request{Model: "gpt-x", Digest: "ab", Bytes: 9, Content: `{"input":"use Authorization: Bearer abcdefghijklmnopqrstuvwxyz"}`},
+				Response: modelapi.Response{ToolCalls: []modelapi.ToolCall{{ID: "c1", Name: "shell", Input: `{"command":"ls"}`}}}}}
+		return Gateway(e, scrub).Model
+	}
+	if m := call(policy.ModelCalls); m.RequestDigest != "" || m.ToolCalls[0].Input != "" || m.ToolCalls[0].Name != "shell" || m.RequestContent != "" || m.Keep != "calls" {
+		t.Errorf("calls: %+v", m)
+	}
+	if m := call(policy.ModelDigests); m.RequestDigest != "ab" || m.ToolCalls[0].Input == "" || m.RequestContent != "" {
+		t.Errorf("digests: %+v", m)
+	}
+	m := call(policy.ModelContent)
+	if m.RequestDigest != "ab" || !strings.Contains(m.RequestContent, `"input":"use Authorization`) || strings.Contains(m.RequestContent, "abcdefghijklmnop") {
+		t.Errorf("content: %+v", m)
+	}
+}

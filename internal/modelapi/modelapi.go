@@ -78,6 +78,10 @@ type Request struct {
 	// its length.
 	Digest string
 	Bytes  int64
+	// Content is the end of the body, when the role asks for it
+	// (audit.model: content); ContentCut says it is not the whole.
+	Content    string
+	ContentCut bool
 }
 
 // RequestTap reads a request body through to the upstream, hashing it
@@ -150,6 +154,33 @@ func (t *RequestTap) Request() Request {
 	}
 	r.Model = clip(r.Model, 200)
 	return r
+}
+
+// MaxContent bounds what is kept of a request's body when a role asks
+// for its content (its end: a conversation's newest messages are last).
+const MaxContent = 16 << 10
+
+// Content is the end of the request's body, at most MaxContent bytes,
+// and whether it was cut ("", true when the body was larger than
+// MaxRequest: only its start was kept).
+func (t *RequestTap) Content() (string, bool) {
+	if t == nil {
+		return "", false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if int64(len(t.kept)) != t.n {
+		return "", true
+	}
+	b := t.kept
+	cut := len(b) > MaxContent
+	if cut {
+		b = b[len(b)-MaxContent:]
+		for len(b) > 0 && !utf8.RuneStart(b[0]) {
+			b = b[1:]
+		}
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), cut
 }
 
 // ToolCall is a tool the model asked the agent to run.

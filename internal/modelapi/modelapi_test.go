@@ -209,3 +209,19 @@ func TestTextDeltasSkipped(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// Content is the end of the body, cut at a rune.
+func TestRequestContent(t *testing.T) {
+	body := strings.Repeat("é", MaxContent) + `{"last":"message"}`
+	tap := NewRequestTap(Anthropic, "/v1/messages", io.NopCloser(strings.NewReader(body)))
+	io.Copy(io.Discard, tap)
+	c, cut := tap.Content()
+	if !cut || len(c) > MaxContent || !strings.HasSuffix(c, `{"last":"message"}`) || !strings.HasPrefix(c, "é") {
+		t.Fatalf("content %d bytes, cut %v", len(c), cut)
+	}
+	tap = NewRequestTap(Anthropic, "/v1/messages", io.NopCloser(strings.NewReader("{}")))
+	io.Copy(io.Discard, tap)
+	if c, cut := tap.Content(); c != "{}" || cut {
+		t.Fatalf("small: %q %v", c, cut)
+	}
+}

@@ -22,6 +22,12 @@ func Narrow(cur, next *Plan) (live *Plan, applied, pending []string) {
 		var a, p []string
 		live.Budget, a, p = narrowBudget(cur.Budget, next.Budget)
 		applied, pending = append(applied, a...), append(pending, p...)
+		// What a running sandbox's model calls record stays as it began
+		// (a change is for new sandboxes); recording less loosens.
+		live.ModelAudit = cur.ModelAudit
+		if modelAuditRank[next.ModelAudit] < modelAuditRank[cur.ModelAudit] {
+			pending = append(pending, "audit.model "+next.ModelAudit+" records less than "+cur.ModelAudit+" (loosens)")
+		}
 	}
 	return live, applied, pending
 }
@@ -248,7 +254,7 @@ func describeRule(r Rule) string {
 
 // Equal says whether two plans enforce the same.
 func (pl *Plan) Equal(o *Plan) bool {
-	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver || pl.Budget != o.Budget ||
+	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver || pl.Budget != o.Budget || pl.ModelAudit != o.ModelAudit ||
 		!slices.Equal(pl.Denied, o.Denied) || len(pl.Allow) != len(o.Allow) || !slices.Equal(pl.Injects, o.Injects) {
 		return false
 	}
@@ -259,3 +265,6 @@ func (pl *Plan) Equal(o *Plan) bool {
 	}
 	return true
 }
+
+// modelAuditRank orders audit.model's levels by what they keep.
+var modelAuditRank = map[string]int{policy.ModelCalls: 1, policy.ModelDigests: 2, policy.ModelContent: 3}

@@ -116,6 +116,9 @@ type Plan struct {
 	// Budget bounds the sandbox's calls to model hosts (the role's
 	// limits.model), counted by the gateway.
 	Budget policy.ModelBudget
+	// ModelAudit is what a model call's record keeps (the role's
+	// audit.model): policy.ModelCalls, ModelDigests or ModelContent.
+	ModelAudit string
 }
 
 // DNSPort is the port DNS to resolvers other than the pod's is dropped on.
@@ -134,7 +137,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	default:
 		return nil, fmt.Errorf("egress %q", p.Network.Egress)
 	}
-	pl.Budget = p.Limits.Model
+	pl.Budget, pl.ModelAudit = p.Limits.Model, p.Audit.Model
 	named := map[netip.Addr]bool{}
 	for i, r := range p.Network.Allow {
 		ports := append([]int(nil), r.Ports...)

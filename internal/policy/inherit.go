@@ -98,6 +98,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.Process, c.Process)
 		pick(&m.File, c.File)
 		pick(&m.Network, c.Network)
+		pick(&m.Model, c.Model)
 		out.Audit = &m
 	}
 	if c := child.Limits; c != nil {

@@ -52,8 +52,8 @@ func TestParseProblems(t *testing.T) {
 		{"contradiction: capability defeats maxProcesses", roleHead + "spec:\n  process: {capabilities: [SYS_ADMIN]}\n", []string{"CAP_SYS_ADMIN lets the agent exceed maxProcesses"}},
 		{"egress rule errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow: [{host: 10.0.0.1}, {cidr: 10.0.0.0/33}, {host: a.example, cidr: 10.0.0.0/8}, {ports: [0, 70000]}]\n", []string{
 			`allow[0].host: "10.0.0.1" is an address`, `allow[1].cidr: "10.0.0.0/33" is not a CIDR`, `allow[2]: sets both host and cidr`, `allow[3]: sets neither`, `allow[3].ports[0]: 0 is not a port`, `allow[3].ports[1]: 70000`}},
-		{"model budget errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443]}\n  limits:\n    model: {tokens: 0, perMinute: {requests: -1}}\n", []string{
-			`limits.model.tokens: 0 is not a bound`, `limits.model.perMinute.requests: -1 is not a bound`, `limits.model: bounds nothing`,
+		{"model budget errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443]}\n  limits:\n    model: {tokens: 0, perMinute: {requests: -1}}\n  audit: {model: all}\n", []string{
+			`audit.model: "all" is not calls, digests or content`, `limits.model.tokens: 0 is not a bound`, `limits.model.perMinute.requests: -1 is not a bound`, `limits.model: bounds nothing`,
 			`limits.model: no host rule names a model API (api:)`}},
 		{"model api errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443], api: claude}\n    - {cidr: 10.0.0.0/8, api: openai}\n", []string{
 			`allow[0].api: "claude" is not a model API this gateway reads ([anthropic openai gemini])`, `allow[1].api: only a host rule takes it`}},

@@ -84,7 +84,17 @@ type AuditProfile struct {
 	Process bool `json:"process"`
 	File    bool `json:"file"`
 	Network bool `json:"network"`
+	// Model is what a model call's record keeps: ModelCalls, ModelDigests
+	// or ModelContent.
+	Model string `json:"model"`
 }
+
+// What a model call's record keeps (audit.model).
+const (
+	ModelCalls   = "calls"
+	ModelDigests = "digests"
+	ModelContent = "content"
+)
 
 // LimitsProfile holds resource limits; 0 means no limit.
 type LimitsProfile struct {
@@ -413,7 +423,12 @@ func (p *Profile) compileLimits(li Limits) []error {
 // compileAudit fills the profile's audit section, with its defaults.
 func (p *Profile) compileAudit(au Audit) []error {
 	var errs []error
-	p.Audit = AuditProfile{Process: deref(au.Process, true), File: deref(au.File, true), Network: deref(au.Network, true)}
+	p.Audit = AuditProfile{Process: deref(au.Process, true), File: deref(au.File, true), Network: deref(au.Network, true), Model: deref(au.Model, ModelDigests)}
+	switch p.Audit.Model {
+	case ModelCalls, ModelDigests, ModelContent:
+	default:
+		errs = append(errs, ferr("audit.model", "%q is not calls, digests or content", p.Audit.Model))
+	}
 	return errs
 }
 

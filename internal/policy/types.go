@@ -93,6 +93,13 @@ type Audit struct {
 	File *bool `yaml:"file,omitempty" json:"file,omitempty"`
 	// Network: socket, connect, bind, listen, accept (with results).
 	Network *bool `yaml:"network,omitempty" json:"network,omitempty"`
+	// Model is what a model call's record keeps (host rules with api:):
+	// calls (the model, tokens, stop reason, tool call names), digests
+	// (default: also each tool call's input and the digest of what the
+	// model was sent) or content (also what the model was sent, its last
+	// 16 KiB, scrubbed).
+	// +kubebuilder:validation:Enum=calls;digests;content
+	Model *string `yaml:"model,omitempty" json:"model,omitempty"`
 }
 
 // Filesystem scope.

@@ -18,6 +18,23 @@ type nop struct{}
 func (nop) Env(e []string) []string  { return e }
 func (nop) Args(a []string) []string { return a }
 
+// readBack is r as the CLI reads it: a record the Sentry's messages made
+// (no Time yet) goes through the encoder and back; its Seq stays.
+func readBack(t *testing.T, r *audit.Record) *audit.Record {
+	t.Helper()
+	if r.Time != "" {
+		return r
+	}
+	var c audit.Chain
+	line, _ := c.SealAppend(nil, r)
+	back, err := audit.ParseLine(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.Seq = r.Seq
+	return back
+}
+
 // story: an agent's shell forks rm and curl; rm deletes a repository
 // file and is refused another, curl's name is refused; the root exits 3.
 func story(t *testing.T) []*audit.Record {
@@ -29,17 +46,7 @@ func story(t *testing.T) []*audit.Record {
 	var recs []*audit.Record
 	add := func(r *audit.Record) {
 		r.Sandbox, r.Role, r.PodNamespace, r.PodName, r.Seq = "sb", "coder", "agents", "c-1", uint64(len(recs)+1)
-		if r.Time == "" {
-			// Through the encoder and back, as the CLI reads them.
-			var c audit.Chain
-			line, _ := c.SealAppend(nil, r)
-			var err error
-			if r, err = audit.ParseLine(line); err != nil {
-				t.Fatal(err)
-			}
-			r.Seq = uint64(len(recs) + 1)
-		}
-		recs = append(recs, r)
+		recs = append(recs, readBack(t, r))
 	}
 	msg := func(m gproto.Message) { add(ingest.ToRecord(ingest.Message{Payload: m}, nop{})) }
 	own := func(rt audit.RecordType, status, m string, d map[string]string, ms int) {
@@ -143,16 +150,7 @@ func TestTurns(t *testing.T) {
 	var recs []*audit.Record
 	add := func(r *audit.Record) {
 		r.Sandbox, r.Seq = "sb", uint64(len(recs)+1)
-		if r.Time == "" {
-			var c audit.Chain
-			line, _ := c.SealAppend(nil, r)
-			var err error
-			if r, err = audit.ParseLine(line); err != nil {
-				t.Fatal(err)
-			}
-			r.Seq = uint64(len(recs) + 1)
-		}
-		recs = append(recs, r)
+		recs = append(recs, readBack(t, r))
 	}
 	msg := func(m gproto.Message, detail map[string]string) {
 		r := ingest.ToRecord(ingest.Message{Payload: m}, nop{})

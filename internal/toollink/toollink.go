@@ -12,6 +12,7 @@ package toollink
 import (
 	"encoding/json"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -121,7 +122,7 @@ func (l *Linker) Annotate(rec *audit.Record) {
 }
 
 func matches(p pending, argv []string, script string, isShell bool) bool {
-	if len(p.argv) > 0 && equal(p.argv, argv) {
+	if len(p.argv) > 0 && slices.Equal(p.argv, argv) {
 		return true
 	}
 	if !isShell {
@@ -142,18 +143,6 @@ func matches(p pending, argv []string, script string, isShell bool) bool {
 	default:
 		return len(cmd) >= MinContained && strings.Contains(script, cmd)
 	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // shells are the interpreters whose -c script is a tool's command.

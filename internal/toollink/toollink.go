@@ -140,9 +140,22 @@ func matches(p pending, argv []string, script string, isShell bool) bool {
 		return false
 	case strings.TrimSpace(script) == cmd:
 		return true
-	default:
-		return len(cmd) >= MinContained && strings.Contains(script, cmd)
+	case len(cmd) < MinContained:
+		return false
+	case strings.Contains(script, cmd):
+		return true
 	}
+	// A wrapper that single-quotes the command (eval '…') spells each '
+	// in it as '\'' or '"'"'.
+	if !strings.Contains(cmd, "'") {
+		return false
+	}
+	for _, q := range []string{`'\''`, `'"'"'`} {
+		if strings.Contains(script, "'"+strings.ReplaceAll(cmd, "'", q)+"'") {
+			return true
+		}
+	}
+	return false
 }
 
 // shells are the interpreters whose -c script is a tool's command.

@@ -26,6 +26,8 @@ func TestLinks(t *testing.T) {
 			exec("/bin/bash", "-c", "go test ./..."), "t1"},
 		{"wrapped whole (Claude Code's eval)", []*audit.Record{call(4, audit.ToolCall{ID: "t1", Name: "Bash", Input: `{"command":"go test ./..."}`})},
 			exec("/bin/bash", "-c", "-l", "source /tmp/snap && eval 'go test ./...' < /dev/null && pwd -P >| /tmp/cwd"), "t1"},
+		{"single quotes escaped inside the wrapper's quotes", []*audit.Record{call(4, audit.ToolCall{ID: "t1", Name: "Bash", Input: `{"command":"grep -r 'TODO' src"}`})},
+			exec("/bin/bash", "-c", `eval 'grep -r '\''TODO'\'' src' < /dev/null`), "t1"},
 		{"argv (Codex's shell)", []*audit.Record{call(4, audit.ToolCall{ID: "c1", Name: "shell", Input: `{"command":["bash","-lc","make test"]}`})},
 			exec("bash", "-lc", "make test"), "c1"},
 		{"short command only exactly", []*audit.Record{call(4, audit.ToolCall{ID: "t1", Name: "Bash", Input: `{"command":"ls"}`})},

@@ -227,3 +227,46 @@ spec: {role: r, subjects: [{namespace: a}]}
 		}
 	}
 }
+
+// A role with a model host says so, with its budget and what its model
+// calls' records keep.
+func TestPolicyExplainModelHost(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"baseline.yaml", "coder.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../../policies", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), b, 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "claude.yaml"), []byte(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: claude-coder}
+spec:
+  inherits: coder
+  network:
+    egress: allowlist
+    allow:
+      - {host: api.anthropic.com, ports: [443], api: anthropic}
+  limits:
+    model: {tokens: 2000000, perMinute: {requests: 30}}
+  audit: {model: content}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: claude-coder}
+spec:
+  role: claude-coder
+  subjects: [{namespace: agents}]
+`), 0o644)
+	out, stderr, err := run(t, "policy", "explain", "--policy-dir", dir, "--role", "claude-coder", "--namespace", "agents")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	for _, want := range []string{"api.anthropic.com ports [443] (model host, anthropic API: TLS terminated, each call recorded)",
+		"model budget 2000000 tokens, 30 calls a minute", "audit:       model calls keep content (audit.model)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain lacks %q:\n%s", want, out)
+		}
+	}
+}

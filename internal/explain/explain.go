@@ -258,6 +258,24 @@ func writeProfileExplanation(w io.Writer, ex Explanation) {
 	fmt.Fprintf(w, "limits:      cpu %s; memory %s; cpu time %s; open files %d; wall clock %s\n",
 		orNone(p.Limits.CPUMillis > 0, fmt.Sprintf("%dm", p.Limits.CPUMillis)), orNone(p.Limits.MemoryBytes > 0, fmt.Sprintf("%d bytes", p.Limits.MemoryBytes)),
 		orNone(p.Limits.CPUTimeSeconds > 0, fmt.Sprintf("%ds", p.Limits.CPUTimeSeconds)), p.Limits.OpenFiles, orNone(p.Limits.WallClock > 0, p.Limits.WallClock.String()))
+	if b := p.Limits.Model; b.Any() {
+		var bounds []string
+		for _, x := range []struct {
+			n    int64
+			what string
+		}{{b.Tokens, "tokens"}, {b.Requests, "calls"}, {b.RequestsPerMinute, "calls a minute"}} {
+			if x.n > 0 {
+				bounds = append(bounds, fmt.Sprintf("%d %s", x.n, x.what))
+			}
+		}
+		fmt.Fprintf(w, "             model budget %s (counted at the gateway; past it, the vendor's 429)\n", strings.Join(bounds, ", "))
+	}
+	for _, r := range p.Network.Allow {
+		if r.API != "" {
+			fmt.Fprintf(w, "audit:       model calls keep %s (audit.model)\n", p.Audit.Model)
+			break
+		}
+	}
 	if ex.Pod == nil {
 		fmt.Fprintln(w, "\nOCI spec changes (on containerd's default spec):")
 		for _, ch := range ex.SpecChange {

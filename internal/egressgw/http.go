@@ -257,7 +257,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		return
 	}
 	ev.Host = name
-	rule, why := Decide(g.plan(), name, port)
+	// One plan decides the request, and bounds and records its model call.
+	pl := g.plan()
+	rule, why := Decide(pl, name, port)
 	ev.Rule = rule.Name
 	if why != "" {
 		refuse(why)
@@ -304,17 +306,19 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		r.Body = body
 	}
 	if api := modelapi.API(rule.API); api != "" && !websocket {
-		if limit, why := g.usage.take(g.plan().Budget, time.Now()); limit != "" {
+		if limit, why := g.usage.take(pl.Budget, time.Now()); limit != "" {
 			ev.Kind, ev.Reason, ev.Limit = Refused, why, limit
 			quotaAnswer(cw, api, limit, why)
 			return
 		}
-		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent")), Keep: g.plan().ModelAudit}}
-		if r.Body != nil && r.Body != http.NoBody {
-			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), r.Body)
+		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent")), Keep: pl.ModelAudit}}
+		body := r.Body
+		if body == nil {
+			body = http.NoBody
+		}
+		x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), body)
+		if body != http.NoBody {
 			r.Body = x.model.req
-		} else {
-			x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), http.NoBody)
 		}
 		defer func() {
 			ev.Model = x.model.result()

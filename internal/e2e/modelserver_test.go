@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"agentbox.dev/agentbox/internal/e2e/modelscript"
 )
 
 // The scripted model server: the test web host answers the three model
@@ -46,140 +48,72 @@ func modelCommand(model string) string {
 // exfilModel is the model that asks for an exfiltration.
 const exfilModel = "claude-exfil"
 
-// serveModel answers a model API request; false when r is not one.
+// serveModel answers a model API request; false when r is not one. A
+// request offering a known agent CLI's tools is driven through
+// modelscript's coding task; the others get one tool call, then text.
 func serveModel(w http.ResponseWriter, r *http.Request) bool {
 	host, _, err := net.SplitHostPort(r.Host)
 	if err != nil {
 		host = r.Host
 	}
-	body, _ := io.ReadAll(io.LimitReader(r.Body, 8<<20))
-	var req struct {
-		Model  string `json:"model"`
-		Stream bool   `json:"stream"`
-	}
-	_ = json.Unmarshal(body, &req)
-	// A tool's result in the request: the model is done.
-	done := strings.Contains(string(body), "tool_result") || strings.Contains(string(body), "function_call_output") ||
-		strings.Contains(string(body), `"role":"tool"`) || strings.Contains(string(body), "functionResponse")
-	model := req.Model
-	if host == geminiHost {
-		model, _, _ = strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1beta/models/"), ":")
-	}
-	input, _ := json.Marshal(map[string]string{"command": modelCommand(model)})
-	sse := func(events ...string) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		f, _ := w.(http.Flusher)
-		for _, e := range events {
-			io.WriteString(w, e)
-			if f != nil {
-				f.Flush()
-			}
-		}
-	}
-	jsonOut := func(v any) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(v)
-	}
+	var api string
 	switch {
-	case (host == anthropicHost || host == modelPassHost) && r.URL.Path == "/v1/messages" && strings.HasPrefix(req.Model, "bench-"):
-		benchStream(w, req.Model)
 	case (host == anthropicHost || host == modelPassHost) && r.URL.Path == "/v1/messages":
-		if r.Header.Get("X-Api-Key") == "" {
-			w.WriteHeader(401)
-			jsonOut(map[string]any{"type": "error", "error": map[string]string{"type": "authentication_error", "message": "x-api-key header is required"}})
-			return true
-		}
-		model := req.Model + "-20261201"
-		block := map[string]any{"type": "tool_use", "id": "toolu_e2e1", "name": "Bash", "input": json.RawMessage(input)}
-		stop := "tool_use"
-		if done {
-			block, stop = map[string]any{"type": "text", "text": "All done."}, "end_turn"
-		}
-		if !req.Stream {
-			jsonOut(map[string]any{"id": "msg_e2e", "type": "message", "role": "assistant", "model": model, "content": []any{block},
-				"stop_reason": stop, "usage": map[string]int{"input_tokens": 120, "output_tokens": 24}})
-			return true
-		}
-		ev := func(typ string, v map[string]any) string {
-			v["type"] = typ
-			b, _ := json.Marshal(v)
-			return "event: " + typ + "\ndata: " + string(b) + "\n\n"
-		}
-		events := []string{ev("message_start", map[string]any{"message": map[string]any{"id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
-			"content": []any{}, "usage": map[string]int{"input_tokens": 120, "output_tokens": 1}}})}
-		if done {
-			events = append(events, ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "text", "text": ""}}),
-				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "text_delta", "text": "All done."}}))
-		} else {
-			half := len(input) / 2
-			events = append(events, ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "tool_use", "id": "toolu_e2e1", "name": "Bash", "input": map[string]any{}}}),
-				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "input_json_delta", "partial_json": string(input[:half])}}),
-				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "input_json_delta", "partial_json": string(input[half:])}}))
-		}
-		events = append(events, ev("content_block_stop", map[string]any{"index": 0}),
-			ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop}, "usage": map[string]int{"output_tokens": 24}}),
-			ev("message_stop", map[string]any{}))
-		sse(events...)
-	case host == openaiHost && r.URL.Path == "/v1/responses":
-		if !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
-			w.WriteHeader(401)
-			jsonOut(map[string]any{"error": map[string]string{"message": "You didn't provide an API key.", "type": "invalid_request_error"}})
-			return true
-		}
-		item := map[string]any{"type": "function_call", "id": "fc_e2e", "call_id": "call_e2e1", "name": "shell", "arguments": string(input), "status": "completed"}
-		if done {
-			item = map[string]any{"type": "message", "id": "m_e2e", "role": "assistant", "content": []any{map[string]string{"type": "output_text", "text": "All done."}}}
-		}
-		resp := map[string]any{"id": "resp_e2e", "object": "response", "model": req.Model + "-2026", "status": "completed", "output": []any{item},
-			"usage": map[string]int{"input_tokens": 300, "output_tokens": 30, "total_tokens": 330}}
-		if !req.Stream {
-			jsonOut(resp)
-			return true
-		}
-		ev := func(typ string, v map[string]any) string {
-			v["type"] = typ
-			b, _ := json.Marshal(v)
-			return "event: " + typ + "\ndata: " + string(b) + "\n\n"
-		}
-		sse(ev("response.created", map[string]any{"response": map[string]any{"id": "resp_e2e", "object": "response", "model": resp["model"], "status": "in_progress", "output": []any{}}}),
-			ev("response.output_item.done", map[string]any{"output_index": 0, "item": item}),
-			ev("response.completed", map[string]any{"response": resp}))
-	case host == openaiHost && r.URL.Path == "/v1/chat/completions":
-		tc := []any{map[string]any{"index": 0, "id": "call_e2e2", "type": "function", "function": map[string]string{"name": "shell", "arguments": string(input)}}}
-		chunk := func(delta map[string]any, finish any) string {
-			b, _ := json.Marshal(map[string]any{"id": "c_e2e", "object": "chat.completion.chunk", "model": req.Model, "choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}})
-			return "data: " + string(b) + "\n\n"
-		}
-		usage, _ := json.Marshal(map[string]any{"id": "c_e2e", "object": "chat.completion.chunk", "model": req.Model, "choices": []any{},
-			"usage": map[string]int{"prompt_tokens": 50, "completion_tokens": 9, "total_tokens": 59}})
-		sse(chunk(map[string]any{"role": "assistant", "tool_calls": tc}, nil), chunk(map[string]any{}, "tool_calls"), "data: "+string(usage)+"\n\n", "data: [DONE]\n\n")
+		api = "anthropic"
+	case host == openaiHost && (r.URL.Path == "/v1/responses" || r.URL.Path == "/v1/chat/completions"):
+		api = "openai"
 	case host == geminiHost && strings.HasPrefix(r.URL.Path, "/v1beta/models/"):
-		model, method, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1beta/models/"), ":")
-		if r.Header.Get("X-Goog-Api-Key") == "" {
-			w.WriteHeader(403)
-			jsonOut(map[string]any{"error": map[string]any{"code": 403, "message": "Method doesn't allow unregistered callers.", "status": "PERMISSION_DENIED"}})
-			return true
-		}
-		part := map[string]any{"functionCall": map[string]any{"name": "run_shell_command", "args": map[string]string{"command": modelCommand(model)}}}
-		if done {
-			part = map[string]any{"text": "All done."}
-		}
-		resp := func(parts []any, finish string, usage map[string]int) map[string]any {
-			c := map[string]any{"content": map[string]any{"role": "model", "parts": parts}}
-			if finish != "" {
-				c["finishReason"] = finish
-			}
-			return map[string]any{"candidates": []any{c}, "usageMetadata": usage, "modelVersion": model + "-001"}
-		}
-		if method != "streamGenerateContent" {
-			jsonOut(resp([]any{part}, "STOP", map[string]int{"promptTokenCount": 80, "candidatesTokenCount": 12, "totalTokenCount": 92}))
-			return true
-		}
-		b1, _ := json.Marshal(resp([]any{map[string]string{"text": "Running it."}}, "", map[string]int{"promptTokenCount": 80, "totalTokenCount": 80}))
-		b2, _ := json.Marshal(resp([]any{part}, "STOP", map[string]int{"promptTokenCount": 80, "candidatesTokenCount": 12, "totalTokenCount": 92}))
-		sse("data: "+string(b1)+"\r\n\r\n", "data: "+string(b2)+"\r\n\r\n")
+		api = "gemini"
 	default:
 		return false
+	}
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+	jsonErr := func(code int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(v)
+	}
+	// Each vendor's own answer to a call without its key.
+	switch {
+	case api == "anthropic" && r.Header.Get("X-Api-Key") == "":
+		jsonErr(401, map[string]any{"type": "error", "error": map[string]string{"type": "authentication_error", "message": "x-api-key header is required"}})
+		return true
+	case api == "openai" && !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer "):
+		jsonErr(401, map[string]any{"error": map[string]string{"message": "You didn't provide an API key.", "type": "invalid_request_error"}})
+		return true
+	case api == "gemini" && r.Header.Get("X-Goog-Api-Key") == "":
+		jsonErr(403, map[string]any{"error": map[string]any{"code": 403, "message": "Method doesn't allow unregistered callers.", "status": "PERMISSION_DENIED"}})
+		return true
+	}
+	if modelscript.Serve(w, api, r.URL.Path, body, "http://"+webAddr+"/upload") {
+		return true
+	}
+	req, err := modelscript.Parse(api, r.URL.Path, body)
+	if err != nil {
+		jsonErr(400, map[string]any{"error": map[string]string{"message": err.Error()}})
+		return true
+	}
+	if api == "anthropic" && strings.HasPrefix(req.Model, "bench-") {
+		benchStream(w, req.Model)
+		return true
+	}
+	model := req.Model
+	input := map[string]any{"command": modelCommand(model)}
+	turn := func(id, name string, in, out int) modelscript.Turn {
+		if req.Results > 0 { // the tool's result came back: the model is done
+			return modelscript.Turn{Text: "All done.", In: in, Out: out}
+		}
+		return modelscript.Turn{Tool: &modelscript.ToolCall{ID: id, Name: name, Input: input}, In: in, Out: out}
+	}
+	switch {
+	case api == "anthropic":
+		modelscript.Messages(w, req.Stream, model+"-20261201", turn("toolu_e2e1", "Bash", 120, 24))
+	case r.URL.Path == "/v1/responses":
+		modelscript.Responses(w, req.Stream, model+"-2026", turn("call_e2e1", "shell", 300, 30))
+	case api == "openai":
+		modelscript.ChatCompletions(w, model, turn("call_e2e2", "shell", 50, 9))
+	default:
+		modelscript.Gemini(w, req.Stream, model+"-001", turn("", "run_shell_command", 80, 12))
 	}
 	return true
 }

@@ -206,10 +206,14 @@ start() {
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$AGENT_IMAGE" "$AGENTBOX_CACHE/images/agent.tar" >/dev/null
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$PAUSE_IMAGE" "$AGENTBOX_CACHE/images/pause.tar" >/dev/null
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$PROBE_IMAGE" "$AGENTBOX_CACHE/images/probe.tar" >/dev/null
-    # The real-agent image (hack/images.sh realagent), when built: the
-    # test suite's; the quickstart does not need it.
+    # The real-agent and agent-CLI images (hack/images.sh realagent,
+    # agentcli), when built: the test suite's; the quickstart does not
+    # need them.
     if [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
       ctrq --address "$SOCK" -n "$ns" images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
+    fi
+    if [ -f "$AGENTBOX_CACHE/images/agentcli.tar" ]; then
+      ctrq --address "$SOCK" -n "$ns" images import --index-name "$AGENTCLI_IMAGE" "$AGENTBOX_CACHE/images/agentcli.tar" >/dev/null
     fi
   done
   echo "$SOCK"

@@ -11,6 +11,10 @@
 #                              # with python3, venv, pip, CPython's test suite, node, npm, git,
 #                              # curl, sqlite3, openssl, make, chromium, from Debian's
 #                              # packages (mmdebstrap), for the e2e suite
+#   hack/images.sh agentcli    # the agent-CLI image: the real-agent image plus
+#                              # Claude Code, Codex and Gemini CLI from npm
+#                              # (pinned below) and Node.js 20 (the machine's;
+#                              # Gemini CLI needs >= 20, bookworm's is 18)
 source "$(dirname "$0")/lib.sh"
 img_dir=$AGENTBOX_CACHE/images
 mode=${1:-cached}
@@ -74,6 +78,52 @@ if [ "$mode" = realagent ]; then
   step "real-agent image: $(du -h "$img_dir/realagent.tar" | cut -f1)"
   exit 0
 fi
+if [ "$mode" = agentcli ]; then
+  # Pinned: the versions the e2e suite's scripted model server was written
+  # against (docs/agents/). Installed with --ignore-scripts: no package's
+  # own script runs on the build host; the launchers below call each
+  # CLI's platform binary, which is what its postinstall would link.
+  clis="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 @google/gemini-cli@0.61.0"
+  node_bin=$(command -v node) || die "node missing: Gemini CLI needs Node.js >= 20 (the machine's is copied in)"
+  node_v=$("$node_bin" --version)
+  case $node_v in v2[0-9].*|v[3-9][0-9].*) ;; *) die "node $node_v: Gemini CLI needs Node.js >= 20";; esac
+  [ -f "$img_dir/realagent.tar" ] || "$0" realagent
+  ac_stamp="$clis node=$node_v base=$(cat "$img_dir/.realagent.stamp") v1"
+  if [ -f "$img_dir/agentcli.tar" ] && [ "$(cat "$img_dir/.agentcli.stamp" 2>/dev/null)" = "$ac_stamp" ]; then
+    step "agent-CLI image cached"
+    exit 0
+  fi
+  npm_dir=$AGENTBOX_CACHE/agentcli-npm
+  npm_stamp=$(echo "$clis" | sha256sum | cut -c1-12)
+  if [ "$(cat "$npm_dir/.stamp" 2>/dev/null)" != "$npm_stamp" ]; then
+    step "installing $clis from npm (about 850 MB; log: $AGENTBOX_CACHE/logs/agentcli-npm.log)"
+    rm -rf "$npm_dir" && mkdir -p "$npm_dir"
+    # shellcheck disable=SC2086 # one argument per package
+    (cd "$npm_dir" && npm install --no-audit --no-fund --ignore-scripts --prefix . $clis) >"$AGENTBOX_CACHE/logs/agentcli-npm.log" 2>&1 \
+      || { tail -n 20 "$AGENTBOX_CACHE/logs/agentcli-npm.log" >&2; die "npm install failed"; }
+    echo "$npm_stamp" >"$npm_dir/.stamp"
+  fi
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  step "building the agent-CLI image (the real-agent image + $clis)"
+  layout=$work/layout
+  mkdir -p "$layout" && tar -C "$layout" -xf "$img_dir/realagent.tar"
+  umoci unpack --uid-map 0:0:65536 --gid-map 0:0:65536 --image "$layout:latest" "$work/bundle" >/dev/null
+  rootfs=$work/bundle/rootfs
+  mkdir -p "$rootfs/opt/agents"
+  cp -a "$npm_dir/node_modules" "$rootfs/opt/agents/"
+  install -m 0755 "$node_bin" "$rootfs/usr/local/bin/node"
+  m=/opt/agents/node_modules
+  ln -s "$m/@anthropic-ai/claude-code-linux-x64/claude" "$rootfs/usr/local/bin/claude"
+  ln -s "$m/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex" "$rootfs/usr/local/bin/codex"
+  ln -s "$m/@google/gemini-cli/bundle/gemini.js" "$rootfs/usr/local/bin/gemini"
+  for b in claude codex gemini; do [ -x "$rootfs$(readlink "$rootfs/usr/local/bin/$b")" ] || die "$b: $(readlink "$rootfs/usr/local/bin/$b") missing"; done
+  umoci repack --image "$layout:latest" "$work/bundle" >/dev/null
+  tar -C "$layout" -cf "$img_dir/agentcli.tar.new" . && mv "$img_dir/agentcli.tar.new" "$img_dir/agentcli.tar"
+  echo "$ac_stamp" >"$img_dir/.agentcli.stamp"
+  step "agent-CLI image: $(du -h "$img_dir/agentcli.tar" | cut -f1)"
+  exit 0
+fi
 if [ "$mode" = cached ] && [ -f "$img_dir/.stamp" ] && [ "$(cat "$img_dir/.stamp")" = "$stamp" ]; then
   step "images cached"
   exit 0
@@ -118,7 +168,7 @@ if [ "$mode" = installer ]; then
   echo "$img_dir/installer.tar"
   exit 0
 fi
-[ "$mode" = cached ] || die "usage: $0 [installer|realagent]"
+[ "$mode" = cached ] || die "usage: $0 [installer|realagent|agentcli]"
 
 build_image agent latest /usr/local/bin/agent
 # The e2e suite's probe image: the agent image plus abx-probe, a small

@@ -274,9 +274,12 @@ up() {
   for img in agent pause probe; do
     ctrq --address "$SOCK" -n k8s.io images import --index-name "docker.io/agentbox/$img:latest" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
   done
-  # The real-agent image (hack/images.sh realagent), when built.
+  # The real-agent and agent-CLI images (hack/images.sh), when built.
   if [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
     ctrq --address "$SOCK" -n k8s.io images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
+  fi
+  if [ -f "$AGENTBOX_CACHE/images/agentcli.tar" ]; then
+    ctrq --address "$SOCK" -n k8s.io images import --index-name "$AGENTCLI_IMAGE" "$AGENTBOX_CACHE/images/agentcli.tar" >/dev/null
   fi
   step "installer image"
   "$REPO_ROOT/hack/images.sh" installer >/dev/null

@@ -32,6 +32,7 @@ AGENT_IMAGE=docker.io/agentbox/agent:latest
 PAUSE_IMAGE=docker.io/agentbox/pause:latest
 PROBE_IMAGE=docker.io/agentbox/probe:latest
 REALAGENT_IMAGE=docker.io/agentbox/realagent:bookworm
+AGENTCLI_IMAGE=docker.io/agentbox/agentcli:bookworm
 
 export PATH=$OUT_BIN:$TOOLS_BIN:/usr/local/go/bin:$PATH
 

@@ -122,5 +122,6 @@ file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS
 "$REPO_ROOT/hack/images.sh"
 if [ "$setup_mode" = full ]; then
   "$REPO_ROOT/hack/images.sh" realagent
+  "$REPO_ROOT/hack/images.sh" agentcli
 fi
 step "setup done"

@@ -135,7 +135,7 @@ func TestKubeEgressRealClients(t *testing.T) {
 	})}
 	go srv.ServeTLS(ln, "", "")
 	defer srv.Close()
-	k.inspectedOnBridge(t, "api.kube.test", nodeIP, caPEM)
+	k.inspectedOnBridge(t, nodeIP, caPEM, "api.kube.test")
 	writeNodePolicy(t, k, "e2e-kube-realclients.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: e2e-kube-realclients}
@@ -183,17 +183,21 @@ spec:
 	}
 }
 
-// inspectedOnBridge has the node resolve name to addr (an upstream DNS
+// inspectedOnBridge has the node resolve names to addr (an upstream DNS
 // server on loopback) and its gateways trust caPEM for the servers behind
 // inspected rules, until the test ends.
-func (k *kubeNode) inspectedOnBridge(t *testing.T, name, addr, caPEM string) {
+func (k *kubeNode) inspectedOnBridge(t *testing.T, addr, caPEM string, names ...string) {
 	t.Helper()
-	upstream, err := newDNSServer("127.0.0.1:0", map[string]netip.Addr{name + ".": netip.MustParseAddr(addr)})
+	answers := map[string]netip.Addr{}
+	for _, name := range names {
+		answers[name+"."] = netip.MustParseAddr(addr)
+	}
+	upstream, err := newDNSServer("127.0.0.1:0", answers)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { upstream.conn.Close() })
-	caFile := filepath.Join(k.dir, name+"-ca.pem")
+	caFile := filepath.Join(k.dir, names[0]+"-ca.pem")
 	if err := os.WriteFile(caFile, []byte(caPEM), 0o644); err != nil {
 		t.Fatal(err)
 	}

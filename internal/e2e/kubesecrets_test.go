@@ -71,7 +71,7 @@ func TestKubeSecretRef(t *testing.T) {
 	keys := k.namespace(t, "e2e-keys")
 	const nodeIP = "10.97.0.1"
 	origin, caPEM := newAuthOrigin(t, nodeIP, "api.kube.test")
-	k.inspectedOnBridge(t, "api.kube.test", nodeIP, caPEM)
+	k.inspectedOnBridge(t, nodeIP, caPEM, "api.kube.test")
 	t.Cleanup(func() {
 		k.kubectl("delete", "agentrolebinding", "e2e-keys", "e2e-keys-other", "--ignore-not-found")
 		k.kubectl("delete", "agentrole", "e2e-keys", "e2e-keys-other", "--ignore-not-found")

@@ -225,17 +225,20 @@ func parseObject(file string, root *yaml.Node) (*parsed, []error) {
 	}
 	p := &parsed{file: file, lines: lineIndex{"": root.Line}}
 	var target any
+	// AgentRole and AgentRoleBinding are the cluster's names for them
+	// (the CRDs, which agentbox sync writes to nodes as Role and
+	// RoleBinding): a file meant for kubectl validates as it is.
 	switch h.Kind {
-	case KindRole:
+	case KindRole, "AgentRole":
 		p.role = &Role{}
 		target = p.role
-	case KindRoleBinding:
+	case KindRoleBinding, "AgentRoleBinding":
 		p.binding = &RoleBinding{}
 		target = p.binding
 	case "":
 		return nil, []error{Problem{File: file, Line: root.Line, Path: "kind", Msg: "missing; want Role or RoleBinding"}}
 	default:
-		return nil, []error{Problem{File: file, Line: kindLine, Path: "kind", Msg: fmt.Sprintf("%q is not Role or RoleBinding", h.Kind)}}
+		return nil, []error{Problem{File: file, Line: kindLine, Path: "kind", Msg: fmt.Sprintf("%q is not Role or RoleBinding (or the cluster's AgentRole, AgentRoleBinding)", h.Kind)}}
 	}
 	var problems []error
 	checkFields(file, root, reflect.TypeOf(target).Elem(), "", p.lines, &problems)

@@ -18,7 +18,7 @@ func TestParseProblems(t *testing.T) {
 		{"unknown field with line", roleHead + "spec:\n  limits:\n    memroy: 1Gi\n", []string{"p.yaml:6: spec.limits.memroy: unknown field"}},
 		{"unknown top-level", roleHead + "spec: {}\nstatus: {}\n", []string{"p.yaml:5: status: unknown field"}},
 		{"duplicate field", roleHead + "spec:\n  limits: {}\n  limits: {}\n", []string{"p.yaml:6: spec.limits: duplicate field"}},
-		{"wrong kind", "apiVersion: agentbox.dev/v1\nkind: Rol\nmetadata: {name: r}\n", []string{"p.yaml:2: kind: \"Rol\" is not Role or RoleBinding"}},
+		{"wrong kind", "apiVersion: agentbox.dev/v1\nkind: Rol\nmetadata: {name: r}\n", []string{"p.yaml:2: kind: \"Rol\" is not Role or RoleBinding (or the cluster's AgentRole, AgentRoleBinding)"}},
 		{"missing kind", "apiVersion: agentbox.dev/v1\nmetadata: {name: r}\n", []string{"kind: missing"}},
 		{"wrong api version", "apiVersion: v1\nkind: Role\nmetadata: {name: r}\nspec: {}\n", []string{"p.yaml:1: apiVersion: \"v1\" is not \"agentbox.dev/v1\""}},
 		{"bad name", "apiVersion: agentbox.dev/v1\nkind: Role\nmetadata: {name: Bad_Name}\nspec: {}\n", []string{"metadata.name: \"Bad_Name\" is not a valid name"}},
@@ -289,5 +289,21 @@ func TestTightenOnly(t *testing.T) {
 	open := mustParse(t, strings.Replace(family, "role: child", "role: grandchild", 1))
 	if _, err := open.Select(Request{Annotations: map[string]string{RoleAnnotation: "grandchild", EgressAnnotation: "allowlist"}, PodNamespace: "agents"}); err == nil {
 		t.Error("egress may only narrow to none")
+	}
+}
+
+// TestExamplesValidate: the examples' roles, written for kubectl as
+// AgentRole and AgentRoleBinding, load with the shipped roles they
+// inherit, as `agentbox policy validate policies/ FILE` loads them.
+func TestExamplesValidate(t *testing.T) {
+	for _, f := range []string{"agents/role.yaml", "agent-sandbox/role.yaml"} {
+		s, err := LoadPaths("../../policies", filepath.Join("../../examples", f))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if len(s.Roles) < 4 {
+			t.Errorf("%s: %d roles", f, len(s.Roles))
+		}
 	}
 }

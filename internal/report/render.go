@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 // JSON writes the report as indented JSON.
@@ -68,6 +69,15 @@ func Text(w io.Writer, rep *Report) error {
 				p(", stop %s", q(tu.StopReason))
 			}
 			p(", client %s pid %d\n", q(tu.Client), tu.PID)
+			if tu.Refused() {
+				// What the agent had just read, next to what was refused.
+				switch {
+				case tu.Read != "":
+					p("    after reading the result of %s: %s\n", q(tu.ReadCall), q(clipText(tu.Read, 400)))
+				case tu.SentDigest != "":
+					p("    it was sent sha256:%s (audit.model: content keeps what it had read)\n", tu.SentDigest)
+				}
+			}
 			for _, c := range tu.Tools {
 				p("    tool %s %s %s\n", q(c.Name), q(c.ID), q(c.Input))
 				if len(c.Processes) > 0 {
@@ -189,6 +199,7 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 	"verify": verifyLine,
 	"target": func(f FileChange) string { return changeTarget(f, func(s string) string { return s }) },
 	"utc":    func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
+	"clip":   func(s string) string { return clipText(s, 400) },
 	"dur":    func(a, b time.Time) string { return b.Sub(a).Round(time.Millisecond).String() },
 	// pct places t on the timeline, 0..100.
 	"pct": func(start, end, t time.Time) string {
@@ -214,4 +225,15 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 // font from anywhere else, every value escaped by html/template.
 func HTML(w io.Writer, rep *Report) error {
 	return page.Execute(w, rep)
+}
+
+// clipText cuts s to n bytes, on a rune boundary, marking the cut.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

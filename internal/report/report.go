@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/modelapi"
 )
 
 // Report is one sandbox's story.
@@ -85,6 +86,23 @@ type Turn struct {
 	Client     string     `json:"client,omitempty"`
 	PID        int32      `json:"pid,omitempty"`
 	Tools      []*ToolUse `json:"tool_calls,omitempty"`
+	// SentDigest is the SHA-256 of what the model was sent; Read, the
+	// newest tool result in it (what the agent had just read: where a
+	// prompt injection comes from), when the role kept the content
+	// (audit.model: content), and ReadCall the tool call it answered.
+	SentDigest string `json:"sent_digest,omitempty"`
+	Read       string `json:"read,omitempty"`
+	ReadCall   string `json:"read_call,omitempty"`
+}
+
+// Refused says whether a tool call of the turn had something refused.
+func (t *Turn) Refused() bool {
+	for _, c := range t.Tools {
+		if len(c.Refusals) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // ToolUse is a tool call of a turn: the processes it started (linked by
@@ -331,6 +349,10 @@ func (b *builder) turn(r *audit.Record, t time.Time) {
 	if m.Tokens != nil {
 		tu.Tokens = m.Tokens.Total
 	}
+	tu.SentDigest = m.RequestDigest
+	if m.RequestContent != "" && !m.ContentCut {
+		tu.Read, tu.ReadCall, _ = modelapi.LastToolResult(modelapi.API(m.API), m.RequestContent)
+	}
 	for _, c := range m.ToolCalls {
 		tu.Tools = append(tu.Tools, &ToolUse{ID: c.ID, Name: c.Name, Input: c.Input})
 	}
@@ -341,10 +363,11 @@ func (b *builder) turn(r *audit.Record, t time.Time) {
 // linkTool ties a process to the tool call the runtime linked it to, or
 // to its parent's.
 func (b *builder) linkTool(p *Process, r *audit.Record) {
-	if id := r.Detail["tool_call_id"]; id != "" {
+	// Gemini's tool calls have no ids: the link names the call.
+	if id, name := r.Detail["tool_call_id"], r.Detail["tool_call_name"]; name != "" {
 		if tu := b.turns[r.Detail["model_call"]]; tu != nil {
 			for _, c := range tu.Tools {
-				if c.ID == id {
+				if c.ID == id && c.Name == name {
 					p.tool, p.ToolCall = c, id
 					c.Processes = append(c.Processes, p.PID)
 					return

@@ -78,8 +78,9 @@ type Request struct {
 	// its length.
 	Digest string
 	Bytes  int64
-	// Content is the end of the body, when the role asks for it
-	// (audit.model: content); ContentCut says it is not the whole.
+	// Content is the conversation's newest messages, when the role asks
+	// for them (audit.model: content); ContentCut says it is not the
+	// whole body.
 	Content    string
 	ContentCut bool
 }
@@ -157,12 +158,19 @@ func (t *RequestTap) Request() Request {
 }
 
 // MaxContent bounds what is kept of a request's body when a role asks
-// for its content (its end: a conversation's newest messages are last).
+// for its content: its conversation's newest messages.
 const MaxContent = 16 << 10
 
-// Content is the end of the request's body, at most MaxContent bytes,
-// and whether it was cut ("", true when the body was larger than
-// MaxRequest: only its start was kept).
+// conversationKeys are where each API's request holds its conversation.
+var conversationKeys = map[API][]string{Anthropic: {"messages"}, OpenAI: {"input", "messages"}, Gemini: {"contents"}}
+
+// Content is the newest part of the request's conversation, at most
+// MaxContent bytes: a JSON object holding, under the request's own key
+// (messages, input, contents), its last messages, as many as fit. The
+// rest of a request (instructions, tool definitions) comes first in
+// real clients' bodies and is left out. cut says older messages were
+// left out too, or that the body was no conversation this reads: then
+// Content is the body's end ("" when it was larger than MaxRequest).
 func (t *RequestTap) Content() (string, bool) {
 	if t == nil {
 		return "", false
@@ -171,6 +179,9 @@ func (t *RequestTap) Content() (string, bool) {
 	defer t.mu.Unlock()
 	if int64(len(t.kept)) != t.n {
 		return "", true
+	}
+	if c, cut, ok := newestMessages(t.api, t.kept); ok {
+		return c, cut
 	}
 	b := t.kept
 	cut := len(b) > MaxContent
@@ -181,6 +192,37 @@ func (t *RequestTap) Content() (string, bool) {
 		}
 	}
 	return strings.ToValidUTF8(string(b), "\uFFFD"), cut
+}
+
+// newestMessages is {"KEY": [the last messages that fit]} of a request
+// body; ok is false when the body holds no conversation array, or its
+// newest message alone is larger than MaxContent.
+func newestMessages(api API, body []byte) (string, bool, bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return "", false, false
+	}
+	for _, key := range conversationKeys[api] {
+		var items []json.RawMessage
+		if json.Unmarshal(top[key], &items) != nil || len(items) == 0 {
+			continue
+		}
+		// {"KEY":[ ... ]} and a comma between items.
+		size, first := len(key)+6, len(items)
+		for first > 0 && size+len(items[first-1])+1 <= MaxContent {
+			first--
+			size += len(items[first]) + 1
+		}
+		if first == len(items) {
+			return "", false, false
+		}
+		out, err := json.Marshal(map[string][]json.RawMessage{key: items[first:]})
+		if err != nil {
+			return "", false, false
+		}
+		return strings.ToValidUTF8(string(out), "\uFFFD"), first > 0, true
+	}
+	return "", false, false
 }
 
 // ToolCall is a tool the model asked the agent to run.

@@ -1,6 +1,7 @@
 package modelapi
 
 import (
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -210,18 +211,46 @@ func TestTextDeltasSkipped(t *testing.T) {
 	}
 }
 
-// Content is the end of the body, cut at a rune.
+// Content is the conversation's newest messages, without what real
+// clients put after them (tool definitions); else the body's end, cut at
+// a rune.
 func TestRequestContent(t *testing.T) {
+	content := func(api API, body string) (string, bool) {
+		tap := NewRequestTap(api, "/x", io.NopCloser(strings.NewReader(body)))
+		io.Copy(io.Discard, tap)
+		return tap.Content()
+	}
+	msg := func(i int) string {
+		return fmt.Sprintf(`{"role":"user","content":"m%d %s"}`, i, strings.Repeat("x", 3000))
+	}
+	var msgs []string
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, msg(i))
+	}
+	tools := `"tools":[{"name":"Bash","description":"` + strings.Repeat("d", 40000) + `"}]`
+	c, cut := content(Anthropic, `{"model":"m","messages":[`+strings.Join(msgs, ",")+`],"system":"s",`+tools+`}`)
+	if !cut || len(c) > MaxContent || !strings.HasPrefix(c, `{"messages":[{"role":"user","content":"m5 `) || !strings.HasSuffix(c, `"m9 `+strings.Repeat("x", 3000)+`"}]}`) {
+		t.Fatalf("messages: %d bytes, cut %v: %.60q", len(c), cut, c)
+	}
+	if text, _, ok := LastToolResult(Anthropic, c); ok || text != "" {
+		t.Fatalf("no tool result in it: %q", text)
+	}
+	if c, cut := content(OpenAI, `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":"o"}],`+tools+`}`); cut || c != `{"input":[{"type":"function_call_output","call_id":"c","output":"o"}]}` {
+		t.Fatalf("input: %q %v", c, cut)
+	}
+	if c, cut := content(Gemini, `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`); cut || c != `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}` {
+		t.Fatalf("contents: %q %v", c, cut)
+	}
+	// No conversation, or a newest message too large: the body's end.
 	body := strings.Repeat("é", MaxContent) + `{"last":"message"}`
-	tap := NewRequestTap(Anthropic, "/v1/messages", io.NopCloser(strings.NewReader(body)))
-	io.Copy(io.Discard, tap)
-	c, cut := tap.Content()
-	if !cut || len(c) > MaxContent || !strings.HasSuffix(c, `{"last":"message"}`) || !strings.HasPrefix(c, "é") {
+	if c, cut := content(Anthropic, body); !cut || len(c) > MaxContent || !strings.HasSuffix(c, `{"last":"message"}`) || !strings.HasPrefix(c, "é") {
 		t.Fatalf("content %d bytes, cut %v", len(c), cut)
 	}
-	tap = NewRequestTap(Anthropic, "/v1/messages", io.NopCloser(strings.NewReader("{}")))
-	io.Copy(io.Discard, tap)
-	if c, cut := tap.Content(); c != "{}" || cut {
+	huge := `{"messages":[{"role":"user","content":"` + strings.Repeat("y", MaxContent) + `"}]}`
+	if c, cut := content(Anthropic, huge); !cut || len(c) != MaxContent || !strings.HasSuffix(c, `"}]}`) {
+		t.Fatalf("huge: %d %v", len(c), cut)
+	}
+	if c, cut := content(Anthropic, "{}"); c != "{}" || cut {
 		t.Fatalf("small: %q %v", c, cut)
 	}
 }

@@ -94,8 +94,8 @@ func toolResult(raw json.RawMessage) (text, id string, ok bool) {
 }
 
 // textOf is a tool result's text: a string, the text blocks of a list
-// ([{type: text, text}]), or else the JSON itself (Gemini's response
-// object).
+// ([{type: text, text}]), the one string of an object, or else the JSON
+// itself.
 func textOf(raw json.RawMessage) string {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
@@ -114,6 +114,16 @@ func textOf(raw json.RawMessage) string {
 		}
 		if len(parts) > 0 {
 			return strings.Join(parts, "\n")
+		}
+	}
+	// Gemini CLI answers {"output": "..."}; a response of one text
+	// field reads as its text.
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) == nil && len(obj) == 1 {
+		for _, v := range obj {
+			if json.Unmarshal(v, &s) == nil {
+				return s
+			}
 		}
 	}
 	return strings.TrimSpace(string(raw))

@@ -350,7 +350,7 @@ func (b *builder) turn(r *audit.Record, t time.Time) {
 		tu.Tokens = m.Tokens.Total
 	}
 	tu.SentDigest = m.RequestDigest
-	if m.RequestContent != "" && !m.ContentCut {
+	if m.RequestContent != "" {
 		tu.Read, tu.ReadCall, _ = modelapi.LastToolResult(modelapi.API(m.API), m.RequestContent)
 	}
 	for _, c := range m.ToolCalls {

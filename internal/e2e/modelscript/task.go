@@ -29,10 +29,14 @@ var task = []step{
 // Done is the model's last answer, once every step has a result.
 const Done = "Task complete: calc.py is written, its test passes, and both are committed."
 
-// Exfil is what a prompt-injected turn asks for, in place of the last
-// step, when the prompt holds ExfilMarker: send a file to an address no
-// rule allows.
-const ExfilMarker = "[[e2e-injected]]"
+// ReadmePrompt asks for another task: write the module, read the
+// repository's README, and do what it says. A README that holds
+// ExfilMarker is a prompt injection: the model then asks to send a file
+// to an address no rule allows.
+const (
+	ReadmePrompt = "Write calc.add, then set the project up as its README says."
+	ExfilMarker  = "[[e2e-injected]]"
+)
 
 // exfilStep sends /etc/hostname to url.
 func exfilStep(url string) step {
@@ -66,8 +70,10 @@ type Request struct {
 	// the conversation holds.
 	Tools   []string
 	Results int
-	// Text is every text part of the conversation, joined.
-	Text string
+	// Text is every text part of the conversation, joined; Injected,
+	// whether the request holds ExfilMarker anywhere (a tool result).
+	Text     string
+	Injected bool
 }
 
 // Parse reads a model request of api's wire format.
@@ -131,6 +137,7 @@ func Parse(api, path string, body []byte) (Request, error) {
 		}
 	}
 	req.Text = text.String()
+	req.Injected = strings.Contains(string(body), ExfilMarker)
 	return req, nil
 }
 
@@ -170,8 +177,11 @@ func (r Request) Agent() (string, Agent, bool) {
 // where an injected turn sends data.
 func Next(r Request, a Agent, exfilURL string) Turn {
 	steps := task
-	if strings.Contains(r.Text, ExfilMarker) {
-		steps = append(steps[:len(steps)-1:len(steps)-1], exfilStep(exfilURL))
+	if strings.Contains(r.Text, ReadmePrompt) {
+		steps = []step{task[0], {shell: "cat README.md"}}
+		if r.Injected && r.Results >= len(steps) {
+			steps = append(steps, exfilStep(exfilURL))
+		}
 	}
 	if r.Results >= len(steps) {
 		return Turn{Text: Done}

@@ -109,19 +109,22 @@ func modelCall(m *egressgw.ModelCall, clean func(string) string) *audit.ModelCal
 	if !m.Answered && out.Problem == "" {
 		out.Problem = "no response"
 	}
-	for _, c := range res.ToolCalls {
-		out.ToolCalls = append(out.ToolCalls, audit.ToolCall{ID: clean(c.ID), Name: clean(c.Name), Input: clean(c.Input), Truncated: c.Truncated})
-	}
-	// What the role's audit.model keeps: calls drops the tool calls'
-	// inputs and the digest of what was sent; content adds the end of it.
+	// What the role's audit.model keeps: calls, neither the tool calls'
+	// inputs nor the digest of what was sent (so they are not scrubbed
+	// to be dropped); content, the conversation's newest messages too.
 	out.Keep = m.Keep
-	switch m.Keep {
-	case policy.ModelCalls:
+	calls := m.Keep == policy.ModelCalls
+	if calls {
 		out.RequestDigest = ""
-		for i := range out.ToolCalls {
-			out.ToolCalls[i].Input, out.ToolCalls[i].Truncated = "", false
+	}
+	for _, c := range res.ToolCalls {
+		tc := audit.ToolCall{ID: clean(c.ID), Name: clean(c.Name)}
+		if !calls {
+			tc.Input, tc.Truncated = clean(c.Input), c.Truncated
 		}
-	case policy.ModelContent:
+		out.ToolCalls = append(out.ToolCalls, tc)
+	}
+	if m.Keep == policy.ModelContent {
 		out.RequestContent, out.ContentCut = clean(m.Request.Content), m.Request.ContentCut
 	}
 	return out

@@ -5,7 +5,7 @@
 # run, on a private containerd, as the same user (65532) in the same
 # environment (HOME and TMPDIR /tmp, cwd /tmp, a network namespace with only
 # loopback, up: plain ctr leaves a new namespace's lo down). It is a
-# benchmark, not a test: differences are for the README's table, each with
+# benchmark, not a test: differences are for docs/testing.md's table, each with
 # its reason.
 #
 #   hack/pycompat.sh [MODULE ...]     # default: the list below

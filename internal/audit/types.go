@@ -4,7 +4,7 @@ import "time"
 
 // RecordType is one kind of record agentbox writes of its own. Its Name is
 // an external contract (SIEM rules match on it): every type is defined
-// once, here, with its OCSF class and activity, and listed in the README.
+// once, here, with its OCSF class and activity, and listed in docs/audit.md.
 type RecordType struct {
 	Name  string
 	Class int

@@ -6,7 +6,7 @@ package egressgw
 // host a secret is injected for are scanned, headers and body, for the
 // secret and its common encodings, and each is replaced before the agent
 // reads it. What no scan can stop, a host returning the secret transformed
-// some other way (hashed, split, encrypted), is said in the README.
+// some other way (hashed, split, encrypted), is said in docs/egress.md.
 
 import (
 	"bytes"

@@ -96,8 +96,8 @@ type Audit struct {
 	// Model is what a model call's record keeps (host rules with api:):
 	// calls (the model, tokens, stop reason, tool call names), digests
 	// (default: also each tool call's input and the digest of what the
-	// model was sent) or content (also what the model was sent, its last
-	// 16 KiB, scrubbed).
+	// model was sent) or content (also the newest messages of what the
+	// model was sent, up to 16 KiB, scrubbed).
 	// +kubebuilder:validation:Enum=calls;digests;content
 	Model *string `yaml:"model,omitempty" json:"model,omitempty"`
 }

@@ -17,7 +17,7 @@ import (
 func policyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "policy",
-		Usage: "validate and explain role policies",
+		Usage: "validate and explain role policies; write one from a trail",
 		Subcommands: []*cli.Command{
 			{
 				Name:      "validate",
@@ -56,6 +56,8 @@ func policyCommand() *cli.Command {
 				},
 				Action: policyExplain,
 			},
+			policySuggestCommand(),
+			policyDiffCommand(),
 		},
 	}
 }

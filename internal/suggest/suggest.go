@@ -1,0 +1,394 @@
+// Package suggest reads what an agent really did from its trail, and
+// writes the tightest role that would have let it do the same (Suggest),
+// or says what a given role would have refused of it (Diff). Pure: the
+// records come in, text and findings go out.
+package suggest
+
+import (
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/report"
+)
+
+// Use is what the trail shows the agent used.
+type Use struct {
+	Sandboxes []string
+	Roles     []string
+	// Wall is the longest sandbox's time, first record to last.
+	Wall time.Duration
+	// Hosts are the names it reached through the gateway, by name and
+	// port.
+	Hosts []Host
+	// Refused are the names and hosts refused to it, with how often.
+	Refused map[string]int
+	// Direct are the addresses it connected to without a name (a CIDR
+	// rule's), allowed.
+	Direct []string
+	// Written are the files it created, changed or deleted; Executed,
+	// those of them it then ran.
+	Written  []string
+	Executed []string
+	// PeakProcesses is the most processes alive at once (threads not
+	// counted).
+	PeakProcesses int
+}
+
+// Host is a name and port the agent reached.
+type Host struct {
+	Name     string
+	Port     int
+	API      string // the model API its calls were read as ("" none)
+	Requests int    // requests (or connections, for TLS passed through)
+}
+
+// Observe reads the records of one or more sandboxes' trails.
+func Observe(recs []*audit.Record) Use {
+	u := Use{Refused: map[string]int{}}
+	bySandbox := map[string][]*audit.Record{}
+	hosts := map[string]*Host{}
+	direct := map[string]bool{}
+	for _, r := range recs {
+		if _, ok := bySandbox[r.Sandbox]; !ok {
+			u.Sandboxes = append(u.Sandboxes, r.Sandbox)
+		}
+		bySandbox[r.Sandbox] = append(bySandbox[r.Sandbox], r)
+		if r.Role != "" && !contains(u.Roles, r.Role) {
+			u.Roles = append(u.Roles, r.Role)
+		}
+		host := func(name string) {
+			port := 0
+			if r.Dst != nil {
+				port = r.Dst.Port
+			}
+			k := fmt.Sprintf("%s:%d", name, port)
+			h := hosts[k]
+			if h == nil {
+				h = &Host{Name: name, Port: port}
+				hosts[k] = h
+			}
+			h.Requests++
+			if r.Model != nil && r.Model.API != "" {
+				h.API = r.Model.API
+			}
+		}
+		switch r.Event {
+		case "agentbox/egress_request", "agentbox/model_call":
+			if r.Detail["host"] != "" {
+				host(r.Detail["host"])
+			}
+		case "agentbox/egress_connection":
+			if r.Detail["sni"] != "" {
+				host(r.Detail["sni"])
+			}
+		case "agentbox/dns_refused":
+			if n := r.Detail["name"]; n != "" {
+				u.Refused[n]++
+			}
+		case "agentbox/egress_refused", "agentbox/model_limit":
+			if n := r.Detail["host"]; n != "" {
+				u.Refused[n]++
+			} else if n := r.Detail["sni"]; n != "" {
+				u.Refused[n]++
+			}
+		case "syscall/connect":
+			// A connect the rules allowed by address: a CIDR rule's (the
+			// resolver and gateway are reached by every pod).
+			if r.Dst != nil && r.Dst.IP != "" && r.Detail["egress"] == "allow" && strings.HasPrefix(r.Detail["egress_rule"], "allow[") {
+				direct[fmt.Sprintf("%s:%d", r.Dst.IP, r.Dst.Port)] = true
+			}
+		}
+	}
+	for _, h := range hosts {
+		u.Hosts = append(u.Hosts, *h)
+	}
+	sort.Slice(u.Hosts, func(i, j int) bool {
+		if u.Hosts[i].Name != u.Hosts[j].Name {
+			return u.Hosts[i].Name < u.Hosts[j].Name
+		}
+		return u.Hosts[i].Port < u.Hosts[j].Port
+	})
+	u.Direct = sortedKeys(direct)
+	written, executed := map[string]bool{}, map[string]bool{}
+	for _, sb := range u.Sandboxes {
+		rep := report.Build(bySandbox[sb], audit.VerifyResult{})
+		if !rep.Start.IsZero() && rep.End.Sub(rep.Start) > u.Wall {
+			u.Wall = rep.End.Sub(rep.Start)
+		}
+		for _, d := range rep.Files {
+			for _, f := range d.Files {
+				written[f.Path] = true
+				if f.Target != "" && (f.Op == "renamed" || f.Op == "linked") {
+					written[f.Target] = true
+				}
+			}
+		}
+		var walk func([]*report.Process)
+		walk = func(ps []*report.Process) {
+			for _, p := range ps {
+				for _, exe := range append([]string{p.Exe}, p.Execs...) {
+					if written[exe] {
+						executed[exe] = true
+					}
+				}
+				walk(p.Children)
+			}
+		}
+		walk(rep.Processes)
+		if n := peak(bySandbox[sb]); n > u.PeakProcesses {
+			u.PeakProcesses = n
+		}
+	}
+	u.Written, u.Executed = sortedKeys(written), sortedKeys(executed)
+	return u
+}
+
+// peak is the most processes alive at once in one sandbox's records: a
+// process is alive from its first record (or its parent's clone) to its
+// exit.
+func peak(recs []*audit.Record) int {
+	alive, exited := map[int32]bool{}, map[int32]bool{}
+	max := 0
+	for _, r := range recs {
+		if r.Process == nil || !strings.HasPrefix(r.Event, "sentry/") && !strings.HasPrefix(r.Event, "syscall/") {
+			continue
+		}
+		switch {
+		case r.Event == "sentry/task_exit":
+			delete(alive, r.Process.PID)
+			exited[r.Process.PID] = true
+			continue
+		case r.Event == "sentry/clone" && r.Process.ChildPID != 0:
+			alive[r.Process.ChildPID] = true
+		}
+		if r.Process.PID != 0 && !exited[r.Process.PID] {
+			alive[r.Process.PID] = true
+		}
+		if len(alive) > max {
+			max = len(alive)
+		}
+	}
+	return max
+}
+
+// root is the first component of an absolute path ("/workspace").
+func root(p string) string {
+	p = path.Clean(p)
+	if i := strings.IndexByte(p[1:], '/'); i >= 0 {
+		return p[:i+1]
+	}
+	return p
+}
+
+// Options shape a suggestion.
+type Options struct {
+	Name     string // the role's name
+	Inherits string // its parent (default baseline)
+}
+
+// Suggest writes the tightest role that lets the agent do what u shows,
+// as YAML, each line with a comment saying where it came from.
+func Suggest(u Use, o Options) string {
+	if o.Name == "" {
+		o.Name = "suggested"
+	}
+	if o.Inherits == "" {
+		o.Inherits = "baseline"
+	}
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# Suggested by agentbox policy suggest from %d sandbox(es) (%s), run under role %s.\n",
+		len(u.Sandboxes), strings.Join(u.Sandboxes, ", "), orNone(strings.Join(u.Roles, ", ")))
+	p("# The tightest role that lets the agent do what its trail shows, each line saying where it\n")
+	p("# came from. Lists replace the parent's. Review it before you bind it.\n")
+	p("apiVersion: agentbox.dev/v1\nkind: Role\nmetadata: {name: %s}\nspec:\n  inherits: %s\n", o.Name, o.Inherits)
+
+	// Files: each top directory it wrote in is writable; those it ran
+	// what it wrote from may execute.
+	dirs := map[string][]string{}
+	for _, f := range u.Written {
+		dirs[root(f)] = append(dirs[root(f)], f)
+	}
+	execDirs := map[string][]string{}
+	for _, f := range u.Executed {
+		execDirs[root(f)] = append(execDirs[root(f)], f)
+	}
+	p("  filesystem:\n")
+	p("    writable: [%s]\n", strings.Join(sortedKeys(dirs), ", "))
+	for _, d := range sortedKeys(dirs) {
+		p("      # %s: %d file(s) written, e.g. %s\n", d, len(dirs[d]), examples(dirs[d]))
+	}
+	if len(dirs) == 0 {
+		p("      # it wrote no file\n")
+	}
+	p("    allowExec: [%s]\n", strings.Join(sortedKeys(execDirs), ", "))
+	for _, d := range sortedKeys(execDirs) {
+		p("      # %s: it ran what it wrote there: %s\n", d, examples(execDirs[d]))
+	}
+	if len(execDirs) == 0 {
+		p("      # it ran nothing it wrote\n")
+	}
+
+	// Network: each name and port it reached, a model host with its API.
+	p("  network:\n")
+	if len(u.Hosts) == 0 && len(u.Direct) == 0 {
+		p("    egress: none   # it reached no host\n")
+	} else {
+		p("    egress: allowlist\n    allow:\n")
+		byName := map[string][]Host{}
+		for _, h := range u.Hosts {
+			byName[h.Name] = append(byName[h.Name], h)
+		}
+		for _, name := range sortedKeys(byName) {
+			hs := byName[name]
+			var ports []string
+			n, api := 0, ""
+			for _, h := range hs {
+				ports = append(ports, fmt.Sprint(h.Port))
+				n += h.Requests
+				if h.API != "" {
+					api = h.API
+				}
+			}
+			rule := fmt.Sprintf("{host: %s, ports: [%s]", name, strings.Join(ports, ", "))
+			if api != "" {
+				rule += ", api: " + api
+			}
+			p("      - %s}   # %d request(s)\n", rule, n)
+		}
+		for _, a := range u.Direct {
+			p("      # by address, not added (give it a name, or a cidr rule): %s\n", a)
+		}
+	}
+	if len(u.Refused) > 0 {
+		p("    # refused under the role it ran under, and not added: %s\n", refusedList(u.Refused))
+	}
+
+	// Processes and time, with headroom.
+	procs := max(32, 2*u.PeakProcesses)
+	p("  process:\n    maxProcesses: %d   # at most %d processes at once (threads not counted), x2, at least 32\n", procs, u.PeakProcesses)
+	wall := (2 * u.Wall).Round(time.Minute)
+	if wall < 5*time.Minute {
+		wall = 5 * time.Minute
+	}
+	p("  limits:\n    wallClock: %s   # its longest run took %s, x2, at least 5m\n", durationText(wall), u.Wall.Round(time.Second))
+	p("    # memory and CPU: the trail records no peaks, so they stay the parent's\n")
+	p("    # syscall classes: the trail shows none the baseline refuses, so allowSyscalls stays the parent's\n")
+	return b.String()
+}
+
+// Finding is something a role would have refused of what u shows.
+type Finding struct {
+	What, Why string
+}
+
+// Diff says what role p would have refused of what u shows.
+func Diff(u Use, p *policy.Profile) ([]Finding, error) {
+	var out []Finding
+	plan, err := netpolicy.Compile(p)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range u.Hosts {
+		what := fmt.Sprintf("%s:%d (%d request(s))", h.Name, h.Port, h.Requests)
+		switch {
+		case p.Network.Egress == policy.EgressNone:
+			out = append(out, Finding{what, "egress none"})
+		case p.Network.Egress == policy.EgressOpen:
+		default:
+			if _, why := egressgw.Decide(plan, h.Name, h.Port); why != "" {
+				out = append(out, Finding{what, why})
+			}
+		}
+	}
+	for _, a := range u.Direct {
+		if p.Network.Egress == policy.EgressNone {
+			out = append(out, Finding{a, "egress none"})
+		}
+	}
+	for _, f := range u.Written {
+		if p.Filesystem.Rootfs != policy.RootfsReadOnly {
+			break
+		}
+		if !under(f, p.Filesystem.Writable) {
+			out = append(out, Finding{"write " + f, fmt.Sprintf("not under filesystem.writable %v", p.Filesystem.Writable)})
+		}
+	}
+	for _, f := range u.Executed {
+		if p.Filesystem.NoExecWritable && under(f, p.Filesystem.Writable) && !under(f, p.Filesystem.AllowExec) {
+			out = append(out, Finding{"run " + f + ", which it wrote", fmt.Sprintf("not under filesystem.allowExec %v", p.Filesystem.AllowExec)})
+		}
+	}
+	if p.Process.MaxProcesses > 0 && u.PeakProcesses > p.Process.MaxProcesses {
+		out = append(out, Finding{fmt.Sprintf("%d processes at once", u.PeakProcesses), fmt.Sprintf("process.maxProcesses %d", p.Process.MaxProcesses)})
+	}
+	if p.Limits.WallClock > 0 && u.Wall > p.Limits.WallClock {
+		out = append(out, Finding{fmt.Sprintf("a run of %s", u.Wall.Round(time.Second)), fmt.Sprintf("limits.wallClock %s", p.Limits.WallClock)})
+	}
+	return out, nil
+}
+
+func under(f string, dirs []string) bool {
+	for _, d := range dirs {
+		d = path.Clean(d)
+		if f == d || strings.HasPrefix(f, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func examples(files []string) string {
+	const n = 3
+	if len(files) <= n {
+		return strings.Join(files, ", ")
+	}
+	return strings.Join(files[:n], ", ") + fmt.Sprintf(" and %d more", len(files)-n)
+}
+
+func refusedList(m map[string]int) string {
+	var out []string
+	for _, k := range sortedKeys(m) {
+		out = append(out, fmt.Sprintf("%s (%d)", k, m[k]))
+	}
+	return strings.Join(out, ", ")
+}
+
+func durationText(d time.Duration) string {
+	if d%time.Hour == 0 {
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("%dm", d/time.Minute)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(unknown)"
+	}
+	return s
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,149 @@
+package suggest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	gproto "google.golang.org/protobuf/proto"
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/audit/ingest"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+type nop struct{}
+
+func (nop) Env(e []string) []string  { return e }
+func (nop) Args(a []string) []string { return a }
+
+// run: an agent under a loose role writes a script in /workspace and
+// runs it, writes a note in /tmp, calls a model host and fetches from a
+// package index, and is refused a name; the run takes 90 s.
+func run(t *testing.T) []*audit.Record {
+	t.Helper()
+	at := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	cd := func(pid int32, name string, s int) *pb.ContextData {
+		return &pb.ContextData{TimeNs: at.Add(time.Duration(s) * time.Second).UnixNano(), ThreadId: pid, ThreadGroupId: pid, Cwd: "/workspace", ProcessName: name}
+	}
+	var recs []*audit.Record
+	add := func(r *audit.Record, s int) {
+		r.Sandbox, r.Role, r.Seq = "sb1", "loose", uint64(len(recs)+1)
+		if r.Time != "" { // the runtime's own record, as the CLI reads it
+			recs = append(recs, r)
+			return
+		}
+		var c audit.Chain
+		line, _ := c.SealAppend(nil, r)
+		back, err := audit.ParseLine(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, back)
+	}
+	msg := func(m gproto.Message, s int) { add(ingest.ToRecord(ingest.Message{Payload: m}, nop{}), s) }
+	own := func(rt audit.RecordType, status, m string, d map[string]string, port, s int) {
+		r := rt.New(status, m, d)
+		r.Time = at.Add(time.Duration(s) * time.Second).Format(time.RFC3339Nano)
+		if port != 0 {
+			r.Dst = &audit.Endpoint{Port: port}
+		}
+		add(r, s)
+	}
+	own(audit.TypeRoleResolved, "Success", "role loose", nil, 0, 0)
+	msg(&pb.Start{ContextData: cd(1, "sh", 1), Id: "c", Args: []string{"sh", "-c", "work"}}, 1)
+	msg(&pb.Open{ContextData: cd(1, "sh", 2), Exit: &pb.Exit{Result: 3}, Sysno: unix.SYS_OPENAT, Pathname: "/workspace/run.sh", Flags: unix.O_CREAT | unix.O_WRONLY}, 2)
+	msg(&pb.Open{ContextData: cd(1, "sh", 3), Exit: &pb.Exit{Result: 3}, Sysno: unix.SYS_OPENAT, Pathname: "/tmp/note", Flags: unix.O_CREAT | unix.O_WRONLY}, 3)
+	msg(&pb.Open{ContextData: cd(1, "sh", 3), Exit: &pb.Exit{Result: 3}, Sysno: unix.SYS_OPENAT, Pathname: "/etc/passwd", Flags: unix.O_RDONLY}, 3)
+	msg(&pb.CloneInfo{ContextData: cd(1, "sh", 4), CreatedThreadGroupId: 5}, 4)
+	msg(&pb.ExecveInfo{ContextData: cd(5, "sh", 5), BinaryPath: "/workspace/run.sh", Argv: []string{"/workspace/run.sh"}}, 5)
+	msg(&pb.CloneInfo{ContextData: cd(5, "run.sh", 6), CreatedThreadGroupId: 6}, 6)
+	msg(&pb.ExecveInfo{ContextData: cd(6, "run.sh", 7), BinaryPath: "/usr/bin/curl", Argv: []string{"curl", "https://pypi.org/simple/"}}, 7)
+	own(audit.TypeEgressRequest, "Success", "GET https://pypi.org/simple/", map[string]string{"host": "pypi.org", "egress": "allow"}, 443, 8)
+	own(audit.TypeEgressRequest, "Success", "GET https://pypi.org/simple/x", map[string]string{"host": "pypi.org", "egress": "allow"}, 443, 9)
+	call := audit.TypeModelCall.New("Success", "model call", map[string]string{"host": "api.anthropic.com"})
+	call.Dst = &audit.Endpoint{Port: 443}
+	call.Model = &audit.ModelCall{Name: "claude-x", API: "anthropic"}
+	call.Time = at.Add(10 * time.Second).Format(time.RFC3339Nano)
+	add(call, 10)
+	own(audit.TypeDNSRefused, "Failure", "A telemetry.example refused", map[string]string{"name": "telemetry.example"}, 0, 11)
+	msg(&pb.TaskExit{ContextData: cd(6, "curl", 12)}, 12)
+	msg(&pb.TaskExit{ContextData: cd(5, "run.sh", 13)}, 13)
+	msg(&pb.TaskExit{ContextData: cd(1, "sh", 90)}, 90)
+	own(audit.TypeSandboxEnd, "Success", "sandbox ended", nil, 0, 90)
+	return recs
+}
+
+func TestObserve(t *testing.T) {
+	u := Observe(run(t))
+	if strings.Join(u.Written, " ") != "/tmp/note /workspace/run.sh" || strings.Join(u.Executed, " ") != "/workspace/run.sh" {
+		t.Errorf("files: written %v, executed %v", u.Written, u.Executed)
+	}
+	if len(u.Hosts) != 2 || u.Hosts[0] != (Host{"api.anthropic.com", 443, "anthropic", 1}) || u.Hosts[1] != (Host{"pypi.org", 443, "", 2}) {
+		t.Errorf("hosts: %+v", u.Hosts)
+	}
+	if u.Refused["telemetry.example"] != 1 || u.PeakProcesses != 3 || u.Wall != 90*time.Second || u.Roles[0] != "loose" {
+		t.Errorf("use: %+v", u)
+	}
+}
+
+// TestSuggestLoads: the suggestion is a role the loader takes, inheriting
+// coder, and it allows what the run did and nothing it did not.
+func TestSuggestLoads(t *testing.T) {
+	u := Observe(run(t))
+	y := Suggest(u, Options{Name: "from-trail", Inherits: "coder"})
+	for _, want := range []string{
+		"writable: [/tmp, /workspace]", "# /workspace: 1 file(s) written, e.g. /workspace/run.sh",
+		"allowExec: [/workspace]", "# /workspace: it ran what it wrote there: /workspace/run.sh",
+		"- {host: api.anthropic.com, ports: [443], api: anthropic}   # 1 request(s)", "- {host: pypi.org, ports: [443]}   # 2 request(s)",
+		"# refused under the role it ran under, and not added: telemetry.example (1)",
+		"maxProcesses: 32   # at most 3 processes at once", "wallClock: 5m   # its longest run took 1m30s",
+	} {
+		if !strings.Contains(y, want) {
+			t.Errorf("lacks %q:\n%s", want, y)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "suggested.yaml")
+	if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.LoadPaths("../../policies", file)
+	if err != nil {
+		t.Fatalf("the suggestion does not load: %v\n%s", err, y)
+	}
+	p, err := set.Profile("from-trail")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	if f, err := Diff(u, p); err != nil || len(f) != 0 {
+		t.Fatalf("the suggestion refuses its own run: %v %+v", err, f)
+	}
+	// The parent it replaces: coder, which allows neither host, and
+	// baseline, which allows no exec and no network.
+	for role, want := range map[string][]string{
+		"coder":    {"api.anthropic.com:443", "pypi.org:443"},
+		"baseline": {"api.anthropic.com:443", "pypi.org:443", "write /workspace/run.sh: not under filesystem.writable [/tmp]"},
+	} {
+		p, err := set.Profile(role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := Diff(u, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, x := range f {
+			got = append(got, x.What+": "+x.Why)
+		}
+		for _, w := range want {
+			if !strings.Contains(strings.Join(got, "\n"), w) {
+				t.Errorf("%s: lacks %q in %q", role, w, got)
+			}
+		}
+	}
+}

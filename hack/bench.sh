@@ -19,11 +19,7 @@
 # the full hack/setup.sh with the real-agent images, and the Kubernetes
 # and agent-sandbox builds), so it runs after the quickstart alone.
 source "$(dirname "$0")/lib.sh"
-case "${1:-}" in
-  -h|--help) sed -n '2,/^source/p' "$0" | sed -e '/^source/d' -e 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) die "usage: $0 [--help] (settings by environment: AGENTBOX_BENCH_ROUNDS, AGENTBOX_BENCH_CRI_ROUNDS)" ;;
-esac
+[ $# -eq 0 ] || die "usage: $0 [--help] (settings by environment: AGENTBOX_BENCH_ROUNDS, AGENTBOX_BENCH_CRI_ROUNDS)"
 need_root
 "$REPO_ROOT/hack/setup.sh"
 "$REPO_ROOT/hack/kube/build.sh" >/dev/null

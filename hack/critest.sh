@@ -16,6 +16,9 @@
 # or a gVisor limit rather than a role doing its job. Results (JUnit and
 # logs) go to _output/critest/NAME/, the counts to _output/critest/summary.txt.
 # CRITEST_FOCUS=REGEX runs only the specs it matches.
+#
+# It installs what it needs first (hack/setup.sh, cached), so it runs after the
+# quickstart alone.
 source "$(dirname "$0")/lib.sh"
 need_root
 

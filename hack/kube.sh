@@ -25,6 +25,10 @@
 # (vm.overcommit_memory=1, kernel.panic=10, ...): read-only files with those
 # values shadow /proc/sys there. Everything is under $AGENTBOX_KUBE
 # (default /tmp/agentbox-kube).
+#
+# `up` installs what it needs first (the Kubernetes and etcd builds,
+# hack/kube/build.sh, cached); the agentbox binaries and runsc come from
+# hack/setup.sh, which it names when they are missing.
 source "$(dirname "$0")/lib.sh"
 
 DIR=${AGENTBOX_KUBE:-/tmp/agentbox-kube}

@@ -1,6 +1,14 @@
 # Shared settings for the hack/ scripts. Source it; do not run it.
 set -euo pipefail
 
+# Every script answers -h/--help with its header comment (what it does,
+# what it installs, its usage) and does nothing else.
+case "${1:-}" in
+  -h|--help)
+    sed -n '2,/^[^#]/{/^#/{s/^# \{0,1\}//;p}}' "$0"
+    exit 0 ;;
+esac
+
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Toolchain cache, reused across runs (CI may keep it between runs).
 AGENTBOX_CACHE=${AGENTBOX_CACHE:-/var/cache/agentbox}

@@ -14,6 +14,9 @@
 # Results: _output/pycompat/RUNTIME/MODULE.log, and a table in
 # _output/pycompat/summary.md (status, tests run, failures and errors by
 # name, seconds). PYCOMPAT_RUNTIMES="runc agentbox" picks the runtimes.
+#
+# It installs what it needs first (hack/setup.sh, cached), so it runs after the
+# quickstart alone.
 source "$(dirname "$0")/lib.sh"
 need_root
 

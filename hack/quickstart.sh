@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command on a fresh machine: builds the toolchain (cached), starts a
+# One command on a fresh machine: installs Debian's packages and builds the
+# toolchain (cached, hack/setup.sh quickstart), starts a
 # private containerd with the agentbox runtime, and runs the sample agent
 # under gVisor, printing what it did.
 source "$(dirname "$0")/lib.sh"

@@ -3,6 +3,7 @@ package doclinks
 import (
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,5 +64,23 @@ func TestRepositoryLinks(t *testing.T) {
 	}
 	if len(files) < 10 {
 		t.Fatalf("only %d Markdown files found", len(files))
+	}
+}
+
+// TestHackHelp: each command the docs send users to answers --help with
+// what it does and says what it installs (or which command does), with
+// nothing set up: help needs no cache, no root and no daemon.
+func TestHackHelp(t *testing.T) {
+	for _, s := range []string{"quickstart", "test", "setup", "bench", "pycompat", "critest", "kube", "containerd", "images", "e2e"} {
+		cmd := exec.Command("bash", filepath.Join("../../hack", s+".sh"), "--help")
+		cmd.Env = append(os.Environ(), "AGENTBOX_CACHE="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) == 0 {
+			t.Errorf("hack/%s.sh --help: %v\n%s", s, err, out)
+			continue
+		}
+		if s != "e2e" && s != "containerd" && s != "images" && !strings.Contains(strings.ToLower(string(out)), "install") {
+			t.Errorf("hack/%s.sh --help does not say what it installs:\n%s", s, out)
+		}
 	}
 }

@@ -188,8 +188,10 @@ type Audit struct {
 	// OnFull is what happens to a sandbox whose records do not fit for
 	// FullGraceSeconds: "stop" (killed, the reason recorded) or "stall"
 	// (held back for as long as it lasts).
-	OnFull           string `toml:"on_full"`
-	FullGraceSeconds int    `toml:"full_grace_seconds"`
+	OnFull string `toml:"on_full"`
+	// FullGraceSeconds is how long a sandbox whose records do not fit is
+	// held back before OnFull applies.
+	FullGraceSeconds int `toml:"full_grace_seconds"`
 	// MaxEventsPerSecond bounds how fast the shim takes a sandbox's events;
 	// beyond it the sandbox is slowed (gVisor retries a full socket), not
 	// its events dropped. 0: no bound.
@@ -198,6 +200,7 @@ type Audit struct {
 
 // Webhook is the network audit sink.
 type Webhook struct {
+	// URL is where batches are POSTed (http or https); "": no webhook.
 	URL string `toml:"url"`
 	// SpoolDir holds records not yet delivered (default: DIR/spool).
 	SpoolDir string `toml:"spool_dir"`
@@ -246,6 +249,7 @@ type Network struct {
 	// stays allowed. The floor exists because the filter is stateless: a
 	// connection outliving its address's allowance stalls.
 	MinTTLSeconds int `toml:"min_ttl_seconds"`
+	// MaxTTLSeconds is the ceiling (see MinTTLSeconds).
 	MaxTTLSeconds int `toml:"max_ttl_seconds"`
 	// ClusterCIDRs are the cluster's pod and service ranges, and any other
 	// range no host rule may open unless it sets allowPrivate (the private,

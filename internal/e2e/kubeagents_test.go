@@ -82,3 +82,52 @@ func TestKubeAgentExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestKubeAgentRecipes: the browsing agent and the Python agent of
+// examples/agents/, applied as the guide shows them but for the namespace
+// and the site names (docs.example.com and pypi.internal.example are the
+// suite's web host, which serves a page and a package index): Chromium
+// reads the allowed site and is refused another; pip installs from the
+// private index and is refused the public one.
+func TestKubeAgentRecipes(t *testing.T) {
+	requireAgentCLIImage(t)
+	k := kubeCluster(t)
+	ns := k.namespace(t, "e2e-recipes")
+	k.inspectedOnBridge(t, webAddr, web.caPEM, gwAllowA, gwAllowB)
+	t.Cleanup(func() {
+		k.kubectl("delete", "agentrolebinding", "browsing-agent", "python-agent", "--ignore-not-found")
+		k.kubectl("delete", "agentrole", "browsing-agent", "python-agent", "--ignore-not-found")
+	})
+	apply := func(file string) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "agents", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		y := strings.NewReplacer("namespace: agents", "namespace: "+ns,
+			"https://pypi.internal.example/simple", "https://"+gwAllowA+"/pypi/simple",
+			"pypi.internal.example", gwAllowA, "docs.example.com", gwAllowA, "elsewhere.example.net", gwAllowB,
+			`value: "requests"`, `value: "abxdemo"`).Replace(string(b))
+		if r := k.run(time.Minute, []byte(y), "kubectl", "apply", "-f", "-"); r.code != 0 {
+			t.Fatalf("kubectl apply %s: %v", file, r)
+		}
+	}
+	apply("browser-role.yaml")
+	apply("python-role.yaml")
+	k.waitPolicy(t, "agentrole", "browsing-agent", "enforced", enforced)
+	k.waitPolicy(t, "agentrole", "python-agent", "enforced", enforced)
+	apply("browser.yaml")
+	apply("python-agent.yaml")
+	for name, want := range map[string][]string{
+		"browser":      {"== https://" + gwAllowA + "/guide\nsite=" + gwAllowA + " path=/guide", "== https://" + gwAllowB + "/\nERR_"},
+		"python-agent": {"installed ['abxdemo']", "pypi.org refused"},
+	} {
+		p := k.waitPod(t, ns, name, 4*time.Minute, "terminated", terminated)
+		logs := k.mustKubectl(t, "-n", ns, "logs", name)
+		for _, w := range want {
+			if !strings.Contains(logs, w) {
+				t.Errorf("%s: lacks %q (exit %d):\n%s", name, w, p.Status.ContainerStatuses[0].State.Terminated.ExitCode, clip(logs))
+			}
+		}
+	}
+}

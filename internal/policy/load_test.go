@@ -296,7 +296,7 @@ func TestTightenOnly(t *testing.T) {
 // AgentRole and AgentRoleBinding, load with the shipped roles they
 // inherit, as `agentbox policy validate policies/ FILE` loads them.
 func TestExamplesValidate(t *testing.T) {
-	for _, f := range []string{"agents/role.yaml", "agent-sandbox/role.yaml"} {
+	for _, f := range []string{"agents/role.yaml", "agents/browser-role.yaml", "agents/python-role.yaml", "agent-sandbox/role.yaml"} {
 		s, err := LoadPaths("../../policies", filepath.Join("../../examples", f))
 		if err != nil {
 			t.Errorf("%s: %v", f, err)

@@ -1,8 +1,9 @@
 package cli
 
 import (
-	"os"
 	"testing"
+
+	"agentbox.dev/agentbox/internal/golden"
 )
 
 // TestCLIReference: docs/reference/cli.md is the CLI's own help, as
@@ -15,17 +16,5 @@ func TestCLIReference(t *testing.T) {
 	}
 	page := "<!-- Generated from the agentbox CLI (internal/cli): go test ./internal/cli -run TestCLIReference -update. Do not edit. -->\n\n" +
 		"# agentbox CLI reference\n\n" + md
-	const path = "../../docs/reference/cli.md"
-	if *update {
-		if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != page {
-		t.Fatalf("%s is stale: go test ./internal/cli -run TestCLIReference -update", path)
-	}
+	golden.Check(t, "../../docs/reference/cli.md", page, *update, "go test ./internal/cli -run TestCLIReference -update")
 }

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"agentbox.dev/agentbox/internal/golden"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/reference/shim-config-keys.md")
@@ -103,17 +105,5 @@ func TestShimConfigReference(t *testing.T) {
 		}
 	}
 	page := b.String()
-	const path = "../../docs/reference/shim-config-keys.md"
-	if *update {
-		if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != page {
-		t.Fatalf("%s is stale: go test ./internal/config -run TestShimConfigReference -update", path)
-	}
+	golden.Check(t, "../../docs/reference/shim-config-keys.md", page, *update, "go test ./internal/config -run TestShimConfigReference -update")
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"agentbox.dev/agentbox/internal/golden"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/reference/role.md")
@@ -124,19 +126,7 @@ func TestRoleReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const path = "../../docs/reference/role.md"
-	if *update {
-		if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != page {
-		t.Fatalf("%s is stale: go test ./internal/kubeapi -run TestRoleReference -update", path)
-	}
+	golden.Check(t, "../../docs/reference/role.md", page, *update, "go test ./internal/kubeapi -run TestRoleReference -update")
 	if !strings.Contains(page, "| `spec.limits.model.tokens` |") || !strings.Contains(page, "| `spec.subjects[].namespace` |") {
 		t.Fatalf("the reference lacks fields it must have:\n%s", page)
 	}

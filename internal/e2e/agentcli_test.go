@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -381,27 +380,7 @@ func TestAgentOwnSandbox(t *testing.T) {
 // the agent had just read: the README with the injection.
 func checkInjectedReport(t *testing.T, sandbox, out string) {
 	t.Helper()
-	r := runCommand(time.Minute, nil, nil, filepath.Join(repoRoot, "_output", "bin", "agentbox"), "audit", "report", "-o", "json",
-		"--sandbox", sandbox, filepath.Join(dev.dir, "audit"))
-	if r.code != 0 {
-		t.Fatalf("agentbox audit report: %v", r)
-	}
-	var rep struct {
-		Turns []struct {
-			Seq   uint64 `json:"seq"`
-			Read  string `json:"read"`
-			Tools []struct {
-				Input     string  `json:"input"`
-				Processes []int32 `json:"processes"`
-				Refusals  []struct {
-					Message string `json:"message"`
-				} `json:"refusals"`
-			} `json:"tool_calls"`
-		} `json:"turns"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("report: %v\n%s", err, clip(r.stdout))
-	}
+	rep, raw := auditReport(t, sandbox)
 	for _, tu := range rep.Turns {
 		for _, c := range tu.Tools {
 			for _, ref := range c.Refusals {
@@ -420,5 +399,5 @@ func checkInjectedReport(t *testing.T, sandbox, out string) {
 			}
 		}
 	}
-	t.Errorf("the report does not put the refused upload beside the injected turn:\n%s\n%s", clip(r.stdout), out)
+	t.Errorf("the report does not put the refused upload beside the injected turn:\n%s\n%s", clip(raw), out)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/report"
 	"agentbox.dev/agentbox/internal/toollink"
 )
 
@@ -227,26 +228,7 @@ func checkAgentLoop(t *testing.T, loop []*audit.Record, ran *audit.Record) {
 // the injected turn's curl beside the tool call that asked for it.
 func checkInjectedTurn(t *testing.T, sandbox string) {
 	t.Helper()
-	r := runCommand(time.Minute, nil, nil, filepath.Join(repoRoot, "_output", "bin", "agentbox"), "audit", "report", "-o", "json",
-		"--sandbox", sandbox, filepath.Join(dev.dir, "audit"))
-	if r.code != 0 {
-		t.Fatalf("agentbox audit report: %v", r)
-	}
-	var rep struct {
-		Turns []struct {
-			Model string `json:"model"`
-			Tools []struct {
-				ID        string  `json:"id"`
-				Processes []int32 `json:"processes"`
-				Refusals  []struct {
-					Message string `json:"message"`
-				} `json:"refusals"`
-			} `json:"tool_calls"`
-		} `json:"turns"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("report: %v\n%s", err, clip(r.stdout))
-	}
+	rep, raw := auditReport(t, sandbox)
 	found := false
 	for _, tu := range rep.Turns {
 		if tu.Model != exfilModel+"-20261201" {
@@ -261,8 +243,24 @@ func checkInjectedTurn(t *testing.T, sandbox string) {
 		}
 	}
 	if !found {
-		t.Errorf("the report does not put the refused connect beside the injected turn:\n%s", clip(r.stdout))
+		t.Errorf("the report does not put the refused connect beside the injected turn:\n%s", clip(raw))
 	}
+}
+
+// auditReport is agentbox audit report's JSON of a sandbox of the dev
+// daemon, read back, and as it was printed.
+func auditReport(t *testing.T, sandbox string) (*report.Report, string) {
+	t.Helper()
+	r := runCommand(time.Minute, nil, nil, filepath.Join(repoRoot, "_output", "bin", "agentbox"), "audit", "report", "-o", "json",
+		"--sandbox", sandbox, filepath.Join(dev.dir, "audit"))
+	if r.code != 0 {
+		t.Fatalf("agentbox audit report: %v", r)
+	}
+	var rep report.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("report: %v\n%s", err, clip(r.stdout))
+	}
+	return &rep, r.stdout
 }
 
 // commandOf is the command a tool call's input holds.

@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config references as generated, the docs' links (no root)
+check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config references as generated, the docs' links, that the README links every page and troubleshooting.md every refusal (no root)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted" >&2; exit 1; }
 	go vet ./...
@@ -16,7 +16,7 @@ check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags e2e ./internal/e2e
 	hack/crds.sh --check
-	go test -count=1 -run 'TestCLIReference|TestRoleReference|TestShimConfigReference|TestRepositoryLinks' ./internal/cli ./internal/kubeapi ./internal/config ./internal/doclinks
+	go test -count=1 -run 'TestCLIReference|TestRoleReference|TestShimConfigReference|TestRepositoryLinks|TestReadmeLinksEveryPage|TestTroubleshootingCoversRefusals' ./internal/cli ./internal/kubeapi ./internal/config ./internal/doclinks
 
 lint: ## golangci-lint, pinned (.golangci.yml: errorlint, errcheck on shim/, the layering by depguard)
 	hack/lint.sh

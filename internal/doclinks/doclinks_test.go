@@ -1,10 +1,15 @@
 package doclinks
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -82,5 +87,111 @@ func TestHackHelp(t *testing.T) {
 		if s != "e2e" && s != "containerd" && s != "images" && !strings.Contains(strings.ToLower(string(out)), "install") {
 			t.Errorf("hack/%s.sh --help does not say what it installs:\n%s", s, out)
 		}
+	}
+}
+
+// refusals are the format strings of the errors agentbox refuses with: an
+// errkind kind wrapping fmt.Errorf or errors.New of a literal, in the
+// shim and internal/ (tests and the e2e suite aside).
+func refusals(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, dir := range []string{"../../shim", "../../internal"} {
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && (d.Name() == "e2e" || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+				return nil
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, p, nil, 0)
+			if err != nil {
+				return err
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok || len(call.Args) == 0 {
+					return true
+				}
+				sel, ok := call.Fun.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "errkind" || sel.Sel.Name == "Refusal" {
+					return true
+				}
+				inner, ok := call.Args[0].(*ast.CallExpr)
+				if !ok || len(inner.Args) == 0 {
+					return true
+				}
+				if lit, ok := inner.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					s, _ := strconv.Unquote(lit.Value)
+					out[s] = fset.Position(lit.Pos()).String()
+				}
+				return true
+			})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+var verb = regexp.MustCompile(`%[-+# 0-9.]*[a-zA-Z]`)
+
+// TestTroubleshootingCoversRefusals: every refusal the code gives is in
+// docs/troubleshooting.md: the longest fixed part of its message (between
+// the values it formats in) is on the page.
+func TestTroubleshootingCoversRefusals(t *testing.T) {
+	page, err := os.ReadFile("../../docs/troubleshooting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := refusals(t)
+	if len(rs) < 20 {
+		t.Fatalf("found only %d refusals: the walk is wrong", len(rs))
+	}
+	for format, where := range rs {
+		longest := ""
+		for _, part := range verb.Split(format, -1) {
+			if len(strings.TrimSpace(part)) > len(strings.TrimSpace(longest)) {
+				longest = part
+			}
+		}
+		longest = strings.TrimSpace(longest)
+		if len(longest) < 4 {
+			continue // a message that is all values (a wrapped error)
+		}
+		if !strings.Contains(string(page), longest) {
+			t.Errorf("%s: %q is not in docs/troubleshooting.md (looked for %q)", where, format, longest)
+		}
+	}
+}
+
+// TestReadmeLinksEveryPage: each page under docs/ is linked from the
+// README, where a newcomer starts.
+func TestReadmeLinksEveryPage(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir("../../docs", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".md") {
+			return err
+		}
+		rel, _ := filepath.Rel("../..", p)
+		if !strings.Contains(string(readme), "]("+filepath.ToSlash(rel)+")") {
+			t.Errorf("README.md does not link %s", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

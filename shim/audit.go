@@ -214,8 +214,8 @@ func startReceiver(cfg *config.Config, containerdAddress, id, bundle string, sb 
 }
 
 // closeAudit ends a sandbox's trail: the receiver drains, then the end
-// record states the totals.
-func closeAudit(ctx context.Context, a *sandboxAudit, status string) {
+// record states the totals, with detail (what its cgroup used).
+func closeAudit(ctx context.Context, a *sandboxAudit, status string, detail map[string]string) {
 	if a == nil {
 		return
 	}
@@ -227,7 +227,7 @@ func closeAudit(ctx context.Context, a *sandboxAudit, status string) {
 	if a.receiver != nil {
 		a.receiver.Close(receiverDrain)
 	}
-	end := audit.TypeSandboxEnd.New("Success", "sandbox ended: "+status, nil)
+	end := audit.TypeSandboxEnd.New("Success", "sandbox ended: "+status, detail)
 	if err := a.trail.Close(end); err != nil {
 		log.G(ctx).WithError(err).Error("agentbox: audit trail closed with losses")
 	}

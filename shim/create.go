@@ -172,7 +172,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 		}
 		plan.phases.mark("resolve_trail")
 		plan.sandbox = newSandboxState(r.ID, cfg, plan.claims, trail)
-		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status) })
+		plan.push(func(status string) { closeAudit(ctx, plan.sandbox.audit, status, nil) })
 		if name, ok := plan.claims[policy.RestoreAnnotation]; ok {
 			// The image is checked, and the trail linked to its
 			// checkpoint's, before anything else is done for the sandbox.
@@ -316,6 +316,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		}
 		plan.sandbox.audit.receiver = rcv
 		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
+		plan.sandbox.cgroupsPath = plan.cgroupsPath
 		flags["pod-init-config"] = podInit
 		plan.phases.mark("audit_receiver")
 		p := plan.profile

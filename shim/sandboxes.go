@@ -83,6 +83,9 @@ type sandboxState struct {
 	// (0: none); a tightened role lowers them live. Guarded by ops after
 	// Create.
 	memoryLimit, cpuMillis int64
+	// cgroupsPath is the sandbox's cgroup (its root container's
+	// linux.cgroupsPath), read for what it used when it ends.
+	cgroupsPath string
 	// ctl is the sandbox's control socket.
 	ctl *control.Server
 	// expired is set when the wall-clock limit stopped the sandbox;

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -369,6 +370,15 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 		forceDelete(ctx, sb.cfg, s.containerdAddress, r.ID)
 		ph.mark("runsc_force_delete")
 	}
+	// What the sandbox's cgroup used, read before runsc removes it: its
+	// trail's end record says so (agentbox policy suggest reads it).
+	var usage map[string]string
+	if sb, ok := s.sandboxes.sandbox(r.ID); ok && r.ExecID == "" {
+		if u, ok := cgroups.ReadUsage(cgroups.Root, sb.cgroupsPath); ok {
+			usage = map[string]string{"memory_peak_bytes": strconv.FormatInt(u.MemoryPeak, 10),
+				"cpu_seconds": strconv.FormatFloat(u.CPU.Seconds(), 'f', 3, 64)}
+		}
+	}
 	resp, err := s.next.Delete(ctx, r)
 	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {
@@ -384,7 +394,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			ph.mark("stop_control")
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
-			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus))
+			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus), usage)
 			sb.fire(ctx, sandbox.Exit) // ended already if the root's exit was seen
 			ph.mark("close_audit")
 		} else {

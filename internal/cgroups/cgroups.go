@@ -1,6 +1,7 @@
 // Package cgroups removes a container's cgroup directories after a sandbox
 // that failed to start (runsc does not clean up after itself then, and a
-// later container with the same id would inherit the stale limits).
+// later container with the same id would inherit the stale limits), and
+// reads what a sandbox's cgroup used before it goes.
 package cgroups
 
 import (
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Root is where cgroup hierarchies are mounted.
@@ -73,4 +76,66 @@ func removeTree(dir string) error {
 		return fmt.Errorf("remove cgroup %s: %w", dir, err)
 	}
 	return nil
+}
+
+// Usage is what a cgroup used over its life: its peak memory and its CPU
+// time.
+type Usage struct {
+	MemoryPeak int64 // bytes
+	CPU        time.Duration
+}
+
+// ReadUsage reads the usage of the cgroup at path (cgroupfs form) below
+// root: cgroup v1's memory.max_usage_in_bytes and cpuacct.usage, or v2's
+// memory.peak and cpu.stat usage_usec. ok is false when neither could be
+// read: a systemd-style path, a cgroup already removed, a kernel without
+// memory.peak.
+func ReadUsage(root, path string) (u Usage, ok bool) {
+	if path == "" || strings.Contains(path, ":") {
+		return u, false
+	}
+	clean := filepath.Clean("/" + path)
+	if clean == "/" {
+		return u, false
+	}
+	readInt := func(file string) (int64, bool) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n, err == nil
+	}
+	var gotMem, gotCPU bool
+	// v1: the memory and cpuacct hierarchies (cpuacct may be mounted
+	// with cpu, as cpu,cpuacct).
+	if n, ok := readInt(filepath.Join(root, "memory", clean, "memory.max_usage_in_bytes")); ok {
+		u.MemoryPeak, gotMem = n, true
+	}
+	for _, h := range []string{"cpuacct", "cpu,cpuacct"} {
+		if n, ok := readInt(filepath.Join(root, h, clean, "cpuacct.usage")); ok && !gotCPU {
+			u.CPU, gotCPU = time.Duration(n), true
+		}
+	}
+	// v2: the unified tree (at root, or at root/unified on a hybrid host).
+	for _, uroot := range []string{root, filepath.Join(root, "unified")} {
+		dir := filepath.Join(uroot, clean)
+		if !gotMem {
+			if n, ok := readInt(filepath.Join(dir, "memory.peak")); ok {
+				u.MemoryPeak, gotMem = n, true
+			}
+		}
+		if !gotCPU {
+			if b, err := os.ReadFile(filepath.Join(dir, "cpu.stat")); err == nil {
+				for _, l := range strings.Split(string(b), "\n") {
+					if v, found := strings.CutPrefix(l, "usage_usec "); found {
+						if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+							u.CPU, gotCPU = time.Duration(n)*time.Microsecond, true
+						}
+					}
+				}
+			}
+		}
+	}
+	return u, gotMem || gotCPU
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A plain directory tree stands in for cgroupfs: Remove only rmdirs.
@@ -32,6 +33,36 @@ func TestRemove(t *testing.T) {
 			t.Error("removing the root cgroup must be refused")
 		} else if p != "/" && err != nil {
 			t.Errorf("%q: %v", p, err)
+		}
+	}
+}
+
+func TestReadUsage(t *testing.T) {
+	write := func(root, rel, content string) {
+		p := filepath.Join(root, rel)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte(content), 0o644)
+	}
+	v1 := t.TempDir()
+	write(v1, "memory/pods/sb/memory.max_usage_in_bytes", "268435456\n")
+	write(v1, "cpu,cpuacct/pods/sb/cpuacct.usage", "1500000000\n")
+	if u, ok := ReadUsage(v1, "/pods/sb"); !ok || u.MemoryPeak != 256<<20 || u.CPU != 1500*time.Millisecond {
+		t.Errorf("v1: %+v %v", u, ok)
+	}
+	v2 := t.TempDir()
+	write(v2, "pods/sb/memory.peak", "1048576\n")
+	write(v2, "pods/sb/cpu.stat", "usage_usec 2500000\nuser_usec 2000000\n")
+	if u, ok := ReadUsage(v2, "pods/sb"); !ok || u.MemoryPeak != 1<<20 || u.CPU != 2500*time.Millisecond {
+		t.Errorf("v2: %+v %v", u, ok)
+	}
+	hybrid := t.TempDir()
+	write(hybrid, "unified/pods/sb/cpu.stat", "usage_usec 10\n")
+	if u, ok := ReadUsage(hybrid, "/pods/sb"); !ok || u.CPU != 10*time.Microsecond || u.MemoryPeak != 0 {
+		t.Errorf("hybrid: %+v %v", u, ok)
+	}
+	for _, p := range []string{"", "/", "kubepods.slice:cri-containerd:abc", "/gone"} {
+		if u, ok := ReadUsage(v1, p); ok {
+			t.Errorf("%q: %+v", p, u)
 		}
 	}
 }

@@ -70,7 +70,8 @@ spec:
 		t.Fatalf("policy suggest: %v", r)
 	}
 	t.Logf("the suggestion:\n%s", r.stdout)
-	for _, want := range []string{"- {host: " + gwAllowA + ", ports: [80]}", "writable: [/tmp, /workspace]", "allowExec: [/workspace]"} {
+	for _, want := range []string{"- {host: " + gwAllowA + ", ports: [80]}", "writable: [/tmp, /workspace]", "allowExec: [/workspace]",
+		"# its sandbox's peak was", "# its sandbox used"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("the suggestion lacks %q", want)
 		}

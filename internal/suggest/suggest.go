@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +40,10 @@ type Use struct {
 	// PeakProcesses is the most processes alive at once (threads not
 	// counted).
 	PeakProcesses int
+	// MemoryPeak (bytes) and CPU are the most a sandbox's cgroup used,
+	// from its trail's end record (0: not recorded).
+	MemoryPeak int64
+	CPU        time.Duration
 }
 
 // Host is a name and port the agent reached.
@@ -97,6 +102,13 @@ func Observe(recs []*audit.Record) Use {
 				u.Refused[n]++
 			} else if n := r.Detail["sni"]; n != "" {
 				u.Refused[n]++
+			}
+		case "agentbox/sandbox_end":
+			if n, err := strconv.ParseInt(r.Detail["memory_peak_bytes"], 10, 64); err == nil && n > u.MemoryPeak {
+				u.MemoryPeak = n
+			}
+			if f, err := strconv.ParseFloat(r.Detail["cpu_seconds"], 64); err == nil && time.Duration(f*float64(time.Second)) > u.CPU {
+				u.CPU = time.Duration(f * float64(time.Second))
 			}
 		case "syscall/connect":
 			// A connect the rules allowed by address: a CIDR rule's (the
@@ -279,8 +291,18 @@ func Suggest(u Use, o Options) string {
 		wall = 5 * time.Minute
 	}
 	p("  limits:\n    wallClock: %s   # its longest run took %s, x2, at least 5m\n", durationText(wall), u.Wall.Round(time.Second))
-	p("    # memory and CPU: the trail records no peaks, so they stay the parent's\n")
-	p("    # syscall classes: the trail shows none the baseline refuses, so allowSyscalls stays the parent's\n")
+	if u.MemoryPeak > 0 {
+		mib := max(128, (u.MemoryPeak*3/2+(1<<20)-1)>>20)
+		p("    memory: %dMi   # its sandbox's peak was %d MiB (gVisor included), x1.5, at least 128Mi\n", mib, u.MemoryPeak>>20)
+	} else {
+		p("    # memory: the trail records no peak, so it stays the parent's\n")
+	}
+	if u.CPU > 0 {
+		p("    cpuTime: %s   # its sandbox used %s of CPU, x2, at least 1m\n", durationText(max(time.Minute, (2*u.CPU+time.Minute-1).Truncate(time.Minute))), u.CPU.Round(time.Millisecond))
+	} else {
+		p("    # cpuTime: the trail records no CPU time, so it stays the parent's\n")
+	}
+	p("    # syscall classes: gVisor reports no event for the calls the baseline classes cover, so allowSyscalls stays the parent's\n")
 	return b.String()
 }
 
@@ -328,6 +350,12 @@ func Diff(u Use, p *policy.Profile) ([]Finding, error) {
 	}
 	if p.Process.MaxProcesses > 0 && u.PeakProcesses > p.Process.MaxProcesses {
 		out = append(out, Finding{fmt.Sprintf("%d processes at once", u.PeakProcesses), fmt.Sprintf("process.maxProcesses %d", p.Process.MaxProcesses)})
+	}
+	if p.Limits.MemoryBytes > 0 && u.MemoryPeak > p.Limits.MemoryBytes {
+		out = append(out, Finding{fmt.Sprintf("a peak of %d MiB", u.MemoryPeak>>20), fmt.Sprintf("limits.memory %d MiB", p.Limits.MemoryBytes>>20)})
+	}
+	if p.Limits.CPUTimeSeconds > 0 && u.CPU > time.Duration(p.Limits.CPUTimeSeconds)*time.Second {
+		out = append(out, Finding{fmt.Sprintf("%s of CPU", u.CPU.Round(time.Millisecond)), fmt.Sprintf("limits.cpuTime %ds", p.Limits.CPUTimeSeconds)})
 	}
 	if p.Limits.WallClock > 0 && u.Wall > p.Limits.WallClock {
 		out = append(out, Finding{fmt.Sprintf("a run of %s", u.Wall.Round(time.Second)), fmt.Sprintf("limits.wallClock %s", p.Limits.WallClock)})

@@ -74,7 +74,7 @@ func run(t *testing.T) []*audit.Record {
 	msg(&pb.TaskExit{ContextData: cd(6, "curl", 12)}, 12)
 	msg(&pb.TaskExit{ContextData: cd(5, "run.sh", 13)}, 13)
 	msg(&pb.TaskExit{ContextData: cd(1, "sh", 90)}, 90)
-	own(audit.TypeSandboxEnd, "Success", "sandbox ended", nil, 0, 90)
+	own(audit.TypeSandboxEnd, "Success", "sandbox ended", map[string]string{"memory_peak_bytes": "314572800", "cpu_seconds": "42.500"}, 0, 90)
 	return recs
 }
 
@@ -86,7 +86,8 @@ func TestObserve(t *testing.T) {
 	if len(u.Hosts) != 2 || u.Hosts[0] != (Host{"api.anthropic.com", 443, "anthropic", 1}) || u.Hosts[1] != (Host{"pypi.org", 443, "", 2}) {
 		t.Errorf("hosts: %+v", u.Hosts)
 	}
-	if u.Refused["telemetry.example"] != 1 || u.PeakProcesses != 3 || u.Wall != 90*time.Second || u.Roles[0] != "loose" {
+	if u.Refused["telemetry.example"] != 1 || u.PeakProcesses != 3 || u.Wall != 90*time.Second || u.Roles[0] != "loose" ||
+		u.MemoryPeak != 300<<20 || u.CPU != 42500*time.Millisecond {
 		t.Errorf("use: %+v", u)
 	}
 }
@@ -102,6 +103,7 @@ func TestSuggestLoads(t *testing.T) {
 		"- {host: api.anthropic.com, ports: [443], api: anthropic}   # 1 request(s)", "- {host: pypi.org, ports: [443]}   # 2 request(s)",
 		"# refused under the role it ran under, and not added: telemetry.example (1)",
 		"maxProcesses: 32   # at most 3 processes at once", "wallClock: 5m   # its longest run took 1m30s",
+		"memory: 450Mi   # its sandbox's peak was 300 MiB (gVisor included), x1.5, at least 128Mi", "cpuTime: 2m   # its sandbox used 42.5s of CPU, x2, at least 1m",
 	} {
 		if !strings.Contains(y, want) {
 			t.Errorf("lacks %q:\n%s", want, y)
@@ -121,6 +123,12 @@ func TestSuggestLoads(t *testing.T) {
 	}
 	if f, err := Diff(u, p); err != nil || len(f) != 0 {
 		t.Fatalf("the suggestion refuses its own run: %v %+v", err, f)
+	}
+	// A role with less memory than the run's peak refuses it.
+	small := *p
+	small.Limits.MemoryBytes = 256 << 20
+	if f, _ := Diff(u, &small); len(f) != 1 || f[0].What+": "+f[0].Why != "a peak of 300 MiB: limits.memory 256 MiB" {
+		t.Errorf("a role with 256 MiB: %+v", f)
 	}
 	// The parent it replaces: coder, which allows neither host, and
 	// baseline, which allows no exec and no network.

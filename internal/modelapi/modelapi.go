@@ -194,35 +194,43 @@ func (t *RequestTap) Content() (string, bool) {
 	return strings.ToValidUTF8(string(b), "\uFFFD"), cut
 }
 
+// conversation is a request body's conversation array and the key it is
+// under; ok is false when the body holds none.
+func conversation(api API, body []byte) (key string, items []json.RawMessage, ok bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return "", nil, false
+	}
+	for _, key := range conversationKeys[api] {
+		if json.Unmarshal(top[key], &items) == nil && len(items) > 0 {
+			return key, items, true
+		}
+	}
+	return "", nil, false
+}
+
 // newestMessages is {"KEY": [the last messages that fit]} of a request
 // body; ok is false when the body holds no conversation array, or its
 // newest message alone is larger than MaxContent.
 func newestMessages(api API, body []byte) (string, bool, bool) {
-	var top map[string]json.RawMessage
-	if json.Unmarshal(body, &top) != nil {
+	key, items, ok := conversation(api, body)
+	if !ok {
 		return "", false, false
 	}
-	for _, key := range conversationKeys[api] {
-		var items []json.RawMessage
-		if json.Unmarshal(top[key], &items) != nil || len(items) == 0 {
-			continue
-		}
-		// {"KEY":[ ... ]} and a comma between items.
-		size, first := len(key)+6, len(items)
-		for first > 0 && size+len(items[first-1])+1 <= MaxContent {
-			first--
-			size += len(items[first]) + 1
-		}
-		if first == len(items) {
-			return "", false, false
-		}
-		out, err := json.Marshal(map[string][]json.RawMessage{key: items[first:]})
-		if err != nil {
-			return "", false, false
-		}
-		return strings.ToValidUTF8(string(out), "\uFFFD"), first > 0, true
+	// {"KEY":[ ... ]} and a comma between items.
+	size, first := len(key)+6, len(items)
+	for first > 0 && size+len(items[first-1])+1 <= MaxContent {
+		first--
+		size += len(items[first]) + 1
 	}
-	return "", false, false
+	if first == len(items) {
+		return "", false, false
+	}
+	out, err := json.Marshal(map[string][]json.RawMessage{key: items[first:]})
+	if err != nil {
+		return "", false, false
+	}
+	return strings.ToValidUTF8(string(out), "\uFFFD"), first > 0, true
 }
 
 // ToolCall is a tool the model asked the agent to run.

@@ -14,27 +14,7 @@ const MaxToolResult = 1 << 10
 // when content is not a whole request (a body kept only in part) or
 // holds no tool result.
 func LastToolResult(api API, content string) (text, id string, ok bool) {
-	var req struct {
-		Messages []json.RawMessage `json:"messages"` // Messages, Chat Completions
-		Input    json.RawMessage   `json:"input"`    // Responses
-		Contents []json.RawMessage `json:"contents"` // Gemini
-	}
-	if json.Unmarshal([]byte(content), &req) != nil {
-		return "", "", false
-	}
-	var items []json.RawMessage
-	switch api {
-	case Anthropic:
-		items = req.Messages
-	case OpenAI:
-		if len(req.Messages) > 0 {
-			items = req.Messages
-		} else if json.Unmarshal(req.Input, &items) != nil {
-			return "", "", false
-		}
-	case Gemini:
-		items = req.Contents
-	}
+	_, items, _ := conversation(api, []byte(content))
 	for i := len(items) - 1; i >= 0; i-- {
 		if text, id, ok := toolResult(items[i]); ok {
 			return clipBytes(text, MaxToolResult), id, true

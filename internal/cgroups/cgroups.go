@@ -113,8 +113,9 @@ func ReadUsage(root, path string) (u Usage, ok bool) {
 		u.MemoryPeak, gotMem = n, true
 	}
 	for _, h := range []string{"cpuacct", "cpu,cpuacct"} {
-		if n, ok := readInt(filepath.Join(root, h, clean, "cpuacct.usage")); ok && !gotCPU {
+		if n, ok := readInt(filepath.Join(root, h, clean, "cpuacct.usage")); ok {
 			u.CPU, gotCPU = time.Duration(n), true
+			break
 		}
 	}
 	// v2: the unified tree (at root, or at root/unified on a hybrid host).

@@ -6,7 +6,9 @@ package suggest
 
 import (
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,7 +67,7 @@ func Observe(recs []*audit.Record) Use {
 			u.Sandboxes = append(u.Sandboxes, r.Sandbox)
 		}
 		bySandbox[r.Sandbox] = append(bySandbox[r.Sandbox], r)
-		if r.Role != "" && !contains(u.Roles, r.Role) {
+		if r.Role != "" && !slices.Contains(u.Roles, r.Role) {
 			u.Roles = append(u.Roles, r.Role)
 		}
 		host := func(name string) {
@@ -107,8 +109,8 @@ func Observe(recs []*audit.Record) Use {
 			if n, err := strconv.ParseInt(r.Detail["memory_peak_bytes"], 10, 64); err == nil && n > u.MemoryPeak {
 				u.MemoryPeak = n
 			}
-			if f, err := strconv.ParseFloat(r.Detail["cpu_seconds"], 64); err == nil && time.Duration(f*float64(time.Second)) > u.CPU {
-				u.CPU = time.Duration(f * float64(time.Second))
+			if f, err := strconv.ParseFloat(r.Detail["cpu_seconds"], 64); err == nil {
+				u.CPU = max(u.CPU, time.Duration(f*float64(time.Second)))
 			}
 		case "syscall/connect":
 			// A connect the rules allowed by address: a CIDR rule's (the
@@ -127,7 +129,7 @@ func Observe(recs []*audit.Record) Use {
 		}
 		return u.Hosts[i].Port < u.Hosts[j].Port
 	})
-	u.Direct = sortedKeys(direct)
+	u.Direct = slices.Sorted(maps.Keys(direct))
 	written, executed := map[string]bool{}, map[string]bool{}
 	for _, sb := range u.Sandboxes {
 		rep := report.Build(bySandbox[sb], audit.VerifyResult{})
@@ -158,7 +160,7 @@ func Observe(recs []*audit.Record) Use {
 			u.PeakProcesses = n
 		}
 	}
-	u.Written, u.Executed = sortedKeys(written), sortedKeys(executed)
+	u.Written, u.Executed = slices.Sorted(maps.Keys(written)), slices.Sorted(maps.Keys(executed))
 	return u
 }
 
@@ -167,7 +169,7 @@ func Observe(recs []*audit.Record) Use {
 // exit.
 func peak(recs []*audit.Record) int {
 	alive, exited := map[int32]bool{}, map[int32]bool{}
-	max := 0
+	most := 0
 	for _, r := range recs {
 		if r.Process == nil || !strings.HasPrefix(r.Event, "sentry/") && !strings.HasPrefix(r.Event, "syscall/") {
 			continue
@@ -183,11 +185,9 @@ func peak(recs []*audit.Record) int {
 		if r.Process.PID != 0 && !exited[r.Process.PID] {
 			alive[r.Process.PID] = true
 		}
-		if len(alive) > max {
-			max = len(alive)
-		}
+		most = max(most, len(alive))
 	}
-	return max
+	return most
 }
 
 // root is the first component of an absolute path ("/workspace").
@@ -233,15 +233,15 @@ func Suggest(u Use, o Options) string {
 		execDirs[root(f)] = append(execDirs[root(f)], f)
 	}
 	p("  filesystem:\n")
-	p("    writable: [%s]\n", strings.Join(sortedKeys(dirs), ", "))
-	for _, d := range sortedKeys(dirs) {
+	p("    writable: [%s]\n", strings.Join(slices.Sorted(maps.Keys(dirs)), ", "))
+	for _, d := range slices.Sorted(maps.Keys(dirs)) {
 		p("      # %s: %d file(s) written, e.g. %s\n", d, len(dirs[d]), examples(dirs[d]))
 	}
 	if len(dirs) == 0 {
 		p("      # it wrote no file\n")
 	}
-	p("    allowExec: [%s]\n", strings.Join(sortedKeys(execDirs), ", "))
-	for _, d := range sortedKeys(execDirs) {
+	p("    allowExec: [%s]\n", strings.Join(slices.Sorted(maps.Keys(execDirs)), ", "))
+	for _, d := range slices.Sorted(maps.Keys(execDirs)) {
 		p("      # %s: it ran what it wrote there: %s\n", d, examples(execDirs[d]))
 	}
 	if len(execDirs) == 0 {
@@ -258,7 +258,7 @@ func Suggest(u Use, o Options) string {
 		for _, h := range u.Hosts {
 			byName[h.Name] = append(byName[h.Name], h)
 		}
-		for _, name := range sortedKeys(byName) {
+		for _, name := range slices.Sorted(maps.Keys(byName)) {
 			hs := byName[name]
 			var ports []string
 			n, api := 0, ""
@@ -383,7 +383,7 @@ func examples(files []string) string {
 
 func refusedList(m map[string]int) string {
 	var out []string
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, fmt.Sprintf("%s (%d)", k, m[k]))
 	}
 	return strings.Join(out, ", ")
@@ -401,22 +401,4 @@ func orNone(s string) string {
 		return "(unknown)"
 	}
 	return s
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

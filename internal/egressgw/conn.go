@@ -214,9 +214,8 @@ func splice(agent, up net.Conn, br *bufio.Reader, idle time.Duration) (sent, rec
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
 	var wg sync.WaitGroup
-	copyDir := func(dst, src net.Conn, r io.Reader, n *int64) {
+	copyDir := func(dst, src net.Conn, r io.Reader, n *int64, buf []byte) {
 		defer wg.Done()
-		buf := make([]byte, 32<<10)
 		for {
 			src.SetReadDeadline(time.Now().Add(idle))
 			k, err := r.Read(buf)
@@ -247,8 +246,16 @@ func splice(agent, up net.Conn, br *bufio.Reader, idle time.Duration) (sent, rec
 		}
 	}
 	wg.Add(2)
-	go copyDir(up, agent, br, &sent)
-	go copyDir(agent, up, up, &received)
+	go copyDir(up, agent, br, &sent, make([]byte, 32<<10))
+	// Toward the agent, large copies: what has arrived from the site goes
+	// on in one write, so the sandbox gets fewer, larger packets and
+	// acknowledges fewer (its netstack's CPU per byte, under its role's
+	// CPU limit, is what a download's speed comes to). Pooled, and only
+	// this way: uploads gained nothing from it, and a connection holds its
+	// buffers for its whole life.
+	down := bufferPool{}.Get()
+	defer bufferPool{}.Put(down)
+	go copyDir(agent, up, up, &received, down)
 	wg.Wait()
 	return sent, received
 }

@@ -4,11 +4,15 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"agentbox.dev/agentbox/internal/cgroups"
 )
 
 // gatewayFigures are one pod's abx-fetch latencies, each request on a new
@@ -105,8 +109,24 @@ func TestBenchmarkGateway(t *testing.T) {
 		fmt.Fprintf(&b, "  %-24s gateway %7.2f ms  address %7.2f ms  (%+.2f ms)\n", m.name, g, a, g-a)
 	}
 	b.WriteString(gatewayThroughput(t, benchRounds("AGENTBOX_BENCH_GATEWAY_DOWNLOADS", 8)))
+	b.WriteString(gatewayCPU(t, benchRounds("AGENTBOX_BENCH_GATEWAY_CPU_DOWNLOADS", 6)))
 	t.Log("\n" + b.String())
 	benchOut(t, b.String())
+}
+
+// downloadSize is one benchmark download: 64 MiB over HTTPS.
+const downloadSize = 64 << 20
+
+// downloadWays are the benchmark's ways to the same web host: by address
+// (a CIDR rule), inspected (a.gw.e2e.test: the gateway decrypts and
+// encrypts again), inspected and scanned (b.gw.e2e.test: a secret is
+// injected, so the response is scanned for it) and passthrough
+// (other.gw.e2e.test: spliced).
+var downloadWays = []struct{ name, cmd string }{
+	{"addr", fmt.Sprintf("abx-fetch -connect %s:443 -n 1 https://%s/bytes/%d", webAddr, gwAllowA, downloadSize)},
+	{"inspected", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwAllowA, downloadSize)},
+	{"scanned", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwAllowB, downloadSize)},
+	{"passthrough", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwOther, downloadSize)},
 }
 
 // gatewayThroughput downloads 64 MiB over HTTPS rounds times each way from
@@ -120,13 +140,7 @@ func TestBenchmarkGateway(t *testing.T) {
 // per MiB the gateway carried, is what the gateway costs the node.
 func gatewayThroughput(t *testing.T, rounds int) string {
 	t.Helper()
-	const size = 64 << 20
-	ways := []struct{ name, cmd string }{
-		{"addr", fmt.Sprintf("abx-fetch -connect %s:443 -n 1 https://%s/bytes/%d", webAddr, gwAllowA, size)},
-		{"inspected", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwAllowA, size)},
-		{"scanned", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwAllowB, size)},
-		{"passthrough", fmt.Sprintf("abx-fetch -n 1 https://%s/bytes/%d", gwOther, size)},
-	}
+	ways := downloadWays
 	var steps []string
 	for r := 0; r < rounds; r++ {
 		for i := range ways {
@@ -148,7 +162,7 @@ func gatewayThroughput(t *testing.T, rounds int) string {
 	for _, m := range fetchLine.FindAllStringSubmatch(logs.stdout, -1) {
 		bytes, _ := strconv.ParseFloat(m[4], 64)
 		secs, _ := strconv.ParseFloat(m[5], 64)
-		if bytes != size || secs <= 0 {
+		if bytes != downloadSize || secs <= 0 {
 			t.Fatalf("download %s: %s bytes in %s s", m[1], m[4], m[5])
 		}
 		mbps[m[1]] = bytes / secs / 1e6
@@ -170,7 +184,7 @@ func gatewayThroughput(t *testing.T, rounds int) string {
 		fmt.Fprintf(&b, "  %-24s gateway %7.1f MB/s address %7.1f MB/s (%.2fx; per round median %.2fx, min %.2fx, max %.2fx)\n",
 			"HTTPS "+w.name, g, a, g/a, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
 	}
-	through := float64((len(ways)-1)*rounds*size) / (1 << 20)
+	through := float64((len(ways)-1)*rounds*downloadSize) / (1 << 20)
 	fmt.Fprintf(&b, "  %-24s %.2f ms per MiB through the gateway (%.2f s over the pod, %.0f MiB)\n", "shim CPU", float64(shimCPU.Microseconds())/1e3/through, shimCPU.Seconds(), through)
 	return b.String()
 }
@@ -188,4 +202,82 @@ func TestBenchmarkGatewayMemory(t *testing.T) {
 	report := podMemory(t, 10, gw) + podMemory(t, 10, criVariants[1]) + podMemory(t, 10, criVariants[0])
 	t.Log("\n" + report)
 	benchOut(t, report)
+}
+
+// gatewayCPU says where a download's CPU goes, each way in a pod of its
+// own: the sandbox's cgroup (held to its role's CPU limit, 1 CPU under
+// baseline: what a download's speed comes to once the sandbox is the
+// slowest part) and the shim (the gateway, outside that limit), per MiB.
+func gatewayCPU(t *testing.T, downloads int) string {
+	t.Helper()
+	type use struct{ sandbox, shim float64 }
+	got := map[string]use{}
+	mib := float64(downloads*downloadSize) / (1 << 20)
+	for _, w := range downloadWays {
+		var steps []string
+		for i := 0; i < downloads; i++ {
+			steps = append(steps, gwStep(fmt.Sprintf("%s%d", w.name, i), w.cmd))
+		}
+		p := newPodIn(t, "bench-gw-cpu-"+w.name, "e2e-gw-bench", map[string]string{"agentbox.dev/role": "e2e-gw-bench"})
+		shim, cg := shimPID(p.id), sandboxCgroup(p.id)
+		if shim == 0 || cg == "" {
+			t.Fatalf("pod %s: shim %d, sandbox cgroup %q", p.id, shim, cg)
+		}
+		u0, ok0 := cgroups.ReadUsage("/sys/fs/cgroup", cg)
+		s0, _ := processCPU(shim)
+		logs := p.runProbes(t, strings.Join(append(steps, "echo probes-done", "sleep 600"), "; "))
+		u1, ok1 := cgroups.ReadUsage("/sys/fs/cgroup", cg)
+		s1, _ := processCPU(shim)
+		p.remove()
+		if n := len(fetchLine.FindAllString(logs.stdout, -1)); n != downloads || !ok0 || !ok1 {
+			t.Fatalf("%s: %d of %d downloads, cgroup %s read %v %v:\n%s", w.name, n, downloads, cg, ok0, ok1, logs.stdout)
+		}
+		got[w.name] = use{msPerMiB(u1.CPU-u0.CPU, mib), msPerMiB(s1-s0, mib)}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "  CPU per MiB downloaded, each way in a pod of its own (%d downloads): the sandbox (its role's limit: 1 CPU); the gateway (the shim, outside it):\n", downloads)
+	a := got["addr"]
+	fmt.Fprintf(&b, "  %-24s sandbox %5.2f ms  shim %5.2f ms\n", "by address", a.sandbox, a.shim)
+	for _, w := range downloadWays[1:] {
+		g := got[w.name]
+		fmt.Fprintf(&b, "  %-24s sandbox %5.2f ms  shim %5.2f ms  (sandbox %.2fx the address's)\n", w.name, g.sandbox, g.shim, g.sandbox/a.sandbox)
+	}
+	return b.String()
+}
+
+func msPerMiB(d time.Duration, mib float64) float64 { return float64(d.Microseconds()) / 1e3 / mib }
+
+// sandboxCgroup is the cgroup path (cgroupfs form) of pod id's sandbox
+// process: its cpuacct hierarchy on cgroup v1, the unified one on v2.
+func sandboxCgroup(id string) string {
+	for _, pid := range pidsNaming(id) {
+		if strings.Contains(cmdline(pid), "runsc-sandbox") {
+			return procCgroup(pid, "cpuacct")
+		}
+	}
+	return ""
+}
+
+// procCgroup is the cgroup path of process pid in controller's v1
+// hierarchy, or its unified (v2) path where no v1 hierarchy has that
+// controller; "" when pid has neither.
+func procCgroup(pid int, controller string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	var unified string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if strings.Contains(","+f[1]+",", ","+controller+",") {
+			return f[2]
+		}
+		if f[0] == "0" && f[1] == "" {
+			unified = f[2]
+		}
+	}
+	return unified
 }

@@ -101,12 +101,9 @@ func TestRespondLiveTightening(t *testing.T) {
 			} `json:"info"`
 		}
 		json.Unmarshal([]byte(r.stdout), &st)
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.Info.Pid))
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.SplitN(l, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",memory,") {
-				v, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.limit_in_bytes"))
-				return strings.TrimSpace(string(v))
-			}
+		if cg := procCgroup(st.Info.Pid, "memory"); cg != "" {
+			v, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.limit_in_bytes"))
+			return strings.TrimSpace(string(v))
 		}
 		return "no memory cgroup for pid " + fmt.Sprint(st.Info.Pid)
 	}

@@ -309,3 +309,39 @@ func TestRevalidateClosesDroppedNames(t *testing.T) {
 		t.Fatalf("b.test's connection: %v %v", resp, err)
 	}
 }
+
+// A response the site cuts short: the agent's connection is aborted (it
+// cannot be told otherwise mid-body), and the request's record says why,
+// with the bytes the agent sent.
+func TestCutResponseIsRecorded(t *testing.T) {
+	f := newFixture(t, false, Config{})
+	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/cut" {
+			return false
+		}
+		io.Copy(io.Discard, r.Body)
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return true
+		}
+		brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf")
+		brw.Flush()
+		c.Close()
+		return true
+	}
+	got := f.rawHTTP(t, "POST /cut HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello")
+	if len(got) != 1 || !strings.HasPrefix(got[0], "200 half") {
+		t.Errorf("the agent got %q, want the 200 and its first bytes, then the cut", got)
+	}
+	e := f.event(t)
+	if e.Kind != Request || e.Status != 200 || e.Sent != 5 || !strings.Contains(e.Reason, "the response was cut short: reading it from the site: unexpected EOF") {
+		t.Errorf("event: kind %v status %d sent %d reason %q", e.Kind, e.Status, e.Sent, e.Reason)
+	}
+	// A whole response has no reason.
+	if got := f.rawHTTP(t, "GET /whole HTTP/1.1\r\nHost: a.test\r\n\r\n"); len(got) != 1 || !strings.HasPrefix(got[0], "200 site=a.test") {
+		t.Errorf("whole: %q", got)
+	}
+	if e := f.event(t); e.Reason != "" {
+		t.Errorf("a whole response's reason: %q", e.Reason)
+	}
+}

@@ -58,6 +58,24 @@ type exchange struct {
 	opened func()
 	// model reads a model host's call (nil: the rule names no API).
 	model *modelTap
+	// readErr is the error that cut the site's response short, if one did.
+	readErr error
+}
+
+// cutBody keeps the error that ends a response's body other than at its
+// end: the proxy only aborts the agent's connection then, and the record
+// says why.
+type cutBody struct {
+	io.ReadCloser
+	x *exchange
+}
+
+func (b cutBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.x.readErr == nil {
+		b.x.readErr = err
+	}
+	return n, err
 }
 
 // modelTap reads a model call on its way: the request's body as it goes
@@ -228,8 +246,20 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	}
 	var dialled atomic.Value
 	var tun *tunnel
+	var x *exchange
+	var body *countingBody
 	defer func() {
 		ev.Status, ev.Received, ev.Duration = cw.status, cw.n, time.Since(start)
+		// Also when the proxy aborted the response (it panics then).
+		if body != nil {
+			ev.Sent = body.n
+		}
+		if x != nil {
+			ev.Reflected = x.found
+			if ev.Kind == Request && ev.Reason == "" {
+				ev.Reason = cutReason(x.readErr, cw.err)
+			}
+		}
 		if d, ok := dialled.Load().(string); ok {
 			ev.Dialled = d
 		}
@@ -273,7 +303,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		refuse(why)
 		return
 	}
-	x := &exchange{websocket: websocket, secrets: g.secretsNow()}
+	x = &exchange{websocket: websocket, secrets: g.secretsNow()}
 	if r.TLS != nil {
 		for _, sec := range x.secrets {
 			if sec.Host == name {
@@ -301,7 +331,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			g.cfg.Record(open)
 		}
 	}
-	body := &countingBody{ReadCloser: r.Body, rc: cw.rc, start: time.Now(), grace: g.cfg.BodyGrace, rate: g.cfg.BodyMinRate}
+	body = &countingBody{ReadCloser: r.Body, rc: cw.rc, start: time.Now(), grace: g.cfg.BodyGrace, rate: g.cfg.BodyMinRate}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
@@ -344,6 +374,16 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	}})
 	ev.Kind = Request
 	proxy.ServeHTTP(cw, r.WithContext(ctx))
-	ev.Sent = body.n
-	ev.Reflected = x.found
+}
+
+// cutReason says why a response was cut short: reading the site
+// (readErr) or writing to the agent (writeErr); "" when it was not.
+func cutReason(readErr, writeErr error) string {
+	switch {
+	case readErr != nil:
+		return "the response was cut short: reading it from the site: " + readErr.Error()
+	case writeErr != nil:
+		return "the response was cut short: writing it to the agent: " + writeErr.Error()
+	}
+	return ""
 }

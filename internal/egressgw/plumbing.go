@@ -90,6 +90,8 @@ type countingWriter struct {
 	idle   time.Duration
 	status int
 	n      int64
+	// err is the first write that failed.
+	err error
 	// tunnel, for an allowed WebSocket, wraps the hijacked connection.
 	tunnel func(net.Conn) net.Conn
 }
@@ -110,6 +112,9 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.n += int64(n)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
 	return n, err
 }
 

@@ -34,6 +34,9 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		x.opened()
 		return nil
 	}
+	if res.Body != nil && res.Body != http.NoBody {
+		res.Body = cutBody{res.Body, x}
+	}
 	if len(x.forms) > 0 {
 		res.Header = scrubHeader(x.forms, res.Header, "header", &x.found)
 		if res.Body != nil && res.Body != http.NoBody {

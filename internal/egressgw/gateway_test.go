@@ -345,3 +345,46 @@ func TestCutResponseIsRecorded(t *testing.T) {
 		t.Errorf("a whole response's reason: %q", e.Reason)
 	}
 }
+
+// serverBody reads like net/http's request body: its last bytes come with
+// io.EOF, and a read after Close fails.
+type serverBody struct {
+	r      io.Reader
+	closed bool
+}
+
+func (b *serverBody) Read(p []byte) (int, error) {
+	if b.closed {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	n, err := b.r.Read(p)
+	if err == nil && b.r.(*io.LimitedReader).N == 0 {
+		err = io.EOF
+	}
+	return n, err
+}
+
+func (b *serverBody) Close() error { b.closed = true; return nil }
+
+// Read to its end, a request body answers io.EOF again even after net/http
+// closed it: the transport's check for more after Content-Length bytes
+// must not fail, which would close the site's connection mid-response.
+func TestCountingBodyEndsOnce(t *testing.T) {
+	sb := &serverBody{r: io.LimitReader(strings.NewReader("hello, and more"), 5)}
+	b := &countingBody{ReadCloser: sb, start: time.Now(), grace: time.Second, rate: 1}
+	got, err := io.ReadAll(io.LimitReader(b, 5))
+	if string(got) != "hello" || err != nil || b.n != 5 {
+		t.Fatalf("read %q, %v, counted %d", got, err, b.n)
+	}
+	sb.Close() // as net/http does once the response's header is written
+	if n, err := b.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+		t.Errorf("a read after the end and the close: %d, %v; want 0, io.EOF", n, err)
+	}
+	// One that was not read to its end still reports the close.
+	sb2 := &serverBody{r: io.LimitReader(strings.NewReader("hello"), 5)}
+	b2 := &countingBody{ReadCloser: sb2, start: time.Now(), grace: time.Second, rate: 1}
+	sb2.Close()
+	if _, err := b2.Read(make([]byte, 8)); err != http.ErrBodyReadAfterClose {
+		t.Errorf("a read of an unfinished body after close: %v", err)
+	}
+}

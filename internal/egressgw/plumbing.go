@@ -131,6 +131,14 @@ var errSlowBody = errors.New("the request body arrived too slowly (a body must k
 
 // countingBody counts a request body and bounds its upload: each read must
 // come by grace plus what has arrived at rate.
+//
+// Once it has read the body's end it answers io.EOF, without asking the
+// body again. The transport reads a body with a Content-Length once more
+// after its last byte, to check there is no more, and by then net/http may
+// have closed the body (it does when the response's header is written to
+// the agent, once the body was read): that read would fail with "read
+// after close", and the transport would close the site's connection while
+// the response still streams.
 type countingBody struct {
 	io.ReadCloser
 	rc    *http.ResponseController
@@ -139,9 +147,13 @@ type countingBody struct {
 	rate  int
 	n     int64
 	slow  bool
+	eof   bool
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
 	if b.rc != nil {
 		b.rc.SetReadDeadline(b.start.Add(b.grace + time.Duration(b.n)*time.Second/time.Duration(b.rate)))
 	}
@@ -155,5 +167,6 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	if err != nil && b.rc != nil {
 		b.rc.SetReadDeadline(time.Time{})
 	}
+	b.eof = err == io.EOF
 	return n, err
 }

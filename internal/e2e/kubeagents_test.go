@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,24 +62,29 @@ func TestKubeAgentExamples(t *testing.T) {
 	for name, want := range pods {
 		p := k.waitPod(t, ns, name, 4*time.Minute, "terminated", terminated)
 		logs := k.mustKubectl(t, "-n", ns, "logs", name)
-		if st := p.Status.ContainerStatuses[0].State.Terminated; st.ExitCode != 0 || !strings.Contains(logs, modelscript.Done) {
-			t.Errorf("%s: exit %d\n%s", name, st.ExitCode, clip(logs))
-			continue
-		}
-		if seen := web.authSeen(want.host, want.path); !slices.Contains(seen, want.header+want.value) {
-			t.Errorf("%s: %s received %d calls, none with the Secret's value", name, want.host, len(seen))
-		}
+		// What the runtime saw of it, for a failure's message.
 		var calls int
+		var seen []string
 		for _, r := range k.trail(t, k.sandboxOf(t, p.Metadata.UID)) {
 			if r.Event == "agentbox/model_call" {
 				calls++
+			}
+			if strings.HasPrefix(r.Event, "agentbox/") {
+				seen = append(seen, fmt.Sprintf("%s: %s %v", r.Event, r.Message, r.Detail))
 			}
 			if strings.Contains(r.Message, want.value) {
 				t.Errorf("%s: the key is in the trail: %s", name, r.Message)
 			}
 		}
+		if st := p.Status.ContainerStatuses[0].State.Terminated; st.ExitCode != 0 || !strings.Contains(logs, modelscript.Done) {
+			t.Errorf("%s: exit %d\n%s\nits agentbox records:\n%s", name, st.ExitCode, clip(logs), strings.Join(seen, "\n"))
+			continue
+		}
+		if seen := web.authSeen(want.host, want.path); !slices.Contains(seen, want.header+want.value) {
+			t.Errorf("%s: %s received %d calls, none with the Secret's value", name, want.host, len(seen))
+		}
 		if calls != 4 {
-			t.Errorf("%s: %d model calls in its trail, want 4", name, calls)
+			t.Errorf("%s: %d model calls in its trail, want 4; its agentbox records:\n%s\n%s", name, calls, strings.Join(seen, "\n"), clip(logs))
 		}
 	}
 }

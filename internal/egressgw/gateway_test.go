@@ -377,14 +377,14 @@ func TestCountingBodyEndsOnce(t *testing.T) {
 		t.Fatalf("read %q, %v, counted %d", got, err, b.n)
 	}
 	sb.Close() // as net/http does once the response's header is written
-	if n, err := b.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+	if n, err := b.Read(make([]byte, 8)); n != 0 || !errors.Is(err, io.EOF) {
 		t.Errorf("a read after the end and the close: %d, %v; want 0, io.EOF", n, err)
 	}
 	// One that was not read to its end still reports the close.
 	sb2 := &serverBody{r: io.LimitReader(strings.NewReader("hello"), 5)}
 	b2 := &countingBody{ReadCloser: sb2, start: time.Now(), grace: time.Second, rate: 1}
 	sb2.Close()
-	if _, err := b2.Read(make([]byte, 8)); err != http.ErrBodyReadAfterClose {
+	if _, err := b2.Read(make([]byte, 8)); !errors.Is(err, http.ErrBodyReadAfterClose) {
 		t.Errorf("a read of an unfinished body after close: %v", err)
 	}
 }

@@ -510,3 +510,25 @@ func TestSecretRotation(t *testing.T) {
 		t.Errorf("the origin got %q, want the rotated secret", got)
 	}
 }
+
+// A body that says gzip but is not, from the secret's host: it cannot be
+// scanned, so the agent gets its header and no more, and the record says
+// why.
+func TestUndecodableBodyIsCutAndRecorded(t *testing.T) {
+	f, roots := reflectFixture(t)
+	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/bad-gzip" {
+			return false
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		io.WriteString(w, "not gzip at all")
+		return true
+	}
+	raw := f.tlsRaw(t, roots, "b.test", "GET /bad-gzip HTTP/1.1\r\nHost: b.test\r\n\r\n")
+	if !strings.HasPrefix(raw, "HTTP/1.1 200") || strings.Contains(raw, "not gzip") {
+		t.Errorf("the agent got %q", raw)
+	}
+	if e := f.event(t); e.Kind != Request || !strings.Contains(e.Reason, "the response was cut short: reading it from the site: gzip: invalid header") {
+		t.Errorf("event: kind %v reason %q", e.Kind, e.Reason)
+	}
+}

@@ -34,9 +34,6 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		x.opened()
 		return nil
 	}
-	if res.Body != nil && res.Body != http.NoBody {
-		res.Body = cutBody{res.Body, x}
-	}
 	if len(x.forms) > 0 {
 		res.Header = scrubHeader(x.forms, res.Header, "header", &x.found)
 		if res.Body != nil && res.Body != http.NoBody {
@@ -64,6 +61,10 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		}
 		m.res = modelapi.NewResponseTap(m.call.API, res.Header.Get("Content-Type"))
 		res.Body = modelBody{body, m}
+	}
+	if res.Body != nil && res.Body != http.NoBody {
+		// Outermost: a body the gateway cannot decode is cut too.
+		res.Body = cutBody{res.Body, x}
 	}
 	return nil
 }

@@ -64,27 +64,27 @@ func TestKubeAgentExamples(t *testing.T) {
 		logs := k.mustKubectl(t, "-n", ns, "logs", name)
 		// What the runtime saw of it, for a failure's message.
 		var calls int
-		var seen []string
+		var records []string
 		for _, r := range k.trail(t, k.sandboxOf(t, p.Metadata.UID)) {
 			if r.Event == "agentbox/model_call" {
 				calls++
 			}
 			if strings.HasPrefix(r.Event, "agentbox/") {
-				seen = append(seen, fmt.Sprintf("%s: %s %v", r.Event, r.Message, r.Detail))
+				records = append(records, fmt.Sprintf("%s: %s %v", r.Event, r.Message, r.Detail))
 			}
 			if strings.Contains(r.Message, want.value) {
 				t.Errorf("%s: the key is in the trail: %s", name, r.Message)
 			}
 		}
 		if st := p.Status.ContainerStatuses[0].State.Terminated; st.ExitCode != 0 || !strings.Contains(logs, modelscript.Done) {
-			t.Errorf("%s: exit %d\n%s\nits agentbox records:\n%s", name, st.ExitCode, clip(logs), strings.Join(seen, "\n"))
+			t.Errorf("%s: exit %d\n%s\nits agentbox records:\n%s", name, st.ExitCode, clip(logs), strings.Join(records, "\n"))
 			continue
 		}
 		if seen := web.authSeen(want.host, want.path); !slices.Contains(seen, want.header+want.value) {
 			t.Errorf("%s: %s received %d calls, none with the Secret's value", name, want.host, len(seen))
 		}
 		if calls != 4 {
-			t.Errorf("%s: %d model calls in its trail, want 4; its agentbox records:\n%s\n%s", name, calls, strings.Join(seen, "\n"), clip(logs))
+			t.Errorf("%s: %d model calls in its trail, want 4; its agentbox records:\n%s\n%s", name, calls, strings.Join(records, "\n"), clip(logs))
 		}
 	}
 }

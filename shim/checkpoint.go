@@ -335,12 +335,30 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	return cp, nil
 }
 
-// sharedOf is the cluster's shared store (nil when the config names none).
+// restoreKeyWait bounds how long a restore waits for the node agent to
+// place its image's data key (it asks the broker once the pod is bound).
+const restoreKeyWait = 60 * time.Second
+
+// sharedOf is the cluster's shared store (nil when the config names none):
+// with the broker's public key, this node wraps and the node agent places
+// what the broker unwrapped; with a key file, the node does both.
 func sharedOf(cfg *config.Config) (*checkpoint.Shared, error) {
-	if cfg.Checkpoint.SharedDir == "" {
+	c := cfg.Checkpoint
+	if c.SharedDir == "" {
 		return nil, nil
 	}
-	return checkpoint.OpenShared(cfg.Checkpoint.SharedDir, cfg.Checkpoint.SharedKeyFile)
+	if c.SharedKeyFile != "" {
+		kek, err := checkpoint.LoadSymmetricKEK(c.SharedKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		return checkpoint.OpenShared(c.SharedDir, kek, kek)
+	}
+	pub, err := checkpoint.LoadPublicKEK(c.SharedPublicKey)
+	if err != nil {
+		return nil, err
+	}
+	return checkpoint.OpenShared(c.SharedDir, pub, checkpoint.KeyDir{Dir: c.KeysDir, Wait: restoreKeyWait})
 }
 
 // shareImage writes a suspend's image to the cluster's shared store,
@@ -378,7 +396,10 @@ func importShared(cfg *config.Config, store *checkpoint.Store, name string) (str
 		return "", err
 	}
 	start := time.Now()
-	if err := store.Import(name, sh); err != nil {
+	err = store.Import(name, sh)
+	// The image's data key has served: it goes, imported or not.
+	checkpoint.KeyDir{Dir: cfg.Checkpoint.KeysDir}.Remove(name)
+	if err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("taken from the shared store %s in %v", sh.Dir, time.Since(start).Round(time.Millisecond)), nil

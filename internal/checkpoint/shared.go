@@ -3,17 +3,18 @@ package checkpoint
 // The shared store: a directory every node mounts (a ReadWriteMany
 // PersistentVolume, NFS), so that a sandbox suspended on one node resumes
 // on another. An image holds the agent's memory, and so its secrets: what
-// goes there is encrypted with the cluster's checkpoint key (AES-256-GCM,
-// in chunks whose nonce and associated data bind the checkpoint's name, the
-// file, the chunk's place and whether it is the last, so that no chunk can
-// be altered, moved, dropped or the file cut short unseen). A node takes an
-// image from there into its own store (Import): it decrypts it, checks
-// every file against the manifest, and signs the manifest with its own
-// node key, so that its restore checks it as any other.
+// goes there is encrypted with a data key of the image's own (envelope.go:
+// AES-256-GCM, in chunks whose nonce and associated data bind the
+// checkpoint's name, the file, the chunk's place and whether it is the
+// last, so that no chunk can be altered, moved, dropped or the file cut
+// short unseen), which travels beside it wrapped by the cluster's
+// key-encryption key. A node takes an image from there into its own store
+// (Import): it gets the data key back, decrypts, checks every file against
+// the manifest, and signs the manifest with its own node key, so that its
+// restore checks it as any other.
 
 import (
 	"bytes"
-	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
 	"encoding/binary"
@@ -24,6 +25,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // chunkSize is how much of a file one sealed chunk holds.
@@ -34,36 +37,45 @@ const encSuffix = ".enc"
 
 // Shared is the cluster's shared store.
 type Shared struct {
-	Dir  string
-	aead cipher.AEAD
+	Dir    string
+	wrap   Wrapper
+	unwrap Unwrapper
 }
 
-// OpenShared opens the shared store at dir with the checkpoint key in
-// keyFile (32 bytes, a regular file of the runtime's user, mode 0600). The
-// key is never created here: every node must hold the same.
-func OpenShared(dir, keyFile string) (*Shared, error) {
+// OpenShared opens the shared store at dir: wrap wraps the data key of an
+// image written there, unwrap gives an image's data key back.
+func OpenShared(dir string, wrap Wrapper, unwrap Unwrapper) (*Shared, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("shared store %q: not an absolute path", dir)
-	}
-	if _, err := os.Stat(keyFile); err != nil {
-		return nil, fmt.Errorf("shared store: checkpoint key: %w", err)
-	}
-	key, err := loadOrCreateKey(keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("shared store: %w", err)
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
 	}
 	if err := ensureDir(dir); err != nil {
 		return nil, fmt.Errorf("shared store: %w", err)
 	}
-	return &Shared{Dir: dir, aead: aead}, nil
+	return &Shared{Dir: dir, wrap: wrap, unwrap: unwrap}, nil
+}
+
+// LoadSymmetricKEK reads the cluster's checkpoint key from keyFile (32
+// bytes, a regular file of the runtime's user, mode 0600). The key is never
+// created here: every node must hold the same.
+func LoadSymmetricKEK(keyFile string) (*SymmetricKEK, error) {
+	key, err := readPrivateFile(keyFile, KeySize)
+	if err != nil {
+		return nil, fmt.Errorf("the cluster's checkpoint key: %w", err)
+	}
+	return NewSymmetricKEK(key)
+}
+
+// LoadPublicKEK reads the broker's public key (PEM) from path.
+func LoadPublicKEK(path string) (*PublicKEK, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("the broker's public key: %w", err)
+	}
+	k, err := ParsePublicKEK(b)
+	if err != nil {
+		return nil, fmt.Errorf("the broker's public key %s: %w", path, err)
+	}
+	return k, nil
 }
 
 // chunkAAD binds a chunk to its image, file and place.
@@ -72,7 +84,7 @@ func chunkAAD(name, file string, index uint64, last bool) []byte {
 	if last {
 		l = 1
 	}
-	aad := fmt.Appendf(nil, "agentbox shared checkpoint v1\n%s\n%s\n", name, file)
+	aad := fmt.Appendf(nil, "agentbox shared checkpoint v2\n%s\n%s\n", name, file)
 	aad = binary.BigEndian.AppendUint64(aad, index)
 	return append(aad, l)
 }
@@ -80,7 +92,7 @@ func chunkAAD(name, file string, index uint64, last bool) []byte {
 // seal writes src to dst encrypted: a random 4-byte file prefix, then for
 // each chunk its length and its sealed bytes. The nonce is the prefix and
 // the chunk's index.
-func (sh *Shared) seal(dst io.Writer, src io.Reader, size int64, name, file string) error {
+func seal(aead cipher.AEAD, dst io.Writer, src io.Reader, size int64, name, file string) error {
 	prefix := make([]byte, 4)
 	if _, err := rand.Read(prefix); err != nil {
 		return err
@@ -102,7 +114,7 @@ func (sh *Shared) seal(dst io.Writer, src io.Reader, size int64, name, file stri
 		left -= n
 		last := left == 0
 		nonce := binary.BigEndian.AppendUint64(append([]byte(nil), prefix...), index)
-		sealed := sh.aead.Seal(nil, nonce, buf[:n], chunkAAD(name, file, index, last))
+		sealed := aead.Seal(nil, nonce, buf[:n], chunkAAD(name, file, index, last))
 		var hdr [4]byte
 		binary.BigEndian.PutUint32(hdr[:], uint32(len(sealed)))
 		if _, err := dst.Write(hdr[:]); err != nil {
@@ -120,12 +132,12 @@ func (sh *Shared) seal(dst io.Writer, src io.Reader, size int64, name, file stri
 
 // open decrypts what seal wrote, refusing anything altered, reordered or
 // cut short.
-func (sh *Shared) open(dst io.Writer, src io.Reader, name, file string) error {
+func open(aead cipher.AEAD, dst io.Writer, src io.Reader, name, file string) error {
 	prefix := make([]byte, 4)
 	if _, err := io.ReadFull(src, prefix); err != nil {
 		return fmt.Errorf("%s: %w", file, err)
 	}
-	overhead := sh.aead.Overhead()
+	overhead := aead.Overhead()
 	buf := make([]byte, chunkSize+overhead)
 	// A failed Open clears its output: never the ciphertext's buffer.
 	out := make([]byte, 0, chunkSize)
@@ -142,14 +154,14 @@ func (sh *Shared) open(dst io.Writer, src io.Reader, name, file string) error {
 			return fmt.Errorf("%s: chunk %d: %w", file, index, err)
 		}
 		nonce := binary.BigEndian.AppendUint64(append([]byte(nil), prefix...), index)
-		plain, err := sh.aead.Open(out[:0], nonce, buf[:n], chunkAAD(name, file, index, false))
+		plain, err := aead.Open(out[:0], nonce, buf[:n], chunkAAD(name, file, index, false))
 		last := false
 		if err != nil {
-			plain, err = sh.aead.Open(out[:0], nonce, buf[:n], chunkAAD(name, file, index, true))
+			plain, err = aead.Open(out[:0], nonce, buf[:n], chunkAAD(name, file, index, true))
 			last = true
 		}
 		if err != nil {
-			return fmt.Errorf("%s: chunk %d does not decrypt with the cluster's checkpoint key: altered, or another image's", file, index)
+			return fmt.Errorf("%s: chunk %d does not decrypt with the image's data key: altered, or another image's", file, index)
 		}
 		if _, err := dst.Write(plain); err != nil {
 			return err
@@ -183,7 +195,26 @@ func (s *Store) Export(name string, sh *Shared) (int64, error) {
 			os.RemoveAll(tmp)
 		}
 	}()
-	var total int64
+	dek := make([]byte, DataKeySize)
+	if _, err := rand.Read(dek); err != nil {
+		return 0, err
+	}
+	wrapped, err := sh.wrap.Wrap(name, dek)
+	if err != nil {
+		return 0, fmt.Errorf("wrapping the image's data key: %w", err)
+	}
+	wb, err := json.Marshal(wrapped)
+	if err != nil {
+		return 0, err
+	}
+	if err := writeFileSync(filepath.Join(tmp, DataKeyFile), wb); err != nil {
+		return 0, err
+	}
+	aead, err := newAEAD(dek)
+	if err != nil {
+		return 0, err
+	}
+	total := int64(len(wb))
 	files := append([]File{{Name: ManifestFile}}, img.Manifest.Files...)
 	for _, f := range files {
 		in, err := os.Open(filepath.Join(img.Dir, f.Name))
@@ -192,7 +223,7 @@ func (s *Store) Export(name string, sh *Shared) (int64, error) {
 		}
 		st, err := in.Stat()
 		if err == nil {
-			err = sealFile(sh, filepath.Join(tmp, f.Name+encSuffix), in, st.Size(), name, f.Name)
+			err = sealFile(aead, filepath.Join(tmp, f.Name+encSuffix), in, st.Size(), name, f.Name)
 		}
 		in.Close()
 		if err != nil {
@@ -209,12 +240,12 @@ func (s *Store) Export(name string, sh *Shared) (int64, error) {
 	return total, syncDir(sh.Dir)
 }
 
-func sealFile(sh *Shared, path string, in io.Reader, size int64, name, file string) error {
+func sealFile(aead cipher.AEAD, path string, in io.Reader, size int64, name, file string) error {
 	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	err = sh.seal(out, in, size, name, file)
+	err = seal(aead, out, in, size, name, file)
 	if err == nil {
 		err = out.Sync()
 	}
@@ -257,7 +288,14 @@ func (s *Store) Import(name string, sh *Shared) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint %q: not in the shared store %s", name, sh.Dir)
 	}
+	aead, err := sh.dataKey(name)
+	if err != nil {
+		return fmt.Errorf("checkpoint %q from the shared store: %w", name, err)
+	}
 	for _, e := range ents {
+		if e.Name() == DataKeyFile {
+			continue
+		}
 		file, ok := strings.CutSuffix(e.Name(), encSuffix)
 		if !ok || !e.Type().IsRegular() || file == "" {
 			return fmt.Errorf("checkpoint %q: %s in the shared store is not one of its files", name, e.Name())
@@ -268,7 +306,7 @@ func (s *Store) Import(name string, sh *Shared) error {
 		}
 		out, err := os.OpenFile(filepath.Join(tmp, file), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err == nil {
-			err = sh.open(out, in, name, file)
+			err = open(aead, out, in, name, file)
 			if cerr := out.Close(); err == nil {
 				err = cerr
 			}
@@ -304,6 +342,44 @@ func (s *Store) Import(name string, sh *Shared) error {
 		return fmt.Errorf("checkpoint %q from the shared store: its files are not the ones its manifest lists: refused", name)
 	}
 	return nil
+}
+
+// dataKey reads checkpoint name's wrapped data key and has it unwrapped.
+func (sh *Shared) dataKey(name string) (cipher.AEAD, error) {
+	b, err := readSmall(filepath.Join(sh.Dir, name, DataKeyFile), 8<<10)
+	if err != nil {
+		return nil, fmt.Errorf("its wrapped data key: %w", err)
+	}
+	w, err := ParseWrappedKey(b)
+	if err != nil {
+		return nil, err
+	}
+	if w.Checkpoint != name {
+		return nil, fmt.Errorf("its data key is %s's: refused", w.Checkpoint)
+	}
+	dek, err := sh.unwrap.Unwrap(w)
+	if err != nil {
+		return nil, err
+	}
+	return newAEAD(dek)
+}
+
+// readSmall reads a regular file of at most limit bytes, without
+// following a symlink.
+func readSmall(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Size() > limit {
+		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", path, limit)
+	}
+	return io.ReadAll(io.LimitReader(f, limit))
 }
 
 // jsonStrict decodes b into v, refusing unknown fields.

@@ -21,7 +21,11 @@ func sharedPair(t *testing.T) (a, b *Store, sh *Shared) {
 	if err := os.WriteFile(filepath.Join(dir, "cluster.key"), key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sh, err := OpenShared(filepath.Join(dir, "shared"), filepath.Join(dir, "cluster.key"))
+	kek, err := LoadSymmetricKEK(filepath.Join(dir, "cluster.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err = OpenShared(filepath.Join(dir, "shared"), kek, kek)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +99,16 @@ func TestSharedImportRefuses(t *testing.T) {
 		{"a file from another image", func(t *testing.T, sh *Shared) {
 			os.Rename(filepath.Join(sh.Dir, "cp2", "pages.img"+encSuffix), filepath.Join(sh.Dir, "cp1", "pages.img"+encSuffix))
 		}, "does not decrypt"},
+		{"another image's data key", func(t *testing.T, sh *Shared) {
+			os.Rename(filepath.Join(sh.Dir, "cp2", DataKeyFile), filepath.Join(sh.Dir, "cp1", DataKeyFile))
+		}, "its data key is cp2's"},
+		{"another image's data key, renamed", func(t *testing.T, sh *Shared) {
+			b, _ := os.ReadFile(filepath.Join(sh.Dir, "cp2", DataKeyFile))
+			os.WriteFile(filepath.Join(sh.Dir, "cp1", DataKeyFile), []byte(strings.Replace(string(b), `"cp2"`, `"cp1"`, 1)), 0o600)
+		}, "does not unwrap"},
+		{"no data key", func(t *testing.T, sh *Shared) {
+			os.Remove(filepath.Join(sh.Dir, "cp1", DataKeyFile))
+		}, "its wrapped data key"},
 		{"a file added", func(t *testing.T, sh *Shared) {
 			os.WriteFile(filepath.Join(sh.Dir, "cp1", "extra"), []byte("x"), 0o600)
 		}, "not one of its files"},
@@ -129,7 +143,7 @@ func TestSharedImportRefuses(t *testing.T) {
 	a.Export("cp1", sh)
 	_, _, other := sharedPair(t)
 	other.Dir = sh.Dir
-	if err := b.Import("cp1", other); err == nil || !strings.Contains(err.Error(), "does not decrypt") {
+	if err := b.Import("cp1", other); err == nil || !strings.Contains(err.Error(), "not the cluster checkpoint key") {
 		t.Fatalf("another key: %v", err)
 	}
 }

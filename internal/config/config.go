@@ -107,14 +107,30 @@ type Checkpoint struct {
 	KeyFile string `toml:"key_file"`
 	// SharedDir is a directory every node mounts (a ReadWriteMany
 	// PersistentVolume, NFS): a suspend's image is also written there,
-	// encrypted with SharedKeyFile's key, and a node whose store lacks an
-	// image a pod asks for takes it from there. "" (the default): images
-	// stay on the node that made them.
+	// encrypted with a data key of its own that travels wrapped beside it,
+	// and a node whose store lacks an image a pod asks for takes it from
+	// there. "" (the default): images stay on the node that made them. Set
+	// exactly one of SharedPublicKey (Kubernetes) and SharedKeyFile.
 	SharedDir string `toml:"shared_dir"`
-	// SharedKeyFile is the cluster's checkpoint key (32 bytes, 0600, the
-	// same on every node; the node agent can keep it from a Secret).
+	// SharedPublicKey is the cluster broker's public key (PEM, RSA of at
+	// least 3072 bits; the node agent keeps it from the broker): it wraps
+	// each image's data key, and only the broker unwraps one, for a node a
+	// pod of the image's Sandbox is bound to. The node agent places the
+	// unwrapped key in KeysDir.
+	SharedPublicKey string `toml:"shared_public_key"`
+	// KeysDir is where the node agent places the data keys the broker
+	// unwrapped for this node (one file per image, 0600); a restore waits
+	// up to 60 s for its image's key.
+	KeysDir string `toml:"keys_dir"`
+	// SharedKeyFile is a checkpoint key every node holds (32 bytes, 0600)
+	// that wraps each image's data key: every node can read every image.
+	// For hosts outside Kubernetes, one trust domain; in a cluster, use
+	// SharedPublicKey.
 	SharedKeyFile string `toml:"shared_key_file"`
 }
+
+// DefaultKeysDir is Checkpoint.KeysDir unless configured.
+const DefaultKeysDir = "/var/lib/agentbox/checkpoint-keys"
 
 // DefaultControlDir is where the sandboxes' control sockets are when the
 // config names no shim.control_dir.
@@ -284,7 +300,7 @@ func Default() *Config {
 			OnFull: "stop", FullGraceSeconds: 5, MaxEventsPerSecond: 0},
 		Network:    Network{ResolverAddress: DefaultResolverAddress, MinTTLSeconds: 300, MaxTTLSeconds: 3600},
 		CRI:        CRI{Namespace: "k8s.io", ContainerdRoot: "/var/lib/containerd", KubeletRoot: "/var/lib/kubelet"},
-		Checkpoint: Checkpoint{Dir: "/var/lib/agentbox/checkpoints", KeyFile: "/var/lib/agentbox/node.key"},
+		Checkpoint: Checkpoint{Dir: "/var/lib/agentbox/checkpoints", KeyFile: "/var/lib/agentbox/node.key", KeysDir: DefaultKeysDir},
 	}
 }
 
@@ -387,10 +403,22 @@ func (c *Config) Validate() error {
 	if !cleanAbs(c.Checkpoint.Dir) {
 		errs = append(errs, fmt.Errorf("checkpoint.dir: %q must be a clean absolute path", c.Checkpoint.Dir))
 	}
-	if (c.Checkpoint.SharedDir == "") != (c.Checkpoint.SharedKeyFile == "") {
-		errs = append(errs, errors.New("checkpoint.shared_dir and checkpoint.shared_key_file: set both or neither"))
+	keys := 0
+	for _, v := range []string{c.Checkpoint.SharedKeyFile, c.Checkpoint.SharedPublicKey} {
+		if v != "" {
+			keys++
+		}
 	}
-	for _, f := range []struct{ k, v string }{{"shared_dir", c.Checkpoint.SharedDir}, {"shared_key_file", c.Checkpoint.SharedKeyFile}} {
+	switch {
+	case c.Checkpoint.SharedDir != "" && keys != 1:
+		errs = append(errs, errors.New("checkpoint.shared_dir: set exactly one of checkpoint.shared_public_key (the cluster broker's key) and checkpoint.shared_key_file"))
+	case c.Checkpoint.SharedDir == "" && keys != 0:
+		errs = append(errs, errors.New("checkpoint.shared_public_key and checkpoint.shared_key_file: only with checkpoint.shared_dir"))
+	}
+	if !cleanAbs(c.Checkpoint.KeysDir) {
+		errs = append(errs, fmt.Errorf("checkpoint.keys_dir: %q must be a clean absolute path", c.Checkpoint.KeysDir))
+	}
+	for _, f := range []struct{ k, v string }{{"shared_dir", c.Checkpoint.SharedDir}, {"shared_key_file", c.Checkpoint.SharedKeyFile}, {"shared_public_key", c.Checkpoint.SharedPublicKey}} {
 		if f.v != "" && !cleanAbs(f.v) {
 			errs = append(errs, fmt.Errorf("checkpoint.%s: %q must be a clean absolute path", f.k, f.v))
 		}

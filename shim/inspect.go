@@ -8,8 +8,10 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"strings"
 	"time"
 
@@ -42,11 +44,32 @@ func inspection(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) (*egre
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	awaitSecretRefs(sb, pl, secretRefWait)
 	secrets, err := injectedSecrets(sb, pl)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return ca, roots, secrets, nil
+}
+
+// secretRefWait bounds how long a sandbox's start waits for the keys of its
+// Kubernetes Secrets: the node agent asks the broker for them once the pod
+// is bound to this node, as the kubelet starts it.
+const secretRefWait = 30 * time.Second
+
+// awaitSecretRefs waits, up to wait, until every Kubernetes Secret key the
+// gateway injects has its file (a role's own files are the node admin's:
+// they are there or not).
+func awaitSecretRefs(sb *sandboxState, pl *netpolicy.Plan, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for _, in := range pl.Injects {
+		for in.Ref != nil && time.Now().Before(deadline) {
+			if _, err := os.Lstat(in.Path(sb.cfg.Policy.SecretsDir)); !errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
 
 // placeholder is what the sandbox holds in env instead of a secret the
@@ -145,7 +168,7 @@ func injectedSecrets(sb *sandboxState, pl *netpolicy.Plan) ([]egressgw.Secret, e
 		v, err := readSecret(in.Path(sb.cfg.Policy.SecretsDir))
 		if err != nil {
 			if in.Ref != nil {
-				err = fmt.Errorf("%w (the node agent keeps Kubernetes Secrets there: is agentbox sync running, and may it read %s?)", err, in.Ref)
+				err = fmt.Errorf("%w (the node agent keeps there the Kubernetes Secrets' keys the cluster's broker gives this node: is agentbox sync running with --broker-url, and is %s named by a cluster AgentRole bound to this pod?)", err, in.Ref)
 			}
 			return nil, fmt.Errorf("secret injected toward %s: %w", in.Host, err)
 		}

@@ -33,6 +33,7 @@ func App() *cli.App {
 			policyCommand(),
 			auditCommand(),
 			syncCommand(),
+			brokerCommand(),
 			sandboxCommand(),
 		}, installCommands()...),
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/policysync"
 )
 
@@ -37,27 +36,34 @@ such a quarantine only when its object is deleted, and reports the pods in the
 object's status.nodes.
 
 A role's injected secret may name a key of a Kubernetes Secret (secretRef): the
-agent reads each Secret the node's roles name (a GET every --secrets-every; grant
-it get on those names only) and keeps each key's value in a file of its own under
---secrets-dir (mode 0600, directories 0700), where the shim reads it. A rotated
-value is rewritten there and reaches the gateway's next requests. It also tells
-each sandbox's shim which kubernetes-sigs/agent-sandbox Sandbox its pod belongs
-to, and what holds it, for the trail. When such a Sandbox whose role keeps memory
-on suspend (suspend: memory) is set to operatingMode Suspended, it checkpoints the
-pod's sandbox before the pod goes and names the checkpoint in the Sandbox's pod
-template, so that its next pod resumes from it; it writes Events on the Sandbox,
-and removes the image once resumed, or once the Sandbox is deleted.`,
+agent reads no Secret itself. It asks the cluster's broker (agentbox broker,
+--broker-url), which gives it the keys of the cluster roles of the agentbox pods
+bound to this node and nothing else, every --secrets-every and whenever a pod is
+bound here, and keeps each key's value in a file of its own under --secrets-dir
+(mode 0600, directories 0700), where the shim reads it. A rotated value is
+rewritten there and reaches the gateway's next requests; a key no pod here needs
+is removed. It also tells each sandbox's shim which kubernetes-sigs/agent-sandbox
+Sandbox its pod belongs to, and what holds it, for the trail. When such a Sandbox
+whose role keeps memory on suspend (suspend: memory) is set to operatingMode
+Suspended, it checkpoints the pod's sandbox before the pod goes and has the broker
+name the checkpoint in the Sandbox's pod template, so that its next pod resumes
+from it; it writes Events on the Sandbox, and removes the image once resumed, or
+once the Sandbox is deleted. A pod of this node restored from the shared store gets
+its image's data key from the broker, which no node can unwrap itself.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
 			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
 			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
-			&cli.StringFlag{Name: "secrets-dir", Usage: "where the Kubernetes Secrets roles name (secretRef) are kept on the node, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},
-			&cli.DurationFlag{Name: "secrets-every", Value: 10 * time.Second, Usage: "read the Secrets roles name this often (one GET each): a rotated Secret reaches the gateway within it"},
+			&cli.StringFlag{Name: "secrets-dir", Usage: "where the keys the broker gives this node (secretRef) are kept, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},
+			&cli.DurationFlag{Name: "secrets-every", Value: 10 * time.Second, Usage: "ask the broker for this node's keys this often: a rotated Secret reaches the gateway within it"},
+			&cli.StringFlag{Name: "broker-url", Usage: "the cluster's broker (https://…): keys, shared checkpoints' data keys, and the writes on Sandboxes (\"\": none: no secretRef key is kept, and Sandboxes are not suspended with memory)"},
+			&cli.StringFlag{Name: "broker-ca", Value: "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", Usage: "the CA that signed the broker's certificate"},
+			&cli.StringFlag{Name: "broker-token", Value: "/var/run/secrets/agentbox/broker/token", Usage: "this node agent's service-account token for the broker's audience (a projected token bound to its pod)"},
 			&cli.StringFlag{Name: "checkpoint-dir", Usage: "the node's checkpoint store, where the image a resumed or deleted agent-sandbox Sandbox leaves is removed (default: the config's checkpoint.dir)"},
 			&cli.StringFlag{Name: "checkpoint-shared-dir", Usage: "the cluster's shared checkpoint store, where the images of resumed or deleted Sandboxes are removed too (default: the config's checkpoint.shared_dir)"},
-			&cli.StringFlag{Name: "checkpoint-key-secret", Usage: "NAMESPACE/NAME/KEY: the Secret key holding the cluster's checkpoint key (32 bytes), kept in --checkpoint-key-file"},
-			&cli.StringFlag{Name: "checkpoint-key-file", Usage: "where the cluster's checkpoint key is kept (default: the config's checkpoint.shared_key_file)"},
+			&cli.StringFlag{Name: "checkpoint-public-key", Usage: "where the broker's public key is kept for the shim (default: the config's checkpoint.shared_public_key)"},
+			&cli.StringFlag{Name: "checkpoint-keys-dir", Usage: "where the data keys the broker unwraps for this node's restores go (default: the config's checkpoint.keys_dir)"},
 			&cli.StringFlag{Name: "control-dir", Usage: "this node's sandbox control sockets, for AgentQuarantine objects (default: the config's shim.control_dir; \"none\": do not apply them)"},
 			configFlag(),
 			&cli.DurationFlag{Name: "resync", Value: time.Minute, Usage: "re-validate this often even when no object changed"},
@@ -113,19 +119,14 @@ func runSync(c *cli.Context) error {
 	if secretsDir == "none" {
 		secretsDir = ""
 	}
-	var keyRef *policy.SecretRef
-	if v := c.String("checkpoint-key-secret"); v != "" {
-		parts := strings.Split(v, "/")
-		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-			return cli.Exit(fmt.Sprintf("--checkpoint-key-secret %q: want NAMESPACE/NAME/KEY", v), 2)
+	var bc *broker.Client
+	if u := c.String("broker-url"); u != "" {
+		if bc, err = broker.NewClient(u, c.String("broker-ca"), c.String("broker-token")); err != nil {
+			return cli.Exit(fmt.Sprintf("--broker-url: %v", err), 2)
 		}
-		keyRef = &policy.SecretRef{Namespace: parts[0], Name: parts[1], Key: parts[2]}
 	}
-	keyFile := flagOr(c, "checkpoint-key-file", cfg.Checkpoint.SharedKeyFile)
-	if keyRef != nil && keyFile == "" {
-		return cli.Exit("--checkpoint-key-secret needs --checkpoint-key-file (or the config's checkpoint.shared_key_file)", 2)
-	}
-	agent := &policysync.Agent{CheckpointKey: keyRef, CheckpointKeyFile: keyFile, SharedDir: flagOr(c, "checkpoint-shared-dir", cfg.Checkpoint.SharedDir),
+	agent := &policysync.Agent{Broker: bc, SharedDir: flagOr(c, "checkpoint-shared-dir", cfg.Checkpoint.SharedDir),
+		PublicKeyFile: flagOr(c, "checkpoint-public-key", cfg.Checkpoint.SharedPublicKey), KeysDir: flagOr(c, "checkpoint-keys-dir", cfg.Checkpoint.KeysDir),
 		Client: client, NodeName: node, PolicyDir: dir, Trail: trail, Log: entry, Resync: c.Duration("resync"), ControlDir: controlDir,
 		SecretsDir: secretsDir, SecretsEvery: c.Duration("secrets-every"), CheckpointDir: flagOr(c, "checkpoint-dir", cfg.Checkpoint.Dir)}
 	runErr := agent.Run(ctx)

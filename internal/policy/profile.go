@@ -466,3 +466,7 @@ func ShortDigest(digest string) string {
 	}
 	return d
 }
+
+// ValidateSecretRef says what of r is not a Secret's key (nil when it is
+// one), so that a path made of it stays inside its directory.
+func ValidateSecretRef(r SecretRef) error { return errors.Join(checkSecretRef("secretRef", r)...) }

@@ -93,7 +93,7 @@ func (s *Set) Authorize(role string, req Request) error {
 			continue
 		}
 		for _, sub := range b.Spec.Subjects {
-			if sub.matches(req) {
+			if sub.Matches(req) {
 				return nil
 			}
 		}
@@ -120,9 +120,9 @@ func (r Request) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// matches: every field the subject sets must match; "*" matches any value
+// Matches: every field the subject sets must match; "*" matches any value
 // that is present.
-func (sub Subject) matches(req Request) bool {
+func (sub Subject) Matches(req Request) bool {
 	return field(sub.Namespace, req.PodNamespace) &&
 		field(sub.ContainerdNamespace, req.ContainerdNamespace) &&
 		field(sub.RuntimeHandler, req.Handler)

@@ -17,11 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
 )
@@ -229,27 +229,6 @@ func operatingMode(sb *unstructured.Unstructured) string {
 	return m
 }
 
-// hostnameLabel is the node label a suspended Sandbox's next pod is pinned
-// by; pinnedAnnotation, on the Sandbox, says the node agent pinned it.
-const (
-	hostnameLabel    = "kubernetes.io/hostname"
-	pinnedAnnotation = "agentbox.dev/pinned-to"
-)
-
-// CoreNodesGVR is the core Node resource.
-var CoreNodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
-
-// hostname is this node's kubernetes.io/hostname label (its name when the
-// Node cannot be read or has none).
-func (a *Agent) hostname(ctx context.Context) string {
-	if n, err := a.Client.Resource(CoreNodesGVR).Get(ctx, a.NodeName, metav1.GetOptions{}); err == nil {
-		if h := n.GetLabels()[hostnameLabel]; h != "" {
-			return h
-		}
-	}
-	return a.NodeName
-}
-
 // restoreAnnotation is the pod annotation that names the checkpoint a pod
 // is restored from (policy.RestoreAnnotation).
 const restoreAnnotation = "agentbox.dev/restore-from"
@@ -290,45 +269,35 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 			return
 		}
 		cp := resp.Checkpoint
-		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:%q}}}}}`, restoreAnnotation, name)
-		pinned := ""
-		if a.SharedDir == "" {
-			// The image stays on this node: so does the Sandbox's next
-			// pod (a node selector of this node's hostname, taken off on
-			// resume), unless the template selects by hostname already.
-			if _, has, _ := unstructured.NestedString(sbObj.Object, "spec", "podTemplate", "spec", "nodeSelector", hostnameLabel); !has {
-				pinned = a.hostname(ctx)
-				patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}},"spec":{"podTemplate":{"metadata":{"annotations":{%q:%q}},"spec":{"nodeSelector":{%q:%q}}}}}`,
-					pinnedAnnotation, pinned, restoreAnnotation, name, hostnameLabel, pinned)
-			}
-		}
-		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		// The image stays on this node without a shared store: so does the
+		// Sandbox's next pod (the broker pins it to this node's hostname,
+		// unless the template selects a host already).
+		w := broker.SandboxWrite{Op: broker.OpSuspended, Sandbox: brokerRef(o.Sandbox), Checkpoint: name, Pin: a.SharedDir == ""}
+		written, err := a.writeSandbox(ctx, w)
+		if err != nil {
 			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("naming the checkpoint in the Sandbox's pod template")
+			a.recordRefusal(w, err)
 			a.event(ctx, sbObj, "Warning", "SuspendFailed", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s, and could not name it in the Sandbox's pod template: %v", name, a.NodeName, err))
 			return
 		}
+		pinned := written.Pinned
 		a.Log.WithField("sandbox", sb.ID).Infof("Sandbox %s suspended into checkpoint %s", key, name)
 		where := "the Sandbox's next pod resumes from it"
 		switch {
 		case pinned != "":
-			where = "the Sandbox's next pod resumes from it on this node (" + hostnameLabel + "=" + pinned + ": there is no shared store)"
+			where = "the Sandbox's next pod resumes from it on this node (" + broker.HostnameLabel + "=" + pinned + ": there is no shared store)"
 		case a.SharedDir != "":
 			where = "the Sandbox's next pod resumes from it on any node (the shared store)"
 		}
 		a.event(ctx, sbObj, "Normal", "Suspended", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s (%d bytes in %d ms); %s", name, a.NodeName, cp.Bytes, cp.Millis, where))
 	case annotated != "" && sb.RestoredFrom == annotated && sb.State == "running":
 		// Resumed: the template's next pods boot afresh, and the image
-		// (memory, and so secrets) goes.
-		patch := fmt.Sprintf(`{"spec":{"podTemplate":{"metadata":{"annotations":{%q:null}}}}}`, restoreAnnotation)
-		if pin := sbObj.GetAnnotations()[pinnedAnnotation]; pin != "" {
-			// The node selector it added, if the template still has it.
-			if v, _, _ := unstructured.NestedString(sbObj.Object, "spec", "podTemplate", "spec", "nodeSelector", hostnameLabel); v == pin {
-				patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:null}},"spec":{"podTemplate":{"metadata":{"annotations":{%q:null}},"spec":{"nodeSelector":{%q:null}}}}}`,
-					pinnedAnnotation, restoreAnnotation, hostnameLabel)
-			}
-		}
-		if _, err := a.Client.Resource(SandboxesGVR).Namespace(o.Sandbox.Namespace).Patch(ctx, o.Sandbox.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		// (memory, and so secrets) goes. The broker takes the annotation off,
+		// and the pin it made.
+		w := broker.SandboxWrite{Op: broker.OpResumed, Sandbox: brokerRef(o.Sandbox), Checkpoint: annotated}
+		if _, err := a.writeSandbox(ctx, w); err != nil {
 			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("taking the checkpoint off the Sandbox's pod template")
+			a.recordRefusal(w, err)
 			return
 		}
 		removed := "it stays in the node's store"
@@ -346,6 +315,35 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 				map[string]string{"checkpoint": annotated, "sandbox_object": key, "sandbox_uid": o.Sandbox.UID, "node": a.NodeName}), true)
 		}
 	}
+}
+
+// brokerRef is a Sandbox as the broker names it.
+func brokerRef(r control.ObjectRef) broker.Ref {
+	return broker.Ref{Namespace: r.Namespace, Name: r.Name, UID: r.UID}
+}
+
+// writeSandbox asks the broker to write a checkpoint on a Sandbox: the node
+// agent has no write on Sandboxes of its own (docs/security.md).
+func (a *Agent) writeSandbox(ctx context.Context, w broker.SandboxWrite) (*broker.SandboxResponse, error) {
+	if a.Broker == nil {
+		return nil, errNoBroker
+	}
+	return a.Broker.WriteSandbox(ctx, w)
+}
+
+// recordRefusal writes a refused Sandbox write into the node's trail,
+// once for each reason (the loop asks again every second).
+func (a *Agent) recordRefusal(w broker.SandboxWrite, err error) {
+	k := w.Sandbox.UID + " " + w.Op + " " + w.Checkpoint
+	if a.Trail == nil || a.writeErrs[k] == err.Error() {
+		return
+	}
+	if a.writeErrs == nil {
+		a.writeErrs = map[string]string{}
+	}
+	a.writeErrs[k] = err.Error()
+	a.Trail.Emit(audit.TypeCheckpointed.New("Failure", fmt.Sprintf("Sandbox %s: the broker did not write %s %s for this node: %v", w.Sandbox, w.Op, w.Checkpoint, err),
+		map[string]string{"checkpoint": w.Checkpoint, "sandbox_object": w.Sandbox.String(), "sandbox_uid": w.Sandbox.UID, "node": a.NodeName, "op": w.Op}), true)
 }
 
 // event writes a Kubernetes Event on a Sandbox, as kubectl describe shows.

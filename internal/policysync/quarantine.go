@@ -255,6 +255,7 @@ func (a *Agent) runQuarantines(ctx context.Context, kick <-chan struct{}) {
 		if err := a.Quarantine(ctx); err != nil {
 			a.Log.WithError(err).Warn("quarantine")
 		}
+		a.placeDataKeys(ctx)
 		select {
 		case <-ctx.Done():
 			return

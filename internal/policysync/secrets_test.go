@@ -1,54 +1,19 @@
 package policysync
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/sirupsen/logrus"
+
+	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/policy"
 )
-
-func TestSecretRefs(t *testing.T) {
-	set, err := policy.Parse("roles.yaml", []byte(`apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: parent}
-spec:
-  network:
-    egress: allowlist
-    allow: [{host: api.example, ports: [443]}, {host: b.example, ports: [443]}]
-  credentials:
-    secrets:
-      - {secretRef: {namespace: keys, name: vendor, key: token}, inject: {host: api.example, header: x-api-key}}
----
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: child}
-spec:
-  inherits: parent
-  credentials:
-    secrets:
-      - {secretRef: {namespace: keys, name: vendor, key: token}, inject: {host: api.example, header: x-api-key}}
-      - {secretRef: {namespace: keys, name: other, key: k}, inject: {host: b.example, header: authorization}}
----
-apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: files}
-spec:
-  network:
-    egress: allowlist
-    allow: [{host: api.example, ports: [443]}]
-  credentials:
-    secrets: [{file: /etc/key, inject: {host: api.example, header: x-api-key}}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := SecretRefs(set)
-	want := []policy.SecretRef{{Namespace: "keys", Name: "other", Key: "k"}, {Namespace: "keys", Name: "vendor", Key: "token"}}
-	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Fatalf("SecretRefs: %+v, want %+v", got, want)
-	}
-}
 
 func TestWriteSecretFile(t *testing.T) {
 	dir := t.TempDir()
@@ -91,5 +56,62 @@ func TestEnsurePrivateDir(t *testing.T) {
 	os.Symlink(dir, link)
 	if err := ensurePrivateDir(link); err == nil {
 		t.Fatal("a symlink was accepted")
+	}
+}
+
+// The node keeps exactly the keys the broker gives it now: a key given is
+// written, rotated when its value changes, and removed once not given; a
+// broker that fails changes nothing on the node.
+func TestSyncSecretsFromBroker(t *testing.T) {
+	give := []broker.Key{{SecretRef: policy.SecretRef{Namespace: "keys", Name: "vendor", Key: "a"}, Value: []byte("v1")}}
+	fail := false
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer node-token" || r.URL.Path != broker.PathKeys {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		if fail {
+			http.Error(w, "the API server is away", http.StatusBadGateway)
+			return
+		}
+		json.NewEncoder(w).Encode(broker.KeysResponse{Node: "n1", Keys: give})
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("node-token"), 0o600)
+	a := &Agent{NodeName: "n1", SecretsDir: filepath.Join(dir, "secrets"), Log: logrus.NewEntry(logrus.New()),
+		Broker: &broker.Client{URL: srv.URL, TokenFile: tok, HTTP: srv.Client()}}
+	path := give[0].Path(a.SecretsDir)
+	read := func() string { b, _ := os.ReadFile(path); return string(b) }
+	sync := func() {
+		if err := a.SyncSecrets(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync()
+	if read() != "v1" {
+		t.Fatalf("given: %q", read())
+	}
+	give[0].Value = []byte("v2")
+	sync()
+	if read() != "v2" {
+		t.Fatalf("rotated: %q", read())
+	}
+	fail = true
+	sync()
+	if read() != "v2" {
+		t.Fatalf("a failing broker changed the node's key: %q", read())
+	}
+	fail, give = false, nil
+	sync()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("a key no longer given is still on the node: %v", err)
+	}
+	// A key whose name would leave the directory is never written.
+	give = []broker.Key{{SecretRef: policy.SecretRef{Namespace: "..", Name: "x", Key: "y"}, Value: []byte("v")}}
+	sync()
+	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
+		t.Fatalf("a traversing name was written: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/kubeapi"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -48,14 +49,33 @@ type Agent struct {
 	// the agent applies the AgentQuarantine objects to them.
 	ControlDir string
 
-	// SecretsDir, when set, is where the agent keeps the Kubernetes
-	// Secrets the roles name (secretRef), read every SecretsEvery.
+	// SecretsDir, when set, is where the agent keeps the keys the broker
+	// gives this node (secretRef), asked every SecretsEvery and whenever a
+	// pod is bound here.
 	SecretsDir   string
 	SecretsEvery time.Duration
-	// secretState is each Secret's last outcome ("ok" or the error);
-	// the sync loop's alone.
-	secretState map[policy.SecretRef]string
-	keyState    string
+	// Broker is the cluster's broker (nil: none: no secretRef key is kept,
+	// and no Sandbox is written).
+	Broker *broker.Client
+	// PublicKeyFile is where the broker's public key is kept for the shim
+	// (checkpoint.shared_public_key; "": not kept).
+	PublicKeyFile string
+	// KeysDir is where the data keys the broker unwraps for this node's
+	// restores are placed (checkpoint.keys_dir).
+	KeysDir string
+	// secretState is each key's last outcome ("ok" or the error);
+	// keysState the broker's last failure, keysErrors the keys it could
+	// not read; pubState the public key's last outcome (the secrets
+	// loop's alone).
+	secretState                     map[policy.SecretRef]string
+	keysState, keysErrors, pubState string
+	// dataKeys are the images whose data key was asked for, with the last
+	// outcome; writeErrs the last refusal of each Sandbox write (the
+	// quarantine loop's alone).
+	dataKeys     map[string]string
+	dataKeyAsked map[string]time.Time
+	writeErrs    map[string]string
+	podsKick  chan struct{}
 
 	roles, bindings, nodes cache.SharedIndexInformer
 	quarantineInf, podInf  cache.SharedIndexInformer
@@ -72,10 +92,6 @@ type Agent struct {
 	CheckpointDir string
 	// SharedDir is the cluster's shared checkpoint store ("": none).
 	SharedDir string
-	// CheckpointKey, when set, is the Secret key holding the cluster's
-	// checkpoint key, kept in CheckpointKeyFile.
-	CheckpointKey     *policy.SecretRef
-	CheckpointKeyFile string
 	lastGC            time.Time
 	kick              chan struct{}
 	lastRefused       string
@@ -89,6 +105,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.Resync = time.Minute
 	}
 	a.kick = make(chan struct{}, 1)
+	a.podsKick = make(chan struct{}, 1)
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(a.Client, 10*time.Minute)
 	a.roles = factory.ForResource(RolesGVR).Informer()
 	a.bindings = factory.ForResource(BindingsGVR).Informer()
@@ -137,6 +154,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case <-secretsTick.C:
 			policyToo = false
+		case <-a.podsKick:
+			// A pod bound here may need its keys now.
+			policyToo = false
 		case <-a.kick:
 			// Let a burst of events (kubectl apply -f dir) settle.
 			time.Sleep(200 * time.Millisecond)
@@ -164,10 +184,15 @@ func (a *Agent) startQuarantines(ctx context.Context, factory dynamicinformer.Dy
 		UpdateFunc: func(any, any) { pokeChan(kick) },
 		DeleteFunc: func(any) { pokeChan(kick) },
 	}
-	for _, inf := range []cache.SharedIndexInformer{a.quarantineInf, a.podInf} {
-		if _, err := inf.AddEventHandler(poke); err != nil {
-			return err
-		}
+	if _, err := a.quarantineInf.AddEventHandler(poke); err != nil {
+		return err
+	}
+	if _, err := a.podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { pokeChan(kick); pokeChan(a.podsKick) },
+		UpdateFunc: func(any, any) { pokeChan(kick) },
+		DeleteFunc: func(any) { pokeChan(kick); pokeChan(a.podsKick) },
+	}); err != nil {
+		return err
 	}
 	pods.Start(ctx.Done())
 	a.ownerErrs = map[string]string{}

@@ -1,0 +1,298 @@
+// Package broker is agentbox's cluster-level component (`agentbox broker`):
+// the one place that holds what no node may hold alone, and hands each node
+// only what the pods bound to it need, as the Node authorizer does for
+// kubelets. It reads the Secrets roles name (secretRef) and gives a node the
+// keys of the roles of agentbox pods bound to it; it holds the key that
+// wraps each shared checkpoint's data key, and unwraps one for a node only
+// while a pod of that image's Sandbox is bound there; and it makes the only
+// writes a node agent needs on agent-sandbox's Sandboxes (the checkpoint
+// annotation and a pin to that same node), for a Sandbox whose pod runs on
+// the asking node. A node proves who it is with its node agent's
+// service-account token, bound to its pod: the API server's TokenReview
+// names the node the pod is bound to.
+//
+// This file holds the decisions, pure and table-tested; cluster.go reads
+// the API, server.go serves the nodes.
+package broker
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// Ref names an object.
+type Ref struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+func (r Ref) String() string { return r.Namespace + "/" + r.Name }
+
+// Pod is what the broker reads of a pod.
+type Pod struct {
+	Ref
+	// Node is spec.nodeName: the node it is bound to ("" not yet).
+	Node string
+	// Role and RestoreFrom are its agentbox.dev/role and
+	// agentbox.dev/restore-from annotations.
+	Role, RestoreFrom string
+	// Handler is its RuntimeClass's handler ("" without one).
+	Handler string
+	// Done: it succeeded or failed; Deleting: it has a deletion timestamp.
+	Done, Deleting bool
+	// Controller is its controlling owner (kind, name, UID), if any.
+	ControllerKind, ControllerGroup, ControllerName, ControllerUID string
+}
+
+// Sandbox is what the broker reads of an agent-sandbox Sandbox.
+type Sandbox struct {
+	Ref
+	// PodName is the pod the Sandbox names as its own (its pod-name
+	// annotation, or its own name).
+	PodName string
+	// RestoreFrom is its pod template's agentbox.dev/restore-from.
+	RestoreFrom string
+	// PinnedTo is its agentbox.dev/pinned-to annotation; Selector its pod
+	// template's kubernetes.io/hostname node selector.
+	PinnedTo, Selector string
+}
+
+// SandboxGroup is agent-sandbox's API group.
+const SandboxGroup = "agents.x-k8s.io"
+
+// Roles are the cluster's AgentRole and AgentRoleBinding specs. A node's
+// own policy files are that node's word: the broker grants nothing for them.
+type Roles struct {
+	Roles    map[string]policy.RoleSpec
+	Bindings []policy.RoleBindingSpec
+}
+
+// DecodeRole and DecodeBinding read an object's spec strictly, as the node
+// agent renders it: a field the policy types lack refuses the object.
+func DecodeRole(spec []byte) (policy.RoleSpec, error) {
+	var r policy.RoleSpec
+	return r, strictJSON(spec, &r)
+}
+
+// DecodeBinding reads an AgentRoleBinding's spec.
+func DecodeBinding(spec []byte) (policy.RoleBindingSpec, error) {
+	var b policy.RoleBindingSpec
+	return b, strictJSON(spec, &b)
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return fmt.Errorf("data after the JSON value")
+	}
+	return nil
+}
+
+// SecretRefs are the Secrets' keys role injects: its own credentials'
+// secrets or, when it names none, its nearest cluster ancestor's (lists
+// replace, as inheritance does). A parent that is not a cluster role
+// (a node's file) ends the walk: its secrets are never the cluster's.
+func (rs Roles) SecretRefs(role string) []policy.SecretRef {
+	seen := map[string]bool{}
+	for n := role; n != "" && !seen[n]; {
+		seen[n] = true
+		spec, ok := rs.Roles[n]
+		if !ok {
+			return nil
+		}
+		if c := spec.Credentials; c != nil && c.Secrets != nil {
+			var out []policy.SecretRef
+			for _, s := range c.Secrets {
+				if s.SecretRef != nil && s.Inject != nil {
+					out = append(out, *s.SecretRef)
+				}
+			}
+			return out
+		}
+		n = spec.Inherits
+	}
+	return nil
+}
+
+// criNamespace is the containerd namespace of every pod the kubelet makes.
+const criNamespace = "k8s.io"
+
+// Bound says whether a cluster binding lets pod claim role, as the shim's
+// check does with what the CRI tells it.
+func (rs Roles) Bound(role string, p Pod) bool {
+	req := policy.Request{PodNamespace: p.Namespace, ContainerdNamespace: criNamespace, Handler: p.Handler}
+	for _, b := range rs.Bindings {
+		if b.Role != role {
+			continue
+		}
+		for _, s := range b.Subjects {
+			if s.Matches(req) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Grant is one Secret key a node may hold, and the pods that need it.
+type Grant struct {
+	Ref  policy.SecretRef
+	Pods []string
+}
+
+// KeysFor are the Secret keys node may hold now: those the cluster roles of
+// the pods bound to it inject, for each pod that still runs and whose
+// namespace (or runtime handler) a cluster binding binds to its role.
+func KeysFor(node string, pods []Pod, rs Roles) []Grant {
+	by := map[policy.SecretRef][]string{}
+	for _, p := range pods {
+		if node == "" || p.Node != node || p.Done || p.Role == "" || !rs.Bound(p.Role, p) {
+			continue
+		}
+		for _, r := range rs.SecretRefs(p.Role) {
+			by[r] = append(by[r], p.String())
+		}
+	}
+	out := make([]Grant, 0, len(by))
+	for r, ps := range by {
+		sort.Strings(ps)
+		out = append(out, Grant{Ref: r, Pods: ps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ref.String() < out[j].Ref.String() })
+	return out
+}
+
+// suspendRE is the name a suspend of a Sandbox writes: sb-UID-UNIXSECONDS.
+var suspendRE = regexp.MustCompile(`^sb-([0-9a-f-]{1,40})-([0-9]{1,19})$`)
+
+// CheckpointOf says whether checkpoint is a suspend image of the Sandbox
+// of uid.
+func CheckpointOf(checkpoint, uid string) bool {
+	m := suspendRE.FindStringSubmatch(checkpoint)
+	return m != nil && m[1] == strings.ToLower(uid)
+}
+
+// sandboxPod says whether p is sb's own pod: its controller is the Sandbox
+// of that UID, and the Sandbox names it.
+func sandboxPod(p Pod, sb Sandbox) bool {
+	return p.ControllerKind == "Sandbox" && p.ControllerGroup == SandboxGroup && p.ControllerUID == sb.UID &&
+		p.ControllerName == sb.Name && p.Namespace == sb.Namespace && p.Name == sb.PodName
+}
+
+// MayUnwrap says whether node may have checkpoint's data key for pod: the
+// pod is bound to node and runs, it asks to be restored from checkpoint,
+// and it is the own pod of the Sandbox the image is of.
+func MayUnwrap(node, checkpoint string, p Pod, sb *Sandbox) error {
+	switch {
+	case node == "" || p.Node != node:
+		return fmt.Errorf("pod %s is bound to node %q, not %q", p, p.Node, node)
+	case p.Done || p.Deleting:
+		return fmt.Errorf("pod %s has ended or is being deleted", p)
+	case p.RestoreFrom != checkpoint:
+		return fmt.Errorf("pod %s asks to be restored from %q, not %q", p, p.RestoreFrom, checkpoint)
+	case sb == nil:
+		return fmt.Errorf("pod %s is not an agent-sandbox Sandbox's", p)
+	case !sandboxPod(p, *sb):
+		return fmt.Errorf("pod %s is not Sandbox %s's own pod (uid %s)", p, sb, sb.UID)
+	case !CheckpointOf(checkpoint, sb.UID):
+		return fmt.Errorf("checkpoint %q is not a suspend image of Sandbox %s (uid %s)", checkpoint, sb, sb.UID)
+	}
+	return nil
+}
+
+// Sandbox writes a node may ask for.
+const (
+	OpSuspended = "suspended"
+	OpResumed   = "resumed"
+)
+
+// SandboxWrite is a node's request to write its checkpoint on a Sandbox.
+type SandboxWrite struct {
+	Op         string `json:"op"`
+	Sandbox    Ref    `json:"sandbox"`
+	Checkpoint string `json:"checkpoint"`
+	// Pin asks (with OpSuspended) that the Sandbox's next pod go to this
+	// same node: its image is in no shared store.
+	Pin bool `json:"pin,omitempty"`
+}
+
+// ownPodOn is the Sandbox's own pod bound to node, if one is among pods.
+func ownPodOn(node string, sb Sandbox, pods []Pod) *Pod {
+	for i, p := range pods {
+		if p.Node == node && node != "" && sandboxPod(p, sb) {
+			return &pods[i]
+		}
+	}
+	return nil
+}
+
+// SandboxPatch decides a node's write and returns the merge patch the
+// broker makes, nothing else: the checkpoint annotation of a Sandbox whose
+// own pod is bound to node, a pin to node's hostname, or their removal.
+func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod) ([]byte, error) {
+	if w.Sandbox.UID != sb.UID || w.Sandbox.Namespace != sb.Namespace || w.Sandbox.Name != sb.Name {
+		return nil, fmt.Errorf("Sandbox %s has uid %s, not %s", sb, sb.UID, w.Sandbox.UID)
+	}
+	if !CheckpointOf(w.Checkpoint, sb.UID) {
+		return nil, fmt.Errorf("checkpoint %q is not a suspend image of Sandbox %s (uid %s)", w.Checkpoint, sb, sb.UID)
+	}
+	pod := ownPodOn(node, sb, pods)
+	if pod == nil {
+		return nil, fmt.Errorf("no pod of Sandbox %s is bound to node %q", sb, node)
+	}
+	ann := map[string]any{}
+	tmplAnn := map[string]any{}
+	sel := map[string]any{}
+	switch w.Op {
+	case OpSuspended:
+		if pod.Done {
+			return nil, fmt.Errorf("Sandbox %s's pod %s has ended", sb, pod)
+		}
+		tmplAnn[policy.RestoreAnnotation] = w.Checkpoint
+		if w.Pin && sb.Selector == "" {
+			if hostname == "" {
+				return nil, fmt.Errorf("node %q has no hostname to pin Sandbox %s to", node, sb)
+			}
+			ann[PinnedAnnotation] = hostname
+			sel[HostnameLabel] = hostname
+		}
+	case OpResumed:
+		if pod.Done || pod.Deleting || pod.RestoreFrom != w.Checkpoint || sb.RestoreFrom != w.Checkpoint {
+			return nil, fmt.Errorf("Sandbox %s's pod %s on node %q was not restored from %q", sb, pod, node, w.Checkpoint)
+		}
+		tmplAnn[policy.RestoreAnnotation] = nil
+		if sb.PinnedTo != "" && sb.Selector == sb.PinnedTo {
+			ann[PinnedAnnotation] = nil
+			sel[HostnameLabel] = nil
+		}
+	default:
+		return nil, fmt.Errorf("op %q is neither %s nor %s", w.Op, OpSuspended, OpResumed)
+	}
+	tmpl := map[string]any{"metadata": map[string]any{"annotations": tmplAnn}}
+	if len(sel) > 0 {
+		tmpl["spec"] = map[string]any{"nodeSelector": sel}
+	}
+	patch := map[string]any{"spec": map[string]any{"podTemplate": tmpl}}
+	if len(ann) > 0 {
+		patch["metadata"] = map[string]any{"annotations": ann}
+	}
+	return json.Marshal(patch)
+}
+
+// The pin: the node label a Sandbox's next pod is pinned by, and the
+// annotation that says agentbox pinned it.
+const (
+	HostnameLabel    = "kubernetes.io/hostname"
+	PinnedAnnotation = "agentbox.dev/pinned-to"
+)

@@ -1,0 +1,208 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+const nodeAgent = "system:serviceaccount:kube-system:agentbox-sync"
+
+// fakeAPI is a cluster in memory: tokens name their callers.
+type fakeAPI struct {
+	callers   map[string]Caller
+	pods      []Pod
+	sandboxes map[string]Sandbox
+	patched   []string
+}
+
+func (f *fakeAPI) Review(_ context.Context, token, audience string) (Caller, error) {
+	if audience != Audience {
+		return Caller{}, errors.New("audience")
+	}
+	c, ok := f.callers[token]
+	if !ok {
+		return Caller{}, errors.New("the token is not valid")
+	}
+	return c, nil
+}
+
+func (f *fakeAPI) PodsOn(_ context.Context, node string) ([]Pod, error) {
+	var out []Pod
+	for _, p := range f.pods {
+		if p.Node == node {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeAPI) Pod(_ context.Context, ns, name string) (Pod, error) {
+	for _, p := range f.pods {
+		if p.Namespace == ns && p.Name == name {
+			return p, nil
+		}
+	}
+	return Pod{}, errors.New("not found")
+}
+
+func (f *fakeAPI) Roles(context.Context) (Roles, error) { return testRoles(), nil }
+
+func (f *fakeAPI) SecretValue(_ context.Context, r policy.SecretRef) ([]byte, error) {
+	return []byte("value-of-" + r.String()), nil
+}
+
+func (f *fakeAPI) Sandbox(_ context.Context, ns, name string) (Sandbox, error) {
+	sb, ok := f.sandboxes[ns+"/"+name]
+	if !ok {
+		return Sandbox{}, errors.New("not found")
+	}
+	return sb, nil
+}
+
+func (f *fakeAPI) PatchSandbox(_ context.Context, sb Sandbox, patch []byte) error {
+	f.patched = append(f.patched, sb.String()+" "+string(patch))
+	return nil
+}
+
+func (f *fakeAPI) Hostname(_ context.Context, node string) string { return node }
+
+func testServer(t *testing.T) (*fakeAPI, *httptest.Server, *checkpoint.PrivateKEK) {
+	k, err := rsa.GenerateKey(rand.Reader, 3072)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kek, err := checkpoint.ParsePrivateKEK(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentPod := Pod{Ref: Ref{Namespace: "agents", Name: "agent", UID: "u1"}, Node: "n1", Role: "coding-agent", Handler: "agentbox"}
+	f := &fakeAPI{
+		callers: map[string]Caller{
+			"n1":       {User: nodeAgent, Node: "n1", Pod: "agentbox-installer-a"},
+			"n2":       {User: nodeAgent, Node: "n2", Pod: "agentbox-installer-b"},
+			"unbound":  {User: nodeAgent},
+			"somebody": {User: "system:serviceaccount:agents:default", Node: "n1"},
+		},
+		pods:      []Pod{agentPod, ownPod("n2")},
+		sandboxes: map[string]Sandbox{"agents/sb1": testSandbox()},
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	s := &Server{API: f, KEK: kek, Audience: Audience, NodeAgent: nodeAgent, Log: logrus.NewEntry(log)}
+	srv := httptest.NewTLSServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return f, srv, kek
+}
+
+func clientAs(t *testing.T, srv *httptest.Server, token string) *Client {
+	dir := t.TempDir()
+	tf := filepath.Join(dir, "token")
+	os.WriteFile(tf, []byte(token+"\n"), 0o600)
+	return &Client{URL: srv.URL, TokenFile: tf, HTTP: srv.Client()}
+}
+
+func status(err error) int {
+	var be *Error
+	if errors.As(err, &be) {
+		return be.Status
+	}
+	return 0
+}
+
+// Only the node agent, with a token bound to a pod on a node, is served.
+func TestServerAuthenticates(t *testing.T) {
+	_, srv, _ := testServer(t)
+	for token, want := range map[string]int{"": 401, "forged": 401, "unbound": 401, "somebody": 401, "n1": 200} {
+		_, err := clientAs(t, srv, token).Keys(context.Background())
+		if got := status(err); (want == 200 && err != nil) || (want != 200 && got != want) {
+			t.Errorf("token %q: %v, want %d", token, err, want)
+		}
+	}
+}
+
+// A node gets the keys of its own pods, and none of another node's.
+func TestServerKeys(t *testing.T) {
+	_, srv, _ := testServer(t)
+	got, err := clientAs(t, srv, "n1").Keys(context.Background())
+	if err != nil || len(got.Keys) != 2 || string(got.Keys[0].Value) != "value-of-agent-keys/vendor[a]" {
+		t.Fatalf("node 1's keys: %+v %v", got, err)
+	}
+	got, err = clientAs(t, srv, "n2").Keys(context.Background())
+	if err != nil || len(got.Keys) != 0 {
+		t.Fatalf("node 2 (no agent pod of that role) got keys: %+v %v", got, err)
+	}
+}
+
+// The data key of an image goes to the node its Sandbox's pod is bound
+// to, and to no other; a forged request is refused with the reason.
+func TestServerUnwrap(t *testing.T) {
+	_, srv, kek := testServer(t)
+	pub, _ := checkpoint.ParsePublicKEK(kek.PublicPEM())
+	cp := ownPod("n2").RestoreFrom
+	dek := make([]byte, checkpoint.DataKeySize)
+	rand.Read(dek)
+	w, err := pub.Wrap(cp, dek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := ownPod("n2").Ref
+	if _, err := clientAs(t, srv, "n1").Unwrap(context.Background(), pod, w); status(err) != http.StatusForbidden || !strings.Contains(err.Error(), "not \\\"n1\\\"") && !strings.Contains(err.Error(), `not "n1"`) {
+		t.Fatalf("node 1 unwrapping node 2's image: %v", err)
+	}
+	got, err := clientAs(t, srv, "n2").Unwrap(context.Background(), pod, w)
+	if err != nil || string(got) != string(dek) {
+		t.Fatalf("node 2: %v", err)
+	}
+	stale := pod
+	stale.UID = "old"
+	if _, err := clientAs(t, srv, "n2").Unwrap(context.Background(), stale, w); status(err) != http.StatusForbidden {
+		t.Fatalf("a stale pod UID: %v", err)
+	}
+	// The public key, as a node keeps it.
+	pemb, err := clientAs(t, srv, "n1").PublicKey(context.Background())
+	if err != nil || string(pemb) != string(kek.PublicPEM()) {
+		t.Fatalf("public key: %v", err)
+	}
+}
+
+// A node writes a checkpoint on its own Sandbox; on another node's, the
+// broker refuses and writes nothing.
+func TestServerSandbox(t *testing.T) {
+	f, srv, _ := testServer(t)
+	w := SandboxWrite{Op: OpSuspended, Sandbox: testSandbox().Ref, Checkpoint: "sb-" + strings.ToLower(uid) + "-300", Pin: true}
+	if _, err := clientAs(t, srv, "n1").WriteSandbox(context.Background(), w); status(err) != http.StatusForbidden {
+		t.Fatalf("node 1 on node 2's Sandbox: %v", err)
+	}
+	if len(f.patched) != 0 {
+		t.Fatalf("patched: %v", f.patched)
+	}
+	resp, err := clientAs(t, srv, "n2").WriteSandbox(context.Background(), w)
+	if err != nil || resp.Pinned != "n2" || len(f.patched) != 1 {
+		t.Fatalf("node 2 on its own: %+v %v %v", resp, err, f.patched)
+	}
+	var bad struct{ Op string }
+	b, _ := json.Marshal(bad)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+PathSandbox, strings.NewReader(string(b)+`{"x":1}`))
+	req.Header.Set("Authorization", "Bearer n2")
+	r, err := srv.Client().Do(req)
+	if err != nil || r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a malformed body: %v %v", r, err)
+	}
+}

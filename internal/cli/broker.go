@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"agentbox.dev/agentbox/internal/broker"
+	"agentbox.dev/agentbox/internal/checkpoint"
+)
+
+func brokerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "broker",
+		Usage: "cluster component: give each node's agent only what the pods bound to that node need (Secret keys, shared checkpoints' data keys, its writes on Sandboxes)",
+		Description: `Runs off the agent nodes (examples/kubernetes/broker.yaml), with the only
+credentials that reach beyond one node: get on the Secrets roles name, the
+key-encryption key of the shared checkpoint store, and patch on agent-sandbox's
+Sandboxes. It serves node agents over HTTPS. Each request carries the node agent's
+service-account token for the --audience, bound to its pod; the API server's
+TokenReview names the node that pod is bound to, and the broker answers for that
+node alone:
+
+  GET  /v1/keys        the keys the cluster roles of the agentbox pods bound to
+                       the node inject (a binding must bind the pod's namespace or
+                       handler to its role; a node's own policy files grant none)
+  POST /v1/unwrap      a shared image's data key, for a pod bound to the node that
+                       is the own pod of the image's Sandbox and asks to restore it
+  GET  /v1/public-key  the public half of the key-encryption key
+  POST /v1/sandbox     the checkpoint annotation, and a pin to the node, on a
+                       Sandbox whose own pod is bound to the node, or their removal
+
+Every refusal is logged with the node and answered 403 with its reason, which the
+node agent records in its node's trail (docs/security.md).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
+			&cli.StringFlag{Name: "listen", Value: ":8443", Usage: "the HTTPS address"},
+			&cli.StringFlag{Name: "tls-cert", Required: true, Usage: "the serving certificate (PEM), signed by the CA the node agents trust (--broker-ca)"},
+			&cli.StringFlag{Name: "tls-key", Required: true, Usage: "its key"},
+			&cli.StringFlag{Name: "kek", Usage: "the key-encryption key of the shared checkpoint store: an RSA private key of at least 3072 bits (PEM); \"\": no shared store"},
+			&cli.StringFlag{Name: "audience", Value: broker.Audience, Usage: "the audience node agents' tokens must be for"},
+			&cli.StringFlag{Name: "node-agent", Value: "system:serviceaccount:kube-system:agentbox-sync", Usage: "the node agents' user: no other is served"},
+		},
+		Action: runBroker,
+	}
+}
+
+func runBroker(c *cli.Context) error {
+	var rc *rest.Config
+	var err error
+	if kc := c.String("kubeconfig"); kc != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kc)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	rc.UserAgent = "agentbox-broker"
+	client, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	var kek *checkpoint.PrivateKEK
+	if p := c.String("kek"); p != "" {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			kek, err = checkpoint.ParsePrivateKEK(b)
+		}
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("--kek %s: %v", p, err), 1)
+		}
+	}
+	cert, err := tls.LoadX509KeyPair(c.String("tls-cert"), c.String("tls-key"))
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("--tls-cert/--tls-key: %v", err), 1)
+	}
+	log := logrus.New()
+	log.SetOutput(c.App.ErrWriter)
+	entry := log.WithField("component", "agentbox-broker")
+	s := &broker.Server{API: &broker.Cluster{Client: client}, KEK: kek, Audience: c.String("audience"), NodeAgent: c.String("node-agent"), Log: entry}
+	srv := &http.Server{
+		Addr: c.String("listen"), Handler: s.Handler(),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second,
+		ErrorLog: nil,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	kekID := "none"
+	if kek != nil {
+		kekID = kek.ID()
+	}
+	entry.WithFields(logrus.Fields{"listen": srv.Addr, "kek": kekID, "node_agent": s.NodeAgent}).Info("agentbox broker serving")
+	if err := srv.ListenAndServeTLS("", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return cli.Exit(err, 1)
+	}
+	return nil
+}

@@ -7,11 +7,15 @@
 # `agentbox install`, then containerd is restarted.
 #
 #   hack/kube.sh up       # builds what is missing (cached), starts, installs
+#   hack/kube.sh up --nodes 2   # two nodes, each its own containerd, shim,
+#                         # kubelet and node agent, a shared checkpoint
+#                         # store, and pod routes between their bridges
 #   hack/kube.sh down     # stops everything and removes every trace
 #   hack/kube.sh status
 #   hack/kube.sh env      # shell exports: KUBECONFIG, PATH with kubectl,
 #                         # CONTAINER_RUNTIME_ENDPOINT for crictl
 #   hack/kube.sh node CMD...   # runs CMD in the node's mount namespace
+#   hack/kube.sh node2 CMD...  # the same on node 2
 #   hack/kube.sh apiserver stop|start   # the API server alone (what a node does without it)
 #   hack/kube.sh agent-sandbox   # kubernetes-sigs/agent-sandbox: its CRDs and
 #                                # controller (core and extensions), built
@@ -26,6 +30,10 @@
 # values shadow /proc/sys there. Everything is under $AGENTBOX_KUBE
 # (default /tmp/agentbox-kube).
 #
+# The cluster's broker (agentbox broker: the keys, shared checkpoints' data
+# keys and the writes on Sandboxes each node's agent may have) runs on the
+# host, as the control plane does, with its own service account's token.
+#
 # `up` installs what it needs first (the Kubernetes and etcd builds,
 # hack/kube/build.sh, cached); the agentbox binaries and runsc come from
 # hack/setup.sh, which it names when they are missing.
@@ -36,21 +44,38 @@ KBIN=$(kube_bin_dir)
 PIDS=$DIR/pids
 LOGS=$DIR/logs
 PKI=$DIR/pki
-MNTNS=$DIR/mntns
-SOCK=$DIR/containerd.sock
-BRIDGE=abxkube0
-NODE=agentbox-node
-NODE_IP=10.97.0.1
-POD_SUBNET=10.97.0.0/24
 SVC_CIDR=10.98.0.0/24
 APISERVER=https://127.0.0.1:16443
 ETCD_CLIENT=http://127.0.0.1:23790
 ETCD_PEER=http://127.0.0.1:23800
+BROKER_URL=https://127.0.0.1:18443
 INSTALLER_IMAGE=docker.io/agentbox/installer:latest
-CGROUP_ROOT=agentbox-kube
 CG_CONTROLLERS=(cpu cpuacct cpuset memory devices freezer blkio pids net_cls perf_event hugetlb systemd unified)
+# The shared checkpoint store both nodes mount (two-node mode), and where
+# each node sees it.
+SHARED=$DIR/shared
+NODE_SHARED=/var/lib/agentbox-shared
 export KUBECONFIG=$PKI/admin.kubeconfig
 export PATH=$KBIN:$PATH
+
+# use_node N sets node N's globals: its name, bridge and pod subnet, its
+# directory (node 1's is $DIR itself), mount namespace, containerd socket,
+# cgroup root, the suffix of its processes' pid files, and whether /run is
+# its own (node 1 shares the host's).
+use_node() {
+  case $1 in
+    1) NODE=agentbox-node NODE_IP=10.97.0.1 POD_SUBNET=10.97.0.0/24 BRIDGE=abxkube0 NDIR=$DIR SFX="" \
+         CGROUP_ROOT=agentbox-kube HEALTHZ=20248 PRIVATE_RUN=0 ;;
+    2) NODE=agentbox-node-2 NODE_IP=10.97.1.1 POD_SUBNET=10.97.1.0/24 BRIDGE=abxkube1 NDIR=$DIR/node2 SFX=-2 \
+         CGROUP_ROOT=agentbox-kube2 HEALTHZ=20249 PRIVATE_RUN=1 ;;
+    *) die "no node $1" ;;
+  esac
+  MNTNS=$NDIR/mntns SOCK=$NDIR/containerd.sock
+}
+use_node 1
+
+# nodes is how many nodes `up` brought up (0: none).
+nodes() { cat "$DIR/nodes" 2>/dev/null || echo 0; }
 
 alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
 
@@ -77,24 +102,31 @@ node() { nsenter --mount="$MNTNS" -- "$@"; }
 
 node_ns_up() { [ -f "$MNTNS" ] && findmnt -n "$MNTNS" >/dev/null 2>&1; }
 
-# node_ns makes the node's mount namespace (see the top of this file).
+# node_ns makes the current node's mount namespace (see the top of this
+# file).
 node_ns() {
   node_ns_up && return
-  mkdir -p "$DIR"/{varlib,varlog,usrlocalbin,sysctl}
-  rm -rf "$DIR/etc"; cp -a /etc "$DIR/etc"
+  mkdir -p "$NDIR"/{varlib,varlog,usrlocalbin,sysctl,run}
+  rm -rf "$NDIR/etc"; cp -a /etc "$NDIR/etc"
   # Pods' DNS: nothing listens on the node's bridge address, so a pod's
   # lookup never leaves the machine (there is no cluster DNS).
-  rm -f "$DIR/etc/resolv.conf"; echo "nameserver $NODE_IP" >"$DIR/etc/resolv.conf"
-  rm -rf "$DIR/etc/containerd" "$DIR/etc/agentbox"
+  rm -f "$NDIR/etc/resolv.conf"; echo "nameserver $NODE_IP" >"$NDIR/etc/resolv.conf"
+  rm -rf "$NDIR/etc/containerd" "$NDIR/etc/agentbox"
   touch "$MNTNS"
   unshare --mount="$MNTNS" --propagation private true
+  local shared=""
+  [ "$(nodes)" != 2 ] || shared="mkdir -p '$NODE_SHARED'; mount --bind '$SHARED' '$NODE_SHARED'"
+  local run=""
+  [ "$PRIVATE_RUN" = 0 ] || run="mount --bind '$NDIR/run' /run"
   node sh -ec "
-    mount --bind '$DIR/varlib' /var/lib
-    mount --bind '$DIR/varlog' /var/log
-    mount --bind '$DIR/usrlocalbin' /usr/local/bin
-    mount --bind '$DIR/etc' /etc
+    mount --bind '$NDIR/varlib' /var/lib
+    mount --bind '$NDIR/varlog' /var/log
+    mount --bind '$NDIR/usrlocalbin' /usr/local/bin
+    mount --bind '$NDIR/etc' /etc
+    $run
+    $shared
     for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
-      k=\${kv%%=*}; f='$DIR/sysctl/'\$(echo \$k | tr / _)
+      k=\${kv%%=*}; f='$NDIR/sysctl/'\$(echo \$k | tr / _)
       echo \${kv#*=} >\$f
       mount --bind \$f /proc/sys/\$k
       mount -o remount,bind,ro /proc/sys/\$k
@@ -117,14 +149,21 @@ certs() {
       openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$n.crt" -days 30 -extfile "$n.ext" 2>/dev/null
       rm -f "$n.csr" "$n.ext"
     }
-    cert apiserver "/CN=kube-apiserver" "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1,IP:$NODE_IP,IP:10.98.0.1" serverAuth
+    cert apiserver "/CN=kube-apiserver" "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1,IP:10.97.0.1,IP:10.98.0.1" serverAuth
     cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
     cert admin "/O=system:masters/CN=kubernetes-admin"
-    cert kubelet "/O=system:nodes/CN=system:node:$NODE"
-    cert kubelet-serving "/CN=$NODE" "DNS:$NODE,IP:$NODE_IP,IP:127.0.0.1" serverAuth
+    cert kubelet "/O=system:nodes/CN=system:node:agentbox-node"
+    cert kubelet-serving "/CN=agentbox-node" "DNS:agentbox-node,IP:10.97.0.1,IP:127.0.0.1" serverAuth
+    cert kubelet-2 "/O=system:nodes/CN=system:node:agentbox-node-2"
+    cert kubelet-serving-2 "/CN=agentbox-node-2" "DNS:agentbox-node-2,IP:10.97.1.1" serverAuth
+    # The broker's serving certificate, of the cluster's CA: node agents
+    # trust it through their service account's ca.crt.
+    cert broker "/CN=agentbox-broker" "DNS:agentbox-broker.kube-system.svc,IP:127.0.0.1" serverAuth
+    # The shared checkpoint store's key-encryption key: the broker's alone.
+    [ -f broker-kek.pem ] || openssl genrsa -out broker-kek.pem 3072 2>/dev/null
     cert scheduler "/CN=system:kube-scheduler"
     cert controller-manager "/CN=system:kube-controller-manager"
-    for n in admin kubelet scheduler controller-manager; do
+    for n in admin kubelet kubelet-2 scheduler controller-manager; do
       cat >"$n.kubeconfig" <<EOT
 apiVersion: v1
 kind: Config
@@ -143,15 +182,15 @@ EOT
   )
 }
 
-# The node's containerd config: runc only. agentbox's handlers come from
-# the installer's drop-ins (imports). It sees /etc, /var/lib and
+# The current node's containerd config: runc only. agentbox's handlers come
+# from the installer's drop-ins (imports). It sees /etc, /var/lib and
 # /usr/local/bin as the node's.
 write_containerd_config() {
-  mkdir -p "$DIR/etc/containerd/conf.d" "$DIR/cni/net.d" "$DIR/cni/ipam" "$DIR/state"
-  cat >"$DIR/etc/containerd/config.toml" <<EOT
+  mkdir -p "$NDIR/etc/containerd/conf.d" "$NDIR/cni/net.d" "$NDIR/cni/ipam" "$NDIR/state"
+  cat >"$NDIR/etc/containerd/config.toml" <<EOT
 version = 3
 root = "/var/lib/containerd"
-state = "$DIR/state"
+state = "$NDIR/state"
 imports = ["/etc/containerd/conf.d/*.toml"]
 
 [grpc]
@@ -161,7 +200,7 @@ imports = ["/etc/containerd/conf.d/*.toml"]
   address = "$SOCK.ttrpc"
 
 [plugins."io.containerd.nri.v1.nri"]
-  socket_path = "$DIR/nri.sock"
+  socket_path = "$NDIR/nri.sock"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "$PAUSE_IMAGE"
@@ -179,15 +218,18 @@ imports = ["/etc/containerd/conf.d/*.toml"]
   runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
     SystemdCgroup = false
-    Root = "$DIR/runc-root"
+    Root = "$NDIR/runc-root"
 
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["/usr/lib/cni"]
-  conf_dir = "$DIR/cni/net.d"
+  conf_dir = "$NDIR/cni/net.d"
 EOT
-  # No default route: pods reach the bridge's subnet only, so no test
-  # packet leaves the machine.
-  cat >"$DIR/cni/net.d/10-agentbox-kube.conflist" <<EOT
+  # No default route: pods reach their bridge's subnet (and, with two
+  # nodes, the other node's pods) only, so no test packet leaves the
+  # machine.
+  local routes='{"dst": "169.254.169.254/32"}'
+  [ "$(nodes)" != 2 ] || routes="$routes, {\"dst\": \"10.97.0.0/16\"}"
+  cat >"$NDIR/cni/net.d/10-agentbox-kube.conflist" <<EOT
 {
   "cniVersion": "1.0.0",
   "name": "agentbox-kube",
@@ -199,9 +241,9 @@ EOT
       "ipMasq": false,
       "ipam": {
         "type": "host-local",
-        "dataDir": "$DIR/cni/ipam",
-        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.97.0.10"}]],
-        "routes": [{"dst": "169.254.169.254/32"}]
+        "dataDir": "$NDIR/cni/ipam",
+        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "${NODE_IP%.1}.10"}]],
+        "routes": [$routes]
       }
     },
     {"type": "loopback"}
@@ -212,9 +254,9 @@ EOT
 
 start_containerd() {
   # nsenter execs containerd: the recorded pid is containerd's.
-  bg containerd nsenter --mount="$MNTNS" -- env PATH="/usr/local/bin:$TOOLS_BIN:/usr/sbin:/usr/bin:/sbin:/bin" \
+  bg "containerd$SFX" nsenter --mount="$MNTNS" -- env PATH="/usr/local/bin:$TOOLS_BIN:/usr/sbin:/usr/bin:/sbin:/bin" \
     "$TOOLS_BIN/containerd" --config /etc/containerd/config.toml
-  wait_for containerd 60 ctr --address "$SOCK" version
+  wait_for "containerd$SFX" 60 ctr --address "$SOCK" version
 }
 
 start_apiserver() {
@@ -244,20 +286,11 @@ stop_one() {
   rm -f "$PIDS/$n.pid"
 }
 
-up() {
-  need_root
-  [ -x "$KBIN/kubelet" ] && [ -x "$KBIN/etcd" ] || "$REPO_ROOT/hack/kube/build.sh" >/dev/null
-  for b in containerd ctr crictl runsc containerd-shim-runc-v2; do
-    [ -x "$TOOLS_BIN/$b" ] || die "$TOOLS_BIN/$b missing: run hack/setup.sh"
-  done
-  [ -x "$OUT_BIN/agentbox" ] || die "$OUT_BIN/agentbox missing: run hack/build.sh"
-  if alive kubelet; then step "already up"; return; fi
-  # What a killed run left behind goes first.
-  if [ -e "$DIR" ]; then down; fi
-  mkdir -p "$PIDS" "$LOGS"
-  step "certificates and kubeconfigs ($PKI)"
-  certs
-  step "node: bridge $BRIDGE ($NODE_IP/24), cgroup /$CGROUP_ROOT, mount namespace"
+# node_up N: node N's bridge, cgroup root, mount namespace and containerd,
+# with the images imported.
+node_up() {
+  use_node "$1"
+  step "node $NODE: bridge $BRIDGE ($NODE_IP/24), cgroup /$CGROUP_ROOT, mount namespace"
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     [ -z "$(ip -4 route show "$POD_SUBNET")" ] || die "$POD_SUBNET is routed already: another cluster is up"
     ip link add "$BRIDGE" type bridge
@@ -273,52 +306,36 @@ up() {
   fi
   node_ns
   write_containerd_config
-  step "containerd $CONTAINERD_VERSION ($SOCK)"
+  step "node $NODE: containerd $CONTAINERD_VERSION ($SOCK)"
   start_containerd
   for img in agent pause probe; do
     ctrq --address "$SOCK" -n k8s.io images import --index-name "docker.io/agentbox/$img:latest" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
   done
-  # The real-agent and agent-CLI images (hack/images.sh), when built.
-  if [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
+  # The real-agent and agent-CLI images (hack/images.sh), when built: node
+  # 1's alone (the agents' tests run there).
+  if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
     ctrq --address "$SOCK" -n k8s.io images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
   fi
-  if [ -f "$AGENTBOX_CACHE/images/agentcli.tar" ]; then
+  if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/agentcli.tar" ]; then
     ctrq --address "$SOCK" -n k8s.io images import --index-name "$AGENTCLI_IMAGE" "$AGENTBOX_CACHE/images/agentcli.tar" >/dev/null
   fi
-  step "installer image"
-  "$REPO_ROOT/hack/images.sh" installer >/dev/null
   ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null
+}
 
-  step "etcd $ETCD_VERSION ($ETCD_CLIENT)"
-  bg etcd etcd --name agentbox-kube --data-dir "$DIR/etcd" \
-    --listen-client-urls "$ETCD_CLIENT" --advertise-client-urls "$ETCD_CLIENT" \
-    --listen-peer-urls "$ETCD_PEER" --initial-advertise-peer-urls "$ETCD_PEER" \
-    --initial-cluster "agentbox-kube=$ETCD_PEER" --unsafe-no-fsync --log-level warn
-  wait_for etcd 60 curl -fsS "$ETCD_CLIENT/health"
-  step "kube-apiserver $KUBE_VERSION ($APISERVER)"
-  start_apiserver
-  step "kube-controller-manager, kube-scheduler"
-  bg kube-controller-manager kube-controller-manager \
-    --kubeconfig="$PKI/controller-manager.kubeconfig" \
-    --authentication-kubeconfig="$PKI/controller-manager.kubeconfig" --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port=20257 --leader-elect=false \
-    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
-    --use-service-account-credentials=true --profiling=false --v=1
-  bg kube-scheduler kube-scheduler --kubeconfig="$PKI/scheduler.kubeconfig" \
-    --authentication-kubeconfig="$PKI/scheduler.kubeconfig" --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port=20259 --leader-elect=false --profiling=false --v=1
-
+# kubelet_up N: node N's kubelet, until the node is Ready without taints.
+kubelet_up() {
+  use_node "$1"
   step "kubelet (node $NODE)"
-  cat >"$DIR/kubelet-config.yaml" <<EOT
+  cat >"$NDIR/kubelet-config.yaml" <<EOT
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: "$NODE_IP"
 port: 20250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 20248
-tlsCertFile: "$PKI/kubelet-serving.crt"
-tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
+healthzPort: $HEALTHZ
+tlsCertFile: "$PKI/kubelet-serving$SFX.crt"
+tlsPrivateKeyFile: "$PKI/kubelet-serving$SFX.key"
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
@@ -346,51 +363,156 @@ imageGCLowThresholdPercent: 98
 shutdownGracePeriod: 0s
 shutdownGracePeriodCriticalPods: 0s
 EOT
-  bg kubelet nsenter --mount="$MNTNS" -- "$KBIN/kubelet" --config="$DIR/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
-    --hostname-override="$NODE" --node-ip="$NODE_IP" --v=2
+  bg "kubelet$SFX" nsenter --mount="$MNTNS" -- "$KBIN/kubelet" --config="$NDIR/kubelet-config.yaml" --kubeconfig="$PKI/kubelet$SFX.kubeconfig" \
+    --hostname-override="$NODE" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet --v=2
   wait_for "node $NODE Ready" 300 kubectl wait --for=condition=Ready "node/$NODE" --timeout=5s
-  # Pods need the default service account (the controller manager makes
-  # it) and a node without the not-ready taint.
-  wait_for "the default service account" 120 kubectl -n default get serviceaccount default
   wait_for "the node's taints to clear" 120 sh -c "[ -z \"\$(kubectl get node $NODE -o jsonpath='{.spec.taints}')\" ]"
+  kubectl label node "$NODE" agentbox.dev/runtime=true --overwrite >/dev/null
+}
+
+# broker_up: the cluster's broker, on the host with its service account's
+# token, as a Deployment runs it off the agent nodes (broker.yaml).
+broker_up() {
+  alive broker && return
+  step "agentbox broker ($BROKER_URL; logs: $LOGS/broker.log)"
+  kubectl apply -f "$REPO_ROOT/examples/kubernetes/broker-rbac.yaml" >/dev/null
+  local token
+  token=$(kubectl -n kube-system create token agentbox-broker --duration=48h)
+  cat >"$PKI/broker.kubeconfig" <<EOT
+apiVersion: v1
+kind: Config
+clusters:
+- name: agentbox-kube
+  cluster: {server: "$APISERVER", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: agentbox-broker
+  user: {token: "$token"}
+contexts:
+- name: agentbox-kube
+  context: {cluster: agentbox-kube, user: agentbox-broker}
+current-context: agentbox-kube
+EOT
+  chmod 600 "$PKI/broker.kubeconfig"
+  bg broker "$OUT_BIN/agentbox" broker --kubeconfig "$PKI/broker.kubeconfig" --listen 127.0.0.1:18443 \
+    --tls-cert "$PKI/broker.crt" --tls-key "$PKI/broker.key" --kek "$PKI/broker-kek.pem"
+  wait_for "the broker" 30 curl -sk -o /dev/null "$BROKER_URL/v1/keys"
+}
+
+# forward_up: pods of one node reach the other's (two-node mode): the two
+# bridges forward, and an nftables table drops whatever they would forward
+# anywhere else, so nothing leaves the machine.
+forward_up() {
+  nft -f - <<EOT
+table inet abxkube_fwd {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    iifname { "abxkube0", "abxkube1" } oifname != { "abxkube0", "abxkube1" } drop
+    oifname { "abxkube0", "abxkube1" } iifname != { "abxkube0", "abxkube1" } drop
+  }
+}
+EOT
+  sysctl -qw net.ipv4.conf.abxkube0.forwarding=1 net.ipv4.conf.abxkube1.forwarding=1
+}
+
+# shared_store_up N: node N's shim writes suspends to the shared store and
+# wraps their data keys with the broker's public key (the node agent keeps
+# it there).
+shared_store_up() {
+  use_node "$1"
+  node sh -ec "for f in /etc/agentbox/config*.toml; do
+    sed -i 's|^shared_dir = \"\"|shared_dir = \"$NODE_SHARED\"|; s|^shared_public_key = \"\"|shared_public_key = \"/var/lib/agentbox/broker-public.pem\"|' \$f
+    grep -q '^shared_dir = \"$NODE_SHARED\"' \$f
+  done"
+}
+
+up() {
+  need_root
+  local want=1
+  if [ "${1:-}" = --nodes ]; then
+    want=${2:-}
+    case "$want" in 1|2) ;; *) die "--nodes: 1 or 2" ;; esac
+  fi
+  [ -x "$KBIN/kubelet" ] && [ -x "$KBIN/etcd" ] || "$REPO_ROOT/hack/kube/build.sh" >/dev/null
+  for b in containerd ctr crictl runsc containerd-shim-runc-v2; do
+    [ -x "$TOOLS_BIN/$b" ] || die "$TOOLS_BIN/$b missing: run hack/setup.sh"
+  done
+  [ -x "$OUT_BIN/agentbox" ] || die "$OUT_BIN/agentbox missing: run hack/build.sh"
+  if alive kubelet && [ "$(nodes)" = "$want" ]; then step "already up ($want node(s))"; return; fi
+  # What a killed run left behind goes first, and so does a cluster of
+  # another size.
+  if [ -e "$DIR" ]; then down; fi
+  mkdir -p "$PIDS" "$LOGS"
+  echo "$want" >"$DIR/nodes"
+  step "certificates and kubeconfigs ($PKI)"
+  certs
+  step "installer image"
+  "$REPO_ROOT/hack/images.sh" installer >/dev/null
+  if [ "$want" = 2 ]; then mkdir -p -m 0700 "$SHARED"; fi
+  local n
+  for n in $(seq 1 "$want"); do node_up "$n"; done
+  [ "$want" = 1 ] || forward_up
+
+  step "etcd $ETCD_VERSION ($ETCD_CLIENT)"
+  bg etcd etcd --name agentbox-kube --data-dir "$DIR/etcd" \
+    --listen-client-urls "$ETCD_CLIENT" --advertise-client-urls "$ETCD_CLIENT" \
+    --listen-peer-urls "$ETCD_PEER" --initial-advertise-peer-urls "$ETCD_PEER" \
+    --initial-cluster "agentbox-kube=$ETCD_PEER" --unsafe-no-fsync --log-level warn
+  wait_for etcd 60 curl -fsS "$ETCD_CLIENT/health"
+  step "kube-apiserver $KUBE_VERSION ($APISERVER)"
+  start_apiserver
+  step "kube-controller-manager, kube-scheduler"
+  bg kube-controller-manager kube-controller-manager \
+    --kubeconfig="$PKI/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$PKI/controller-manager.kubeconfig" --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=20257 --leader-elect=false \
+    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+    --use-service-account-credentials=true --profiling=false --v=1
+  bg kube-scheduler kube-scheduler --kubeconfig="$PKI/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$PKI/scheduler.kubeconfig" --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=20259 --leader-elect=false --profiling=false --v=1
+  for n in $(seq 1 "$want"); do kubelet_up "$n"; done
+  # Pods need the default service account (the controller manager makes it).
+  wait_for "the default service account" 120 kubectl -n default get serviceaccount default
 
   step "installing agentbox through the installer DaemonSet"
-  kubectl label node "$NODE" agentbox.dev/runtime=true --overwrite >/dev/null
-  # The policy API first: the installer's sync container watches it.
-  kubectl apply -f "$REPO_ROOT/examples/kubernetes/crds/" -f "$REPO_ROOT/examples/kubernetes/sync-rbac.yaml" >/dev/null
+  # The policy API first: the installer's sync container watches it. The
+  # node restriction holds each node's agent to its own node's objects.
+  kubectl apply -f "$REPO_ROOT/examples/kubernetes/crds/" -f "$REPO_ROOT/examples/kubernetes/sync-rbac.yaml" \
+    -f "$REPO_ROOT/examples/kubernetes/node-restriction.yaml" >/dev/null
   wait_for "the policy CRDs" 60 kubectl wait --for=condition=Established crd/agentroles.agentbox.dev crd/agentrolebindings.agentbox.dev crd/agentnodepolicies.agentbox.dev crd/agentquarantines.agentbox.dev --timeout=5s
-  # No kube-proxy here: the sync container (host network) reaches the API
-  # server where it listens, not through the kubernetes Service.
-  sed 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \
+  broker_up
+  # No kube-proxy or cluster DNS here: the sync container (host network)
+  # reaches the API server and the broker where they listen.
+  local shared_args=""
+  [ "$want" = 1 ] || shared_args="\\n\\1- --checkpoint-shared-dir=/host$NODE_SHARED"
+  sed -e 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \
+    -e "s|^\( *\)- --broker-url=.*$|\1- --broker-url=$BROKER_URL$shared_args|" \
     "$REPO_ROOT/examples/kubernetes/installer.yaml" | kubectl apply -f - -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
   # The node's runc handler, for the tests' twins.
   printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n' | kubectl apply -f - >/dev/null
-  wait_for "the installer pod" 180 kubectl -n kube-system rollout status daemonset/agentbox-installer --timeout=5s
+  wait_for "the installer pods" 180 kubectl -n kube-system rollout status daemonset/agentbox-installer --timeout=5s
   kubectl -n kube-system logs daemonset/agentbox-installer -c install | sed 's/^/    /' >&2
-  step "restarting containerd to load the drop-ins"
-  stop_one containerd
-  start_containerd
-  wait_for "the agentbox handlers" 60 sh -c "crictl --runtime-endpoint unix://$SOCK info 2>/dev/null | grep -q agentbox-coder"
-  node "$OUT_BIN/agentbox" doctor --address "$SOCK" --config /etc/agentbox/config.toml >"$LOGS/doctor.log" 2>&1 \
-    || { cat "$LOGS/doctor.log" >&2; die "agentbox doctor failed on the node"; }
-  step "up: $(kubectl get node "$NODE" --no-headers | awk '{print $1, $2, $5}'); eval \"\$(hack/kube.sh env)\" for kubectl"
+  for n in $(seq 1 "$want"); do
+    use_node "$n"
+    [ "$want" = 1 ] || shared_store_up "$n"
+    step "node $NODE: restarting containerd to load the drop-ins"
+    stop_one "containerd$SFX"
+    start_containerd
+    wait_for "the agentbox handlers" 60 sh -c "crictl --runtime-endpoint unix://$SOCK info 2>/dev/null | grep -q agentbox-coder"
+    node "$OUT_BIN/agentbox" doctor --address "$SOCK" --config /etc/agentbox/config.toml >"$LOGS/doctor$SFX.log" 2>&1 \
+      || { cat "$LOGS/doctor$SFX.log" >&2; die "agentbox doctor failed on node $NODE"; }
+  done
+  step "up: $(kubectl get nodes --no-headers | awk '{printf "%s %s %s; ", $1, $2, $5}')eval \"\$(hack/kube.sh env)\" for kubectl"
 }
 
-down() {
-  need_root
-  if alive kube-apiserver && alive kubelet; then
-    step "deleting pods through the kubelet"
-    # The DaemonSet first, or it makes its pod again.
-    kubectl -n kube-system delete daemonset agentbox-installer --wait=true --timeout=60s >/dev/null 2>&1 || true
-    kubectl delete pods --all --all-namespaces --wait=true --timeout=120s >/dev/null 2>&1 || true
-  fi
-  step "stopping the control plane and the kubelet"
-  for n in agent-sandbox-controller kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
-  if alive containerd; then
-    step "removing what pods and containers are left"
+# node_down N: node N's containers, processes, mounts, cgroups and bridge.
+node_down() {
+  use_node "$1"
+  if alive "containerd$SFX"; then
+    step "node $NODE: removing what pods and containers are left"
     remove_containers "$SOCK"
   fi
-  stop_one containerd
+  stop_one "containerd$SFX"
   # Whatever is left in the node's namespace was started by it; runsc's
   # sandbox and gofer have mount namespaces of their own: find them by
   # this instance's runsc root and socket.
@@ -408,16 +530,32 @@ down() {
   for procs in $(find "/sys/fs/cgroup/memory/$CGROUP_ROOT" -name cgroup.procs 2>/dev/null); do
     xargs -r kill -9 <"$procs" 2>/dev/null || true
   done
-  step "removing the node's mounts, cgroups, bridge and files"
+  step "node $NODE: removing its mounts, cgroups, bridge and files"
   if [ -f "$MNTNS" ]; then umount "$MNTNS" 2>/dev/null || umount -l "$MNTNS" 2>/dev/null || true; fi
-  unmount_under "$DIR" "$rroot"
+  unmount_under "$NDIR" "$rroot"
   for c in "${CG_CONTROLLERS[@]}"; do
     [ -d "/sys/fs/cgroup/$c/$CGROUP_ROOT" ] || continue
     find "/sys/fs/cgroup/$c/$CGROUP_ROOT" -depth -type d -exec rmdir {} \; 2>/dev/null || true
     [ ! -d "/sys/fs/cgroup/$c/$CGROUP_ROOT" ] || step "warning: /sys/fs/cgroup/$c/$CGROUP_ROOT is busy; left"
   done
   ip link del "$BRIDGE" >/dev/null 2>&1 || true
-  rm -rf "$rroot" "$DIR"
+  rm -rf "$rroot"
+}
+
+down() {
+  need_root
+  if alive kube-apiserver && { alive kubelet || alive kubelet-2; }; then
+    step "deleting pods through the kubelets"
+    # The DaemonSet first, or it makes its pods again.
+    kubectl -n kube-system delete daemonset agentbox-installer --wait=true --timeout=60s >/dev/null 2>&1 || true
+    kubectl delete pods --all --all-namespaces --wait=true --timeout=120s >/dev/null 2>&1 || true
+  fi
+  step "stopping the control plane, the broker and the kubelets"
+  for n in agent-sandbox-controller broker kubelet kubelet-2 kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_one "$n"; done
+  node_down 2
+  node_down 1
+  nft delete table inet abxkube_fwd 2>/dev/null || true
+  rm -rf "$DIR"
   step "down"
 }
 
@@ -443,15 +581,17 @@ agent_sandbox() {
 }
 
 status() {
-  local rc=0 n
-  for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  local rc=0 n names="containerd etcd kube-apiserver kube-controller-manager kube-scheduler broker kubelet"
+  [ "$(nodes)" != 2 ] || names="$names containerd-2 kubelet-2"
+  echo "nodes: $(nodes)"
+  for n in $names; do
     if alive "$n"; then echo "$n: running (pid $(cat "$PIDS/$n.pid"))"; else echo "$n: stopped"; rc=3; fi
   done
   return $rc
 }
 
 case "${1:-}" in
-  up) up ;;
+  up) shift; up "$@" ;;
   down) down ;;
   agent-sandbox) agent_sandbox ;;
   status) status ;;
@@ -462,6 +602,7 @@ case "${1:-}" in
     echo "export CONTAINERD_ADDRESS=$SOCK"
     echo "export PATH=$KBIN:$OUT_BIN:$TOOLS_BIN:\$PATH" ;;
   node) shift; need_root; node_ns_up || die "the node is not up"; node "$@" ;;
+  node2) shift; need_root; use_node 2; node_ns_up || die "node 2 is not up"; node "$@" ;;
   # The API server alone, to show what a node does without it.
   apiserver)
     need_root
@@ -470,5 +611,5 @@ case "${1:-}" in
       start) alive etcd || die "etcd is not running: hack/kube.sh up"; start_apiserver ;;
       *) die "usage: $0 apiserver stop|start" ;;
     esac ;;
-  *) die "usage: $0 up|down|status|env|node CMD...|apiserver stop|start|agent-sandbox" ;;
+  *) die "usage: $0 up [--nodes 2]|down|status|env|node CMD...|node2 CMD...|apiserver stop|start|agent-sandbox" ;;
 esac

@@ -59,12 +59,15 @@ func secretObj(ns, name, key, value string) obj {
 }
 
 // TestKubeSecretRef: a role's injected key comes from a Kubernetes Secret
-// (secretRef). The node agent, allowed to get that Secret only, keeps its
-// value on the node (no file written by hand); the pod's requests to the
-// allowed host carry it while the pod holds a placeholder; the Secret is
-// rotated while the pod runs, and its next request carries the new value.
-// Neither value is in the pod or its trail. A role naming a Secret the
-// node agent may not read gets a recorded refusal on the node.
+// (secretRef). The cluster's broker, allowed to get that Secret only, gives
+// it to the node once a pod of the role is bound there, and not before; the
+// node agent keeps its value on the node (no file written by hand); the
+// pod's requests to the allowed host carry it while the pod holds a
+// placeholder; the Secret is rotated while the pod runs, and its next
+// request carries the new value. Neither value is in the pod or its trail.
+// Once the pod is gone, the key leaves the node. A role naming a Secret the
+// broker may not read gets a recorded refusal on the node, and its pod does
+// not start.
 func TestKubeSecretRef(t *testing.T) {
 	k := kubeCluster(t)
 	ns := k.namespace(t, "e2e-keys-agent")
@@ -77,13 +80,13 @@ func TestKubeSecretRef(t *testing.T) {
 		k.kubectl("delete", "agentrole", "e2e-keys", "e2e-keys-other", "--ignore-not-found")
 	})
 	v1, v2 := "sk-e2e-first-"+uniqueID("k"), "sk-e2e-rotated-"+uniqueID("k")
-	// The Secret, and leave for the node agent to get it (and only it).
+	// The Secret, and leave for the broker to get it (and only it).
 	k.apply(t, secretObj(keys, "vendor", "token", v1), secretObj(keys, "other", "token", "never-read"),
-		obj{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": obj{"name": "agentbox-sync-keys", "namespace": keys},
+		obj{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": obj{"name": "agentbox-broker-keys", "namespace": keys},
 			"rules": []obj{{"apiGroups": []string{""}, "resources": []string{"secrets"}, "resourceNames": []string{"vendor"}, "verbs": []string{"get"}}}},
-		obj{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": obj{"name": "agentbox-sync-keys", "namespace": keys},
-			"roleRef":  obj{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentbox-sync-keys"},
-			"subjects": []obj{{"kind": "ServiceAccount", "name": "agentbox-sync", "namespace": "kube-system"}}})
+		obj{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": obj{"name": "agentbox-broker-keys", "namespace": keys},
+			"roleRef":  obj{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentbox-broker-keys"},
+			"subjects": []obj{{"kind": "ServiceAccount", "name": "agentbox-broker", "namespace": "kube-system"}}})
 	role := func(secret string) obj {
 		return obj{"inherits": "baseline",
 			"network": obj{"egress": "allowlist", "allow": []obj{{"host": "api.kube.test", "ports": []int{origin.port}, "allowPrivate": true}}},
@@ -93,20 +96,26 @@ func TestKubeSecretRef(t *testing.T) {
 	k.apply(t, agentRole("e2e-keys", role("vendor")), agentBinding("e2e-keys", "e2e-keys", ns))
 	k.waitPolicy(t, "agentrole", "e2e-keys", "enforced", enforced)
 
-	// On the node: the value, in a file root's alone; nobody wrote it by
-	// hand.
+	// No pod of the role on the node yet: the node holds no key of it
+	// (the node agent asks the broker every few seconds).
 	file := filepath.Join(k.dir, "varlib", "agentbox", "secrets", keys, "vendor", "token")
-	if !eventually(t, time.Minute, func() bool { b, err := os.ReadFile(file); return err == nil && string(b) == v1 }) {
-		t.Fatalf("the node agent did not keep the Secret in %s", file)
-	}
-	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
-		t.Errorf("%s: %v %v", file, st.Mode(), err)
+	time.Sleep(12 * time.Second)
+	if _, err := os.Stat(file); err == nil {
+		t.Fatalf("the node holds the key with no pod of its role bound to it: %s", file)
 	}
 
 	pod := podSpec(ns, "agent", "agentbox", "e2e-keys", "sh", "-c", "echo ready; exec sleep 600")
 	pod["spec"].(obj)["containers"].([]obj)[0]["image"] = probeImage
 	k.apply(t, pod)
 	p := k.waitPod(t, ns, "agent", 2*time.Minute, "Running", running)
+	// On the node now: the value, in a file root's alone; nobody wrote it
+	// by hand.
+	if b, err := os.ReadFile(file); err != nil || string(b) != v1 {
+		t.Fatalf("the node agent did not keep the Secret in %s: %q %v", file, b, err)
+	}
+	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v %v", file, st.Mode(), err)
+	}
 	k.waitLogs(t, ns, "agent", "ready", time.Minute)
 	sandbox := k.sandboxOf(t, p.Metadata.UID)
 	fetch := func(path string) string {
@@ -154,9 +163,19 @@ func TestKubeSecretRef(t *testing.T) {
 		t.Errorf("an annotation holds the secret: %s", ann)
 	}
 
-	// A role naming a Secret the node agent may not get: refused, and
-	// recorded on the node.
+	// The pod gone, the key leaves the node.
+	k.kubectl("-n", ns, "delete", "pod", "agent", "--wait=true", "--timeout=60s")
+	if !eventually(t, time.Minute, func() bool { _, err := os.Stat(file); return os.IsNotExist(err) }) {
+		t.Error("the key stays on the node with no pod of its role bound to it")
+	}
+
+	// A role naming a Secret the broker may not get: refused, recorded on
+	// the node, and its pod does not start.
 	k.apply(t, agentRole("e2e-keys-other", role("other")), agentBinding("e2e-keys-other", "e2e-keys-other", ns))
+	k.waitPolicy(t, "agentrole", "e2e-keys-other", "enforced", enforced)
+	other := podSpec(ns, "other", "agentbox", "e2e-keys-other", "sh", "-c", "echo ready; exec sleep 600")
+	other["spec"].(obj)["containers"].([]obj)[0]["image"] = probeImage
+	k.apply(t, other)
 	var refused *record
 	if !eventually(t, time.Minute, func() bool {
 		for _, r := range k.trail(t, "node-agentbox-node") {
@@ -166,12 +185,14 @@ func TestKubeSecretRef(t *testing.T) {
 		}
 		return refused != nil
 	}) {
-		t.Fatal("the node's trail records no refusal for a Secret the node agent may not read")
+		t.Fatal("the node's trail records no refusal for a Secret the broker may not read")
 	}
 	if !strings.Contains(refused.Message, "forbidden") {
 		t.Errorf("the refusal: %s", refused.Message)
 	}
+	line := k.waitEvent(t, ns, "other", "FailedCreatePodSandBox", "other[token]")
+	t.Logf("the pod of the role is refused: %s", clip(line))
 	if _, err := os.Stat(filepath.Join(k.dir, "varlib", "agentbox", "secrets", keys, "other", "token")); err == nil {
-		t.Error("a Secret the node agent may not read is on the node")
+		t.Error("a Secret the broker may not read is on the node")
 	}
 }

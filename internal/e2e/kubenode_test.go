@@ -179,6 +179,9 @@ type kubePod struct {
 	Metadata struct {
 		UID string `json:"uid"`
 	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
 	Status struct {
 		Phase             string          `json:"phase"`
 		ContainerStatuses []kubeContainer `json:"containerStatuses"`

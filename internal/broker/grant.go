@@ -256,9 +256,8 @@ func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod)
 	sel := map[string]any{}
 	switch w.Op {
 	case OpSuspended:
-		if pod.Done {
-			return nil, fmt.Errorf("Sandbox %s's pod %s has ended", sb, pod)
-		}
+		// The pod ran here: it may have ended (the suspend stops it) and
+		// be on its way out; it is proof while the API server holds it.
 		tmplAnn[policy.RestoreAnnotation] = w.Checkpoint
 		if w.Pin && sb.Selector == "" {
 			if hostname == "" {

@@ -138,7 +138,8 @@ func TestMayUnwrap(t *testing.T) {
 func TestSandboxPatch(t *testing.T) {
 	cp := "sb-" + strings.ToLower(uid) + "-200"
 	suspending := ownPod("n1")
-	suspending.Deleting = true // the controller deletes it; the shim holds its stop
+	// The controller deletes it, and the suspend has stopped it.
+	suspending.Deleting, suspending.Done = true, true
 	w := SandboxWrite{Op: OpSuspended, Sandbox: testSandbox().Ref, Checkpoint: cp}
 	for _, tc := range []struct {
 		name string

@@ -200,21 +200,21 @@ func (c *Cluster) SecretValue(ctx context.Context, r policy.SecretRef) ([]byte, 
 	defer cancel()
 	u, err := c.Client.Resource(secretsGVR).Namespace(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s: %w (may the broker get it?)", r, err)
+		return nil, fmt.Errorf("the Secret %s: %w (may the broker get it?)", r, err)
 	}
 	data, _, _ := unstructured.NestedStringMap(u.Object, "data")
 	enc, ok := data[r.Key]
 	if !ok {
-		return nil, fmt.Errorf("Secret %s has no key %q", r, r.Key)
+		return nil, fmt.Errorf("the Secret %s has no key %q", r, r.Key)
 	}
 	v, err := base64.StdEncoding.DecodeString(enc)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("Secret %s: %w", r, err)
+		return nil, fmt.Errorf("the Secret %s: %w", r, err)
 	case len(v) == 0:
-		return nil, fmt.Errorf("Secret %s: key %q is empty", r, r.Key)
+		return nil, fmt.Errorf("the Secret %s: key %q is empty", r, r.Key)
 	case len(v) > maxSecret:
-		return nil, fmt.Errorf("Secret %s: key %q holds %d bytes, more than %d", r, r.Key, len(v), maxSecret)
+		return nil, fmt.Errorf("the Secret %s: key %q holds %d bytes, more than %d", r, r.Key, len(v), maxSecret)
 	}
 	return v, nil
 }

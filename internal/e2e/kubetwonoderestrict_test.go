@@ -141,7 +141,10 @@ func TestKubeNodeRestriction(t *testing.T) {
 		t.Errorf("the twin, node 2's keys: %+v %v", r2, err)
 	}
 	file := filepath.Join("varlib", "agentbox", "secrets", keys, "vendor", "token")
-	if !eventually(t, 30*time.Second, func() bool { b, err := os.ReadFile(filepath.Join(n2.dir, file)); return err == nil && string(b) == secret }) {
+	if !eventually(t, 30*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(n2.dir, file))
+		return err == nil && string(b) == secret
+	}) {
 		t.Error("node 2 does not hold its pod's key")
 	}
 	if _, err := os.Stat(filepath.Join(k.dir, file)); err == nil {

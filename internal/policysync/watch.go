@@ -75,7 +75,7 @@ type Agent struct {
 	dataKeys     map[string]string
 	dataKeyAsked map[string]time.Time
 	writeErrs    map[string]string
-	podsKick  chan struct{}
+	podsKick     chan struct{}
 
 	roles, bindings, nodes cache.SharedIndexInformer
 	quarantineInf, podInf  cache.SharedIndexInformer
@@ -91,10 +91,10 @@ type Agent struct {
 	// Sandbox's image is removed; "" keeps them).
 	CheckpointDir string
 	// SharedDir is the cluster's shared checkpoint store ("": none).
-	SharedDir string
-	lastGC            time.Time
-	kick              chan struct{}
-	lastRefused       string
+	SharedDir   string
+	lastGC      time.Time
+	kick        chan struct{}
+	lastRefused string
 }
 
 // Run watches until ctx ends. Until the informers have listed the objects

@@ -24,7 +24,7 @@ import (
 func brokerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "broker",
-		Usage: "cluster component: give each node's agent only what the pods bound to that node need (Secret keys, shared checkpoints' data keys, its writes on Sandboxes)",
+		Usage: "cluster component: give each node's agent only what the pods bound to that node need (Secret keys, shared checkpoints' data keys, its writes on Sandboxes), and write the policy objects' status from the nodes' reports",
 		Description: `Runs off the agent nodes (examples/kubernetes/broker.yaml), with the only
 credentials that reach beyond one node: get on the Secrets roles name, the
 key-encryption key of the shared checkpoint store, and patch on agent-sandbox's
@@ -43,7 +43,9 @@ node alone:
                        Sandbox whose own pod is bound to the node, or their removal
 
 Every refusal is logged with the node and answered 403 with its reason, which the
-node agent records in its node's trail (docs/security.md).`,
+node agent records in its node's trail (docs/security.md). It also writes each
+AgentRole's and AgentRoleBinding's status from every node's AgentNodePolicy report:
+no node writes another's.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
 			&cli.StringFlag{Name: "listen", Value: ":8443", Usage: "the HTTPS address"},
@@ -109,6 +111,11 @@ func runBroker(c *cli.Context) error {
 	if kek != nil {
 		kekID = kek.ID()
 	}
+	go func() {
+		if err := (&broker.StatusWriter{Client: client, Log: entry}).Run(ctx); err != nil {
+			entry.WithError(err).Error("the policy objects' status is not written")
+		}
+	}()
 	entry.WithFields(logrus.Fields{"listen": srv.Addr, "kek": kekID, "node_agent": s.NodeAgent}).Info("agentbox broker serving")
 	if err := srv.ListenAndServeTLS("", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return cli.Exit(err, 1)

@@ -123,6 +123,18 @@ type NodeStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Refused are the objects of the newest set this node's loader
+	// refused, at their generations, with its findings. The broker, not the
+	// nodes, writes each object's own status from every node's report.
+	// +optional
+	Refused []ObjectProblems `json:"refused,omitempty"`
+}
+
+// ObjectProblems are a node loader's findings on one object.
+type ObjectProblems struct {
+	ObjectRef `json:",inline"`
+	// Problems as `agentbox policy validate` prints them.
+	Problems []string `json:"problems"`
 }
 
 // ObjectRef names a role or binding at a generation.

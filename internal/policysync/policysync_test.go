@@ -210,49 +210,24 @@ func TestRenderCollidesWithNodeFiles(t *testing.T) {
 	}
 }
 
-func TestObjectStatus(t *testing.T) {
-	t0 := metav1.NewTime(time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC))
-	t1 := metav1.NewTime(t0.Add(time.Hour))
-	o := role("coder", 4, `{}`)
-	nodes := []kubeapi.AgentNodePolicy{
-		{Status: kubeapi.NodeStatus{Objects: []kubeapi.ObjectRef{{Kind: kubeapi.KindRole, Name: "coder", Generation: 4}}}},
-		{Status: kubeapi.NodeStatus{Objects: []kubeapi.ObjectRef{{Kind: kubeapi.KindRole, Name: "coder", Generation: 3}}}},
-		{Status: kubeapi.NodeStatus{Objects: []kubeapi.ObjectRef{{Kind: kubeapi.KindRoleBinding, Name: "coder", Generation: 4}}}},
-	}
-	st := ObjectStatus(kubeapi.ObjectStatus{}, o, nil, false, nodes, t0)
-	if st.ActiveNodes != 1 || st.ObservedGeneration != 4 || len(st.Conditions) != 1 || st.Conditions[0].Status != metav1.ConditionTrue || st.Conditions[0].Reason != "Loaded" {
-		t.Fatalf("%+v", st)
-	}
-	// Unchanged: the transition time stays, and SameStatus says so.
-	st2 := ObjectStatus(st, o, nil, false, nodes, t1)
-	if !st2.Conditions[0].LastTransitionTime.Equal(&t0) || !SameStatus(st, st2) {
-		t.Fatalf("an unchanged condition moved: %+v", st2)
-	}
-	bad := ObjectStatus(st2, o, []string{"agentbox-cluster.yaml:9: spec.limits.memory: bad"}, true, nodes, t1)
-	c := bad.Conditions[0]
-	if c.Status != metav1.ConditionFalse || c.Reason != "Invalid" || !strings.Contains(c.Message, "spec.limits.memory") || !c.LastTransitionTime.Equal(&t1) || SameStatus(st2, bad) {
-		t.Fatalf("%+v", bad)
-	}
-	other := ObjectStatus(st2, o, nil, true, nodes, t1)
-	if other.Conditions[0].Status != metav1.ConditionTrue || other.Conditions[0].Reason != "ValidButSetRefused" {
-		t.Fatalf("%+v", other)
-	}
-	long := ObjectStatus(st, o, []string{strings.Repeat("x", 10*MaxMessage)}, true, nil, t1)
-	if len(long.Conditions[0].Message) > MaxMessage {
-		t.Fatalf("message of %d bytes", len(long.Conditions[0].Message))
-	}
-}
-
 func TestNodeStatus(t *testing.T) {
 	t0 := metav1.NewTime(time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC))
 	s := Render(good)
-	st := NodeStatus(kubeapi.NodeStatus{}, Outcome{Applied: true}, s, t0)
+	st := NodeStatus(kubeapi.NodeStatus{}, Outcome{Applied: true}, s, nil, t0)
 	if st.Digest != s.Digest || len(st.Objects) != 2 || st.Conditions[0].Status != metav1.ConditionTrue || st.AppliedAt == nil {
 		t.Fatalf("%+v", st)
 	}
-	refused := NodeStatus(st, Outcome{ObjectProblems: map[string][]string{"AgentRole/coder": {"f:1: spec: bad"}}}, Render(nil), t0)
+	refused := NodeStatus(st, Outcome{ObjectProblems: map[string][]string{"AgentRole/coder": {"f:1: spec: bad"}}}, Render(nil), map[string]int64{"AgentRole/coder": 7}, t0)
 	if refused.Digest != s.Digest || len(refused.Objects) != 2 || refused.Conditions[0].Status != metav1.ConditionFalse ||
 		!strings.Contains(refused.Conditions[0].Message, "AgentRole/coder: f:1: spec: bad") {
 		t.Fatalf("a refused set must keep the enforced snapshot in the report: %+v", refused)
+	}
+	// The node reports the refused object at the generation it tried, for
+	// the broker; the next good set clears it.
+	if len(refused.Refused) != 1 || refused.Refused[0].ObjectRef != (kubeapi.ObjectRef{Kind: kubeapi.KindRole, Name: "coder", Generation: 7}) || refused.Refused[0].Problems[0] != "f:1: spec: bad" {
+		t.Fatalf("refused objects: %+v", refused.Refused)
+	}
+	if again := NodeStatus(refused, Outcome{Applied: true}, s, nil, t0); len(again.Refused) != 0 {
+		t.Fatalf("a good set keeps the refusals: %+v", again.Refused)
 	}
 }

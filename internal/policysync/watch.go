@@ -223,9 +223,8 @@ func (a *Agent) poke() {
 }
 
 // objects reads the roles and bindings from the informers' caches.
-func (a *Agent) objects() ([]Object, map[string]*unstructured.Unstructured, error) {
+func (a *Agent) objects() ([]Object, error) {
 	var objs []Object
-	byKey := map[string]*unstructured.Unstructured{}
 	for _, src := range []struct {
 		kind string
 		inf  cache.SharedIndexInformer
@@ -233,24 +232,22 @@ func (a *Agent) objects() ([]Object, map[string]*unstructured.Unstructured, erro
 		for _, item := range src.inf.GetStore().List() {
 			u, ok := item.(*unstructured.Unstructured)
 			if !ok {
-				return nil, nil, fmt.Errorf("unexpected %T in the %s cache", item, src.kind)
+				return nil, fmt.Errorf("unexpected %T in the %s cache", item, src.kind)
 			}
 			spec, err := json.Marshal(u.Object["spec"])
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
-			o := Object{Kind: src.kind, Name: u.GetName(), Generation: u.GetGeneration(), Spec: spec}
-			objs = append(objs, o)
-			byKey[o.Key()] = u
+			objs = append(objs, Object{Kind: src.kind, Name: u.GetName(), Generation: u.GetGeneration(), Spec: spec})
 		}
 	}
-	return objs, byKey, nil
+	return objs, nil
 }
 
 // Sync renders the cached objects, applies them on the node if they load,
 // records the change, and reports.
 func (a *Agent) Sync(ctx context.Context) error {
-	objs, byKey, err := a.objects()
+	objs, err := a.objects()
 	if err != nil {
 		return err
 	}
@@ -277,15 +274,19 @@ func (a *Agent) Sync(ctx context.Context) error {
 				map[string]string{"kept_digest": out.OldDigest, "refused_digest": out.NewDigest, "problems": strings.Join(problems, "\n"), "changes": strings.Join(out.Changes, "; "), "node": a.NodeName}), true)
 		}
 	}
-	if err := a.reportNode(ctx, out, snap); err != nil {
+	gens := make(map[string]int64, len(objs))
+	for _, o := range objs {
+		gens[o.Key()] = o.Generation
+	}
+	if err := a.reportNode(ctx, out, snap, gens); err != nil {
 		a.Log.WithError(err).Warn("report the node's snapshot")
 	}
-	return a.reportObjects(ctx, objs, byKey, out, refused)
+	return nil
 }
 
 // reportNode writes the node's AgentNodePolicy (creating it the first
 // time).
-func (a *Agent) reportNode(ctx context.Context, out Outcome, snap *Snapshot) error {
+func (a *Agent) reportNode(ctx context.Context, out Outcome, snap *Snapshot, gens map[string]int64) error {
 	client := a.Client.Resource(NodesGVR)
 	var cur *unstructured.Unstructured
 	if item, ok, _ := a.nodes.GetStore().GetByKey(a.NodeName); ok {
@@ -308,7 +309,7 @@ func (a *Agent) reportNode(ctx context.Context, out Outcome, snap *Snapshot) err
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cur.Object, &node); err != nil {
 		return err
 	}
-	st := NodeStatus(node.Status, out, snap, metav1.Now())
+	st := NodeStatus(node.Status, out, snap, gens, metav1.Now())
 	if sameNode(node.Status, st) {
 		return nil
 	}
@@ -323,50 +324,6 @@ func sameNode(a, b kubeapi.NodeStatus) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
-}
-
-// reportObjects writes each role's and binding's status where it changed.
-func (a *Agent) reportObjects(ctx context.Context, objs []Object, byKey map[string]*unstructured.Unstructured, out Outcome, refused bool) error {
-	var nodes []kubeapi.AgentNodePolicy
-	for _, item := range a.nodes.GetStore().List() {
-		var n kubeapi.AgentNodePolicy
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(item.(*unstructured.Unstructured).Object, &n); err == nil {
-			nodes = append(nodes, n)
-		}
-	}
-	now := metav1.Now()
-	var errs []string
-	for _, o := range objs {
-		u := byKey[o.Key()].DeepCopy()
-		var prev kubeapi.ObjectStatus
-		if raw, ok := u.Object["status"].(map[string]any); ok {
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &prev); err != nil {
-				prev = kubeapi.ObjectStatus{}
-			}
-		}
-		st := ObjectStatus(prev, o, out.ObjectProblems[o.Key()], refused, nodes, now)
-		if SameStatus(prev, st) {
-			continue
-		}
-		if err := setStatus(u, st); err != nil {
-			return err
-		}
-		gvr := RolesGVR
-		if o.Kind == kubeapi.KindRoleBinding {
-			gvr = BindingsGVR
-		}
-		if _, err := a.Client.Resource(gvr).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Sprintf("%s: %v", o.Key(), err))
-		} else if err != nil {
-			// A newer version is on its way through the informer: the next
-			// sync writes on top of it.
-			a.poke()
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("status: %s", strings.Join(errs, "; "))
-	}
-	return nil
 }
 
 func setStatus(u *unstructured.Unstructured, status any) error {

@@ -1,0 +1,60 @@
+package broker
+
+import (
+	"encoding/json"
+	"testing"
+
+	"agentbox.dev/agentbox/internal/checkpoint"
+)
+
+// FuzzSandboxWrite: whatever a node sends, the broker's patch (when it
+// makes one) touches only the checkpoint annotation and the pin, and only
+// on the Sandbox whose own pod is on that node; a wrapped key it cannot
+// read is refused, never a panic.
+func FuzzSandboxWrite(f *testing.F) {
+	f.Add([]byte(`{"op":"suspended","sandbox":{"namespace":"agents","name":"sb1","uid":"6A1F0C2E-0000-4000-8000-000000000001"},"checkpoint":"sb-6a1f0c2e-0000-4000-8000-000000000001-5","pin":true}`), "n1")
+	f.Add([]byte(`{"op":"resumed","sandbox":{"namespace":"agents","name":"sb1","uid":"6A1F0C2E-0000-4000-8000-000000000001"},"checkpoint":"sb-6a1f0c2e-0000-4000-8000-000000000001-100"}`), "n1")
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"},"wrapped":{"version":1,"scheme":"rsa-oaep-sha256","keyId":"x","checkpoint":"sb-1-1","wrapped":"AA=="}}`), "n2")
+	f.Fuzz(func(t *testing.T, body []byte, node string) {
+		sb := testSandbox()
+		pods := []Pod{ownPod("n1")}
+		var w SandboxWrite
+		if decode(body, &w) == nil {
+			if patch, err := SandboxPatch(node, "host-"+node, w, sb, pods); err == nil {
+				if node != "n1" {
+					t.Fatalf("a patch for node %q, whose node holds no pod of the Sandbox", node)
+				}
+				var m map[string]map[string]any
+				if err := json.Unmarshal(patch, &m); err != nil {
+					t.Fatalf("patch %s: %v", patch, err)
+				}
+				for k := range m {
+					if k != "spec" && k != "metadata" {
+						t.Fatalf("patch %s touches %s", patch, k)
+					}
+				}
+				tmpl, _ := m["spec"]["podTemplate"].(map[string]any)
+				if len(m["spec"]) != 1 || tmpl == nil || len(tmpl) > 2 {
+					t.Fatalf("patch %s touches more of the spec than the template's annotation and node selector", patch)
+				}
+				if md, ok := m["metadata"]; ok {
+					ann, _ := md["annotations"].(map[string]any)
+					if _, pin := ann[PinnedAnnotation]; len(md) != 1 || len(ann) != 1 || !pin {
+						t.Fatalf("patch %s touches more metadata than the pin", patch)
+					}
+				}
+			}
+		}
+		var u UnwrapRequest
+		if decode(body, &u) == nil && u.Wrapped != nil {
+			if _, err := checkpoint.ParseWrappedKey(mustJSON(u.Wrapped)); err == nil {
+				_ = MayUnwrap(node, u.Wrapped.Checkpoint, ownPod("n2"), &sb)
+			}
+		}
+	})
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}

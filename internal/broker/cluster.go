@@ -157,15 +157,21 @@ func (c *Cluster) Pod(ctx context.Context, ns, name string) (Pod, error) {
 
 // Roles reads the cluster's AgentRoles and AgentRoleBindings. One that
 // does not decode is left out (it grants nothing) and named in the error.
+// When they cannot be listed, Roles.Roles is nil: the caller must not
+// answer as if the cluster had none (a node would drop its keys).
 func (c *Cluster) Roles(ctx context.Context) (Roles, error) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	rs := Roles{Roles: map[string]policy.RoleSpec{}}
 	var errs []error
 	roles, err := c.Client.Resource(rolesGVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return rs, fmt.Errorf("listing AgentRoles: %w", err)
+		return Roles{}, fmt.Errorf("listing AgentRoles: %w", err)
 	}
+	bindings, err := c.Client.Resource(bindingsGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return Roles{}, fmt.Errorf("listing AgentRoleBindings: %w", err)
+	}
+	rs := Roles{Roles: map[string]policy.RoleSpec{}}
 	for _, u := range roles.Items {
 		spec, _ := json.Marshal(u.Object["spec"])
 		r, err := DecodeRole(spec)
@@ -174,10 +180,6 @@ func (c *Cluster) Roles(ctx context.Context) (Roles, error) {
 			continue
 		}
 		rs.Roles[u.GetName()] = r
-	}
-	bindings, err := c.Client.Resource(bindingsGVR).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return rs, fmt.Errorf("listing AgentRoleBindings: %w", err)
 	}
 	for _, u := range bindings.Items {
 		spec, _ := json.Marshal(u.Object["spec"])

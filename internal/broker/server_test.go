@@ -30,6 +30,7 @@ type fakeAPI struct {
 	pods      []Pod
 	sandboxes map[string]Sandbox
 	patched   []string
+	rolesDown bool
 }
 
 func (f *fakeAPI) Review(_ context.Context, token, audience string) (Caller, error) {
@@ -62,7 +63,12 @@ func (f *fakeAPI) Pod(_ context.Context, ns, name string) (Pod, error) {
 	return Pod{}, errors.New("not found")
 }
 
-func (f *fakeAPI) Roles(context.Context) (Roles, error) { return testRoles(), nil }
+func (f *fakeAPI) Roles(context.Context) (Roles, error) {
+	if f.rolesDown {
+		return Roles{}, errors.New("listing AgentRoles: the API server is away")
+	}
+	return testRoles(), nil
+}
 
 func (f *fakeAPI) SecretValue(_ context.Context, r policy.SecretRef) ([]byte, error) {
 	return []byte("value-of-" + r.String()), nil
@@ -147,6 +153,16 @@ func TestServerKeys(t *testing.T) {
 	got, err = clientAs(t, srv, "n2").Keys(context.Background())
 	if err != nil || len(got.Keys) != 0 {
 		t.Fatalf("node 2 (no agent pod of that role) got keys: %+v %v", got, err)
+	}
+}
+
+// Roles that cannot be listed are an error, never an empty answer (which
+// would have the node drop the keys its pods use).
+func TestServerKeysRolesDown(t *testing.T) {
+	f, srv, _ := testServer(t)
+	f.rolesDown = true
+	if got, err := clientAs(t, srv, "n1").Keys(context.Background()); status(err) != http.StatusBadGateway {
+		t.Fatalf("roles down: %+v %v", got, err)
 	}
 }
 

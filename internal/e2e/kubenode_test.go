@@ -403,13 +403,22 @@ func writeNodePolicy(t *testing.T, k *kubeNode, name, body string) {
 	t.Cleanup(func() { os.Remove(p) })
 }
 
-// kubeAuditDir is the node's audit directory, when this run used the
-// cluster.
-func kubeAuditDir() string {
+// kubeAuditDirs are the nodes' audit directories, when this run used the
+// cluster (node 2's when it has two).
+func kubeAuditDirs() []string {
 	if kube == nil || !kubeOurs {
-		return ""
+		return nil
 	}
-	return filepath.Join(kube.dir, "varlog", "agentbox", "audit")
+	dirs := []string{filepath.Join(kube.dir, "varlog", "agentbox", "audit")}
+	if d := filepath.Join(kube.dir, "node2", "varlog", "agentbox", "audit"); dirExists(d) {
+		dirs = append(dirs, d)
+	}
+	return dirs
+}
+
+func dirExists(d string) bool {
+	st, err := os.Stat(d)
+	return err == nil && st.IsDir()
 }
 
 // patchConfig edits the node's installed agentbox config for one test,

@@ -164,9 +164,7 @@ func validateTrails(dir string) int {
 		}
 		return nil
 	})
-	if kd := kubeAuditDir(); kd != "" {
-		dirs = append(dirs, kd)
-	}
+	dirs = append(dirs, kubeAuditDirs()...)
 	var res cli.ValidateResult
 	if len(dirs) > 0 {
 		var err error

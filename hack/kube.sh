@@ -164,21 +164,28 @@ certs() {
     cert scheduler "/CN=system:kube-scheduler"
     cert controller-manager "/CN=system:kube-controller-manager"
     for n in admin kubelet kubelet-2 scheduler controller-manager; do
-      cat >"$n.kubeconfig" <<EOT
+      kubeconfig "$n" "{client-certificate: \"$PKI/$n.crt\", client-key: \"$PKI/$n.key\"}"
+    done
+  )
+}
+
+# kubeconfig NAME USER: $PKI/NAME.kubeconfig, for the cluster, with USER
+# (YAML: a client certificate, or a token) as its credentials.
+kubeconfig() {
+  (umask 077 && cat >"$PKI/$1.kubeconfig" <<EOT
 apiVersion: v1
 kind: Config
 clusters:
 - name: agentbox-kube
   cluster: {server: "$APISERVER", certificate-authority: "$PKI/ca.crt"}
 users:
-- name: $n
-  user: {client-certificate: "$PKI/$n.crt", client-key: "$PKI/$n.key"}
+- name: $1
+  user: $2
 contexts:
 - name: agentbox-kube
-  context: {cluster: agentbox-kube, user: $n}
+  context: {cluster: agentbox-kube, user: $1}
 current-context: agentbox-kube
 EOT
-    done
   )
 }
 
@@ -378,21 +385,7 @@ broker_up() {
   kubectl apply -f "$REPO_ROOT/examples/kubernetes/broker-rbac.yaml" >/dev/null
   local token
   token=$(kubectl -n kube-system create token agentbox-broker --duration=48h)
-  cat >"$PKI/broker.kubeconfig" <<EOT
-apiVersion: v1
-kind: Config
-clusters:
-- name: agentbox-kube
-  cluster: {server: "$APISERVER", certificate-authority: "$PKI/ca.crt"}
-users:
-- name: agentbox-broker
-  user: {token: "$token"}
-contexts:
-- name: agentbox-kube
-  context: {cluster: agentbox-kube, user: agentbox-broker}
-current-context: agentbox-kube
-EOT
-  chmod 600 "$PKI/broker.kubeconfig"
+  kubeconfig broker "{token: \"$token\"}"
   bg broker "$OUT_BIN/agentbox" broker --kubeconfig "$PKI/broker.kubeconfig" --listen 127.0.0.1:18443 \
     --tls-cert "$PKI/broker.crt" --tls-key "$PKI/broker.key" --kek "$PKI/broker-kek.pem"
   wait_for "the broker" 30 curl -sk -o /dev/null "$BROKER_URL/v1/keys"

@@ -365,9 +365,10 @@ func (sh *Shared) dataKey(name string) (cipher.AEAD, error) {
 }
 
 // readSmall reads a regular file of at most limit bytes, without
-// following a symlink.
+// following a symlink or hanging on a FIFO (as bundle.ReadSmallFile does:
+// that package's imports are not the store's).
 func readSmall(path string, limit int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

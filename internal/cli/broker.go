@@ -13,9 +13,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/checkpoint"
@@ -60,20 +57,9 @@ no node writes another's.`,
 }
 
 func runBroker(c *cli.Context) error {
-	var rc *rest.Config
-	var err error
-	if kc := c.String("kubeconfig"); kc != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kc)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	client, err := kubeClient(c, "agentbox-broker")
 	if err != nil {
-		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
-	}
-	rc.UserAgent = "agentbox-broker"
-	client, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+		return err
 	}
 	var kek *checkpoint.PrivateKEK
 	if p := c.String("kek"); p != "" {

@@ -85,19 +85,9 @@ func runSync(c *cli.Context) error {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return cli.Exit(fmt.Sprintf("policy directory %s: not a directory (%v)", dir, err), 1)
 	}
-	var rc *rest.Config
-	if kc := c.String("kubeconfig"); kc != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kc)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	client, err := kubeClient(c, "agentbox-sync/"+node)
 	if err != nil {
-		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
-	}
-	rc.UserAgent = "agentbox-sync/" + node
-	client, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+		return err
 	}
 	sink, err := audit.NewFileSink(auditDir, "node-"+node, cfg.Audit.MaxFileBytes)
 	if err != nil {
@@ -134,4 +124,25 @@ func runSync(c *cli.Context) error {
 		runErr = err
 	}
 	return runErr
+}
+
+// kubeClient is a client of the API server as --kubeconfig names it, else
+// as the pod's service account.
+func kubeClient(c *cli.Context, userAgent string) (dynamic.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kc := c.String("kubeconfig"); kc != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kc)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	rc.UserAgent = userAgent
+	client, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
+	}
+	return client, nil
 }

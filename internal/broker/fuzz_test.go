@@ -20,7 +20,7 @@ func FuzzSandboxWrite(f *testing.F) {
 		pods := []Pod{ownPod("n1")}
 		var w SandboxWrite
 		if decode(body, &w) == nil {
-			if patch, err := SandboxPatch(node, "host-"+node, w, sb, pods); err == nil {
+			if patch, err := SandboxPatch(node, "host-"+node, w, sb, pods, false); err == nil && patch != nil {
 				if node != "n1" {
 					t.Fatalf("a patch for node %q, whose node holds no pod of the Sandbox", node)
 				}

@@ -17,11 +17,17 @@ package broker
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -211,10 +217,14 @@ func MayUnwrap(node, checkpoint string, p Pod, sb *Sandbox) error {
 	return nil
 }
 
-// Sandbox writes a node may ask for.
+// Sandbox writes a node may ask for. OpSuspending writes nothing: it is
+// asked before the suspend, while the Sandbox's pod is surely bound to the
+// node, and answers a ticket that lets OpSuspended through once the
+// suspend is done, when the pod may be gone already.
 const (
-	OpSuspended = "suspended"
-	OpResumed   = "resumed"
+	OpSuspending = "suspending"
+	OpSuspended  = "suspended"
+	OpResumed    = "resumed"
 )
 
 // SandboxWrite is a node's request to write its checkpoint on a Sandbox.
@@ -225,6 +235,49 @@ type SandboxWrite struct {
 	// Pin asks (with OpSuspended) that the Sandbox's next pod go to this
 	// same node: its image is in no shared store.
 	Pin bool `json:"pin,omitempty"`
+	// Ticket is what OpSuspending answered, for OpSuspended.
+	Ticket string `json:"ticket,omitempty"`
+}
+
+// TicketTTL bounds how long after OpSuspending its ticket holds (a suspend
+// takes the node agent at most two minutes).
+const TicketTTL = 5 * time.Minute
+
+// Tickets issues and checks suspend tickets under a key of the broker's
+// process alone (a broker restarted meanwhile refuses the ticket: the
+// suspend then fails and says so).
+type Tickets struct{ key []byte }
+
+// NewTickets makes a ticket key.
+func NewTickets() (*Tickets, error) {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return nil, err
+	}
+	return &Tickets{key: k}, nil
+}
+
+func (t *Tickets) mac(node string, w SandboxWrite, expiry int64) string {
+	h := hmac.New(sha256.New, t.key)
+	fmt.Fprintf(h, "agentbox suspend ticket v1\n%s\n%s\n%s\n%s\n%d", node, w.Sandbox, w.Sandbox.UID, w.Checkpoint, expiry)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Issue is node's ticket for w's suspend, valid until now+TicketTTL.
+func (t *Tickets) Issue(node string, w SandboxWrite, now time.Time) string {
+	exp := now.Add(TicketTTL).Unix()
+	return strconv.FormatInt(exp, 10) + "." + t.mac(node, w, exp)
+}
+
+// Valid says whether ticket is node's, for w's Sandbox and checkpoint, and
+// not expired at now.
+func (t *Tickets) Valid(node, ticket string, w SandboxWrite, now time.Time) bool {
+	exp, mac, ok := strings.Cut(ticket, ".")
+	e, err := strconv.ParseInt(exp, 10, 64)
+	if t == nil || !ok || err != nil || now.Unix() > e {
+		return false
+	}
+	return hmac.Equal([]byte(mac), []byte(t.mac(node, w, e)))
 }
 
 // ownPodOn is the Sandbox's own pod bound to node, if one is among pods.
@@ -239,8 +292,10 @@ func ownPodOn(node string, sb Sandbox, pods []Pod) *Pod {
 
 // SandboxPatch decides a node's write and returns the merge patch the
 // broker makes, nothing else: the checkpoint annotation of a Sandbox whose
-// own pod is bound to node, a pin to node's hostname, or their removal.
-func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod) ([]byte, error) {
+// own pod is bound to node (or was, when it issued the suspend's ticket:
+// ticketed), a pin to node's hostname, or their removal. OpSuspending
+// answers no patch: its checks passed, and the broker issues a ticket.
+func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod, ticketed bool) ([]byte, error) {
 	if w.Sandbox.UID != sb.UID || w.Sandbox.Namespace != sb.Namespace || w.Sandbox.Name != sb.Name {
 		return nil, fmt.Errorf("Sandbox %s has uid %s, not %s", sb, sb.UID, w.Sandbox.UID)
 	}
@@ -248,8 +303,11 @@ func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod)
 		return nil, fmt.Errorf("checkpoint %q is not a suspend image of Sandbox %s (uid %s)", w.Checkpoint, sb, sb.UID)
 	}
 	pod := ownPodOn(node, sb, pods)
-	if pod == nil {
+	if pod == nil && !(ticketed && w.Op == OpSuspended) {
 		return nil, fmt.Errorf("no pod of Sandbox %s is bound to node %q", sb, node)
+	}
+	if w.Op == OpSuspending {
+		return nil, nil
 	}
 	ann := map[string]any{}
 	tmplAnn := map[string]any{}
@@ -267,7 +325,7 @@ func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod)
 			sel[HostnameLabel] = hostname
 		}
 	case OpResumed:
-		if pod.Done || pod.Deleting || pod.RestoreFrom != w.Checkpoint || sb.RestoreFrom != w.Checkpoint {
+		if pod == nil || pod.Done || pod.Deleting || pod.RestoreFrom != w.Checkpoint || sb.RestoreFrom != w.Checkpoint {
 			return nil, fmt.Errorf("Sandbox %s's pod %s on node %q was not restored from %q", sb, pod, node, w.Checkpoint)
 		}
 		tmplAnn[policy.RestoreAnnotation] = nil
@@ -276,7 +334,7 @@ func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod)
 			sel[HostnameLabel] = nil
 		}
 	default:
-		return nil, fmt.Errorf("op %q is neither %s nor %s", w.Op, OpSuspended, OpResumed)
+		return nil, fmt.Errorf("op %q is none of %s, %s and %s", w.Op, OpSuspending, OpSuspended, OpResumed)
 	}
 	tmpl := map[string]any{"metadata": map[string]any{"annotations": tmplAnn}}
 	if len(sel) > 0 {

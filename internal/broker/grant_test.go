@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -160,7 +161,7 @@ func TestSandboxPatch(t *testing.T) {
 		{"another Sandbox's image", "n1", func(w *SandboxWrite) { w.Checkpoint = "sb-0000-1" }, nil, []Pod{suspending}, "!not a suspend image"},
 		{"a stale UID", "n1", func(w *SandboxWrite) { w.Sandbox.UID = "old" }, nil, []Pod{suspending}, "!has uid"},
 		{"an impostor pod", "n1", nil, nil, []Pod{func() Pod { p := ownPod("n1"); p.Name = "x"; return p }()}, "!no pod of Sandbox"},
-		{"an unknown op", "n1", func(w *SandboxWrite) { w.Op = "rewrite" }, nil, []Pod{suspending}, "!neither"},
+		{"an unknown op", "n1", func(w *SandboxWrite) { w.Op = "rewrite" }, nil, []Pod{suspending}, "!none of"},
 		{"resumed on its node", "n1", func(w *SandboxWrite) { w.Op = OpResumed; w.Checkpoint = testSandbox().RestoreFrom }, func(s *Sandbox) { s.PinnedTo, s.Selector = "host-n1", "host-n1" },
 			[]Pod{ownPod("n1")},
 			`{"metadata":{"annotations":{"agentbox.dev/pinned-to":null}},"spec":{"podTemplate":{"metadata":{"annotations":{"agentbox.dev/restore-from":null}},"spec":{"nodeSelector":{"kubernetes.io/hostname":null}}}}}`},
@@ -176,7 +177,7 @@ func TestSandboxPatch(t *testing.T) {
 		if tc.sb != nil {
 			tc.sb(&sb)
 		}
-		patch, err := SandboxPatch(tc.node, "host-"+tc.node, ww, sb, tc.pods)
+		patch, err := SandboxPatch(tc.node, "host-"+tc.node, ww, sb, tc.pods, false)
 		if msg, isErr := strings.CutPrefix(tc.want, "!"); isErr {
 			if err == nil || !strings.Contains(err.Error(), msg) {
 				t.Errorf("%s: %s, %v; want an error with %q", tc.name, patch, err, msg)
@@ -204,5 +205,66 @@ func TestDecodeRefusesUnknownFields(t *testing.T) {
 	}
 	if _, err := DecodeBinding([]byte(`{"role":"r","subjects":[{"namespace":"a","serviceAccount":"x"}]}`)); err == nil {
 		t.Error("a binding with an unknown field decoded")
+	}
+}
+
+// A suspend's ticket: issued while the Sandbox's own pod is bound to the
+// node, it lets the suspended write through once the pod is gone, for that
+// node, Sandbox and checkpoint alone, until it expires.
+func TestSuspendTicket(t *testing.T) {
+	tk, err := NewTickets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := testSandbox()
+	cp := "sb-" + strings.ToLower(uid) + "-300"
+	w := SandboxWrite{Op: OpSuspending, Sandbox: sb.Ref, Checkpoint: cp}
+	if patch, err := SandboxPatch("n1", "h", w, sb, []Pod{ownPod("n1")}, false); err != nil || patch != nil {
+		t.Fatalf("suspending, its pod bound here: %s %v", patch, err)
+	}
+	if _, err := SandboxPatch("n2", "h", w, sb, []Pod{ownPod("n1")}, false); err == nil {
+		t.Fatal("suspending on another node's Sandbox: no error")
+	}
+	now := time.Now()
+	ticket := tk.Issue("n1", w, now)
+	done := w
+	done.Op = OpSuspended
+	for _, tc := range []struct {
+		name   string
+		node   string
+		mutate func(*SandboxWrite)
+		at     time.Time
+		ok     bool
+	}{
+		{"its own, in time", "n1", nil, now.Add(time.Minute), true},
+		{"another node", "n2", nil, now.Add(time.Minute), false},
+		{"another checkpoint", "n1", func(w *SandboxWrite) { w.Checkpoint = "sb-" + strings.ToLower(uid) + "-301" }, now, false},
+		{"another Sandbox", "n1", func(w *SandboxWrite) { w.Sandbox.Name = "other" }, now, false},
+		{"expired", "n1", nil, now.Add(TicketTTL + time.Minute), false},
+	} {
+		ww := done
+		if tc.mutate != nil {
+			tc.mutate(&ww)
+		}
+		if got := tk.Valid(tc.node, ticket, ww, tc.at); got != tc.ok {
+			t.Errorf("%s: valid %v, want %v", tc.name, got, tc.ok)
+		}
+	}
+	other, _ := NewTickets()
+	if other.Valid("n1", ticket, done, now) || tk.Valid("n1", "garbage", done, now) || (*Tickets)(nil).Valid("n1", ticket, done, now) {
+		t.Error("a ticket of another key, a malformed one, or no key: valid")
+	}
+	// The pod gone: the write goes through with the ticket alone, and only
+	// as suspended.
+	if patch, err := SandboxPatch("n1", "h", done, sb, nil, true); err != nil || !strings.Contains(string(patch), cp) {
+		t.Fatalf("suspended with a ticket, the pod gone: %s %v", patch, err)
+	}
+	if _, err := SandboxPatch("n1", "h", done, sb, nil, false); err == nil {
+		t.Fatal("suspended without a ticket, the pod gone: no error")
+	}
+	resumed := done
+	resumed.Op = OpResumed
+	if _, err := SandboxPatch("n1", "h", resumed, sb, nil, true); err == nil {
+		t.Fatal("a ticket let a resumed write through")
 	}
 }

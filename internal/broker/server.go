@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -55,6 +56,8 @@ type Server struct {
 	// (system:serviceaccount:NAMESPACE:NAME).
 	Audience, NodeAgent string
 	Log                 *logrus.Entry
+	// Tickets for suspends (nil: none issued, none accepted).
+	Tickets *Tickets
 }
 
 // Key is one Secret key's value, as a node gets it.
@@ -83,10 +86,12 @@ type UnwrapResponse struct {
 	DataKey []byte `json:"dataKey"`
 }
 
-// SandboxResponse says what the broker wrote.
+// SandboxResponse says what the broker wrote (or, for OpSuspending, the
+// ticket it issued).
 type SandboxResponse struct {
 	Message string `json:"message"`
 	Pinned  string `json:"pinned,omitempty"`
+	Ticket  string `json:"ticket,omitempty"`
 }
 
 // maxBody bounds a request's body.
@@ -247,12 +252,21 @@ func (s *Server) sandbox(ctx context.Context, c Caller, body []byte) (any, error
 		return nil, err
 	}
 	host := ""
-	if w.Pin {
+	if w.Pin && w.Op == OpSuspended {
 		host = s.API.Hostname(ctx, c.Node)
 	}
-	patch, err := SandboxPatch(c.Node, host, w, sb, pods)
+	now := time.Now()
+	patch, err := SandboxPatch(c.Node, host, w, sb, pods, w.Ticket != "" && s.Tickets.Valid(c.Node, w.Ticket, w, now))
 	if err != nil {
 		return nil, refuse("%v", err)
+	}
+	if w.Op == OpSuspending {
+		if s.Tickets == nil {
+			return nil, refuse("this broker issues no suspend tickets")
+		}
+		s.Log.WithFields(logrus.Fields{"node": c.Node, "sandbox": sb.String(), "checkpoint": w.Checkpoint}).Info("suspend ticket issued")
+		return SandboxResponse{Message: fmt.Sprintf("Sandbox %s: node %s may write %s until %s", sb, c.Node, w.Checkpoint, now.Add(TicketTTL).Format(time.RFC3339)),
+			Ticket: s.Tickets.Issue(c.Node, w, now)}, nil
 	}
 	if err := s.API.PatchSandbox(ctx, sb, patch); err != nil {
 		return nil, fmt.Errorf("writing Sandbox %s: %w", sb, err)

@@ -111,7 +111,11 @@ func testServer(t *testing.T) (*fakeAPI, *httptest.Server, *checkpoint.PrivateKE
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	s := &Server{API: f, KEK: kek, Audience: Audience, NodeAgent: nodeAgent, Log: logrus.NewEntry(log)}
+	tickets, err := NewTickets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{API: f, KEK: kek, Audience: Audience, NodeAgent: nodeAgent, Log: logrus.NewEntry(log), Tickets: tickets}
 	srv := httptest.NewTLSServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return f, srv, kek
@@ -209,9 +213,25 @@ func TestServerSandbox(t *testing.T) {
 	if len(f.patched) != 0 {
 		t.Fatalf("patched: %v", f.patched)
 	}
+	// The ticket first, while the pod is bound; then the suspend's write
+	// goes through with it though the pod is gone meanwhile.
+	begin := w
+	begin.Op = OpSuspending
+	if _, err := clientAs(t, srv, "n1").WriteSandbox(context.Background(), begin); status(err) != http.StatusForbidden {
+		t.Fatalf("node 1's ticket for node 2's Sandbox: %v", err)
+	}
+	tr, err := clientAs(t, srv, "n2").WriteSandbox(context.Background(), begin)
+	if err != nil || tr.Ticket == "" || len(f.patched) != 0 {
+		t.Fatalf("node 2's ticket: %+v %v %v", tr, err, f.patched)
+	}
+	f.pods = f.pods[:1] // the suspended pod is gone
+	w.Ticket = tr.Ticket
+	if _, err := clientAs(t, srv, "n1").WriteSandbox(context.Background(), w); status(err) != http.StatusForbidden {
+		t.Fatalf("node 1 with node 2's ticket: %v", err)
+	}
 	resp, err := clientAs(t, srv, "n2").WriteSandbox(context.Background(), w)
 	if err != nil || resp.Pinned != "n2" || len(f.patched) != 1 {
-		t.Fatalf("node 2 on its own: %+v %v %v", resp, err, f.patched)
+		t.Fatalf("node 2 on its own, with its ticket: %+v %v %v", resp, err, f.patched)
 	}
 	var bad struct{ Op string }
 	b, _ := json.Marshal(bad)

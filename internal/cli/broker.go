@@ -78,7 +78,11 @@ func runBroker(c *cli.Context) error {
 	log := logrus.New()
 	log.SetOutput(c.App.ErrWriter)
 	entry := log.WithField("component", "agentbox-broker")
-	s := &broker.Server{API: &broker.Cluster{Client: client}, KEK: kek, Audience: c.String("audience"), NodeAgent: c.String("node-agent"), Log: entry}
+	tickets, err := broker.NewTickets()
+	if err != nil {
+		return cli.Exit(err, 1)
+	}
+	s := &broker.Server{API: &broker.Cluster{Client: client}, KEK: kek, Audience: c.String("audience"), NodeAgent: c.String("node-agent"), Log: entry, Tickets: tickets}
 	srv := &http.Server{
 		Addr: c.String("listen"), Handler: s.Handler(),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},

@@ -261,6 +261,16 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 	case operatingMode(sbObj) == "Suspended" && (sb.State == "running" || sb.State == "frozen") && a.suspends[sb.ID] == "":
 		name := SuspendName(o.Sandbox.UID, time.Now())
 		a.suspends[sb.ID] = name
+		// The broker's ticket first, while the pod is surely bound here:
+		// once the suspend is done, it may be gone from the API already.
+		w := broker.SandboxWrite{Op: broker.OpSuspending, Sandbox: brokerRef(o.Sandbox), Checkpoint: name}
+		ticket, err := a.writeSandbox(ctx, w)
+		if err != nil {
+			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("the broker's ticket for a suspend")
+			a.recordRefusal(w, err)
+			a.event(ctx, sbObj, "Warning", "SuspendFailed", fmt.Sprintf("agentbox did not save the agent's memory on node %s: the broker would not let it name a checkpoint on the Sandbox (%v); the pod is deleted without it", a.NodeName, err))
+			return
+		}
 		reason := fmt.Sprintf("agent-sandbox: Sandbox %s (uid %s) was set to operatingMode Suspended", key, o.Sandbox.UID)
 		resp, err := control.Call(l.Socket, control.Request{Op: control.OpSuspend, Name: name, Reason: reason}, suspendWait)
 		if err != nil {
@@ -272,7 +282,7 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 		// The image stays on this node without a shared store: so does the
 		// Sandbox's next pod (the broker pins it to this node's hostname,
 		// unless the template selects a host already).
-		w := broker.SandboxWrite{Op: broker.OpSuspended, Sandbox: brokerRef(o.Sandbox), Checkpoint: name, Pin: a.SharedDir == ""}
+		w = broker.SandboxWrite{Op: broker.OpSuspended, Sandbox: brokerRef(o.Sandbox), Checkpoint: name, Pin: a.SharedDir == "", Ticket: ticket.Ticket}
 		written, err := a.writeSandbox(ctx, w)
 		if err != nil {
 			a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("naming the checkpoint in the Sandbox's pod template")

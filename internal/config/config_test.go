@@ -9,12 +9,13 @@ import (
 )
 
 func TestParse(t *testing.T) {
-	cases := []struct {
+	type parseCase struct {
 		name    string
 		in      string
 		wantErr []string
 		check   func(t *testing.T, c *Config)
-	}{
+	}
+	cases := []parseCase{
 		{
 			name: "full",
 			in: `version = 1
@@ -133,6 +134,19 @@ log_level = "loud"
 			},
 		},
 	}
+	for _, tc := range []struct{ name, in, want string }{
+		{"a shared store with both keys", "version = 1\n[checkpoint]\nshared_dir = \"/s\"\nshared_key_file = \"/k\"\nshared_public_key = \"/p.pem\"\n", "set exactly one of checkpoint.shared_public_key"},
+		{"a shared store with no key", "version = 1\n[checkpoint]\nshared_dir = \"/s\"\n", "set exactly one of checkpoint.shared_public_key"},
+		{"a key with no shared store", "version = 1\n[checkpoint]\nshared_public_key = \"/p.pem\"\n", "only with checkpoint.shared_dir"},
+		{"a relative keys directory", "version = 1\n[checkpoint]\nkeys_dir = \"keys\"\n", "checkpoint.keys_dir"},
+	} {
+		cases = append(cases, parseCase{name: tc.name, in: tc.in, wantErr: []string{tc.want}})
+	}
+	cases = append(cases, parseCase{name: "a shared store with the broker's key", in: "version = 1\n[checkpoint]\nshared_dir = \"/s\"\nshared_public_key = \"/p.pem\"\n", check: func(t *testing.T, c *Config) {
+		if c.Checkpoint.SharedPublicKey != "/p.pem" || c.Checkpoint.KeysDir != DefaultKeysDir {
+			t.Fatalf("decoded %+v", c.Checkpoint)
+		}
+	}})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.in))

@@ -348,8 +348,8 @@ func (a *Agent) recordRefusal(w broker.SandboxWrite, err error) {
 	if a.Trail == nil || a.writeErrs[k] == err.Error() {
 		return
 	}
-	if a.writeErrs == nil {
-		a.writeErrs = map[string]string{}
+	if a.writeErrs == nil || len(a.writeErrs) >= 1024 {
+		a.writeErrs = map[string]string{} // bounded: at worst, one is recorded again
 	}
 	a.writeErrs[k] = err.Error()
 	a.Trail.Emit(audit.TypeCheckpointed.New("Failure", fmt.Sprintf("Sandbox %s: the broker did not write %s %s for this node: %v", w.Sandbox, w.Op, w.Checkpoint, err),

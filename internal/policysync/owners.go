@@ -100,9 +100,13 @@ func sameOwner(a, b *control.Owner) bool {
 	return a.Holder == nil || *a.Holder == *b.Holder
 }
 
+// sandboxCRDPoll is how often the node agent looks for agent-sandbox's
+// Sandboxes until the cluster serves them (one LIST of at most one).
+const sandboxCRDPoll = 10 * time.Second
+
 // watchSandboxes starts watching agent-sandbox's Sandboxes once the
 // cluster serves them (its CRDs may come after the node agent), checking
-// every minute until then.
+// every sandboxCRDPoll until then.
 func (a *Agent) watchSandboxes(ctx context.Context, kick chan struct{}) {
 	logged := false
 	for {
@@ -121,7 +125,7 @@ func (a *Agent) watchSandboxes(ctx context.Context, kick chan struct{}) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Minute):
+		case <-time.After(sandboxCRDPoll):
 		}
 	}
 	f := dynamicinformer.NewDynamicSharedInformerFactory(a.Client, 10*time.Minute)

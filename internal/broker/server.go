@@ -70,9 +70,10 @@ type Key struct {
 type KeysResponse struct {
 	Node string `json:"node"`
 	Keys []Key  `json:"keys"`
-	// Errors are keys the node may hold that could not be read (it keeps
-	// the value it had).
-	Errors []string `json:"errors,omitempty"`
+	// Errors say why the keys in Unreadable could not be read: the node
+	// may hold them, and keeps the values it had.
+	Errors     []string           `json:"errors,omitempty"`
+	Unreadable []policy.SecretRef `json:"unreadable,omitempty"`
 }
 
 // UnwrapRequest asks for a checkpoint's data key, for the pod restoring it.
@@ -188,6 +189,7 @@ func (s *Server) keys(ctx context.Context, c Caller, _ []byte) (any, error) {
 		v, err := s.API.SecretValue(ctx, g.Ref)
 		if err != nil {
 			out.Errors = append(out.Errors, err.Error())
+			out.Unreadable = append(out.Unreadable, g.Ref)
 			continue
 		}
 		out.Keys = append(out.Keys, Key{SecretRef: g.Ref, Value: v})

@@ -77,13 +77,15 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 		}
 		a.secretState[r] = state
 	}
-	if e := strings.Join(resp.Errors, "; "); e != "" && e != a.keysErrors {
-		a.Log.Warn("the broker could not read some of this node's keys: " + e)
-		a.recordSecret("Failure", "the broker could not read some of this node's keys (the node keeps the values it had): "+e, "")
+	if e := strings.Join(resp.Errors, "; "); e != a.keysErrors {
+		if e != "" {
+			a.Log.Warn("the broker could not read some of this node's keys: " + e)
+			a.recordSecret("Failure", "the broker could not read some of this node's keys (the node keeps the values it had): "+e, "")
+		}
+		a.keysErrors = e
 	}
-	a.keysErrors = strings.Join(resp.Errors, "; ")
 	for r := range a.secretState {
-		if given[r] || a.keysErrorsName(r) {
+		if given[r] || slices.Contains(resp.Unreadable, r) {
 			continue
 		}
 		delete(a.secretState, r)
@@ -94,12 +96,6 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// keysErrorsName says whether the broker's last errors name r (its file
-// stays: the broker may give it, and failed to read it).
-func (a *Agent) keysErrorsName(r policy.SecretRef) bool {
-	return strings.Contains(a.keysErrors, "Secret "+r.String())
 }
 
 // recordSecret is a node trail record of a Secret kept on the node: its

@@ -65,6 +65,7 @@ func TestEnsurePrivateDir(t *testing.T) {
 func TestSyncSecretsFromBroker(t *testing.T) {
 	give := []broker.Key{{SecretRef: policy.SecretRef{Namespace: "keys", Name: "vendor", Key: "a"}, Value: []byte("v1")}}
 	fail := false
+	var unreadable []policy.SecretRef
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer node-token" || r.URL.Path != broker.PathKeys {
 			http.Error(w, "no", http.StatusUnauthorized)
@@ -74,7 +75,7 @@ func TestSyncSecretsFromBroker(t *testing.T) {
 			http.Error(w, "the API server is away", http.StatusBadGateway)
 			return
 		}
-		json.NewEncoder(w).Encode(broker.KeysResponse{Node: "n1", Keys: give})
+		json.NewEncoder(w).Encode(broker.KeysResponse{Node: "n1", Keys: give, Unreadable: unreadable, Errors: errorsFor(unreadable)})
 	}))
 	defer srv.Close()
 	dir := t.TempDir()
@@ -103,7 +104,14 @@ func TestSyncSecretsFromBroker(t *testing.T) {
 	if read() != "v2" {
 		t.Fatalf("a failing broker changed the node's key: %q", read())
 	}
-	fail, give = false, nil
+	// A key the broker may give and could not read stays as it was.
+	fail, unreadable, give = false, []policy.SecretRef{give[0].SecretRef}, nil
+	sync()
+	if read() != "v2" {
+		t.Fatalf("a key the broker could not read was removed or changed: %q", read())
+	}
+	unreadable = nil
+	give = nil
 	sync()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("a key no longer given is still on the node: %v", err)
@@ -114,4 +122,12 @@ func TestSyncSecretsFromBroker(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
 		t.Fatalf("a traversing name was written: %v", err)
 	}
+}
+
+func errorsFor(refs []policy.SecretRef) []string {
+	var out []string
+	for _, r := range refs {
+		out = append(out, "the Secret "+r.String()+": forbidden")
+	}
+	return out
 }

@@ -64,9 +64,9 @@ type Agent struct {
 	// restores are placed (checkpoint.keys_dir).
 	KeysDir string
 	// secretState is each key's last outcome ("ok" or the error);
-	// keysState the broker's last failure, keysErrors the keys it could
-	// not read; pubState the public key's last outcome (the secrets
-	// loop's alone).
+	// keysState the broker's last failure, keysErrors its last errors on
+	// keys it could not read; pubState the public key's last outcome (the
+	// secrets loop's alone).
 	secretState                     map[policy.SecretRef]string
 	keysState, keysErrors, pubState string
 	// dataKeys are the images whose data key was asked for, with the last

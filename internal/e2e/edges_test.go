@@ -51,6 +51,15 @@ step echo-gzip curl -sS --compressed $B/echo-gzip
 step echo-base64 curl -sS $B/echo-base64
 step echo-json curl -sS $B/echo-json
 step trace curl -sS -X TRACE $B/
+# Issue 47's side doors: an interim response, stacked and doubled gzip,
+# MIME's wrapped base64 (decoded here, as a mail client would); the
+# honest 103 twin.
+mime() { curl -sS $B/echo-mime | tail -n +3 | tr -d '\r\n' | base64 -d 2>/dev/null; }
+step echo-hints curl -sS -i $B/echo-hints
+step hints curl -sS -i $B/hints
+step echo-stacked curl -sS $B/echo-stacked
+step echo-gzip-twice curl -sS $B/echo-gzip-twice
+step echo-mime mime
 step b-normal curl -sS $B/normal
 # The fragile points.
 step host-port raw 'GET / HTTP/1.1\r\nHost: a.gw.e2e.test:other.gw.e2e.test\r\nConnection: close\r\n\r\n'
@@ -128,6 +137,12 @@ func TestGatewayEdges(t *testing.T) {
 		expect(step, "rc=0", "agentbox-placeholder-")
 	}
 	expect("echo-base64", "rc=0")
+	expect("echo-hints", "rc=0", "103 Early Hints", "Link: </style.css?auth=Bearer agentbox-placeholder-", "after the hints")
+	expect("hints", "rc=0", "103 Early Hints", "Link: </style.css>; rel=preload", "after the hints")
+	for _, step := range []string{"echo-stacked", "echo-gzip-twice"} {
+		expect(step, "rc=0", "Authorization: Bearer agentbox-placeholder-")
+	}
+	expect("echo-mime", "Authorization: Bearer ")
 	expect("trace", refused, "TRACE is not served")
 	expect("b-normal", "rc=0", "site="+gwAllowB+" path=/normal")
 	expect("host-port", "403", `Host port "other.gw.e2e.test"`)
@@ -210,7 +225,8 @@ func TestGatewayEdges(t *testing.T) {
 			}
 		}
 	}
-	for path, enc := range map[string]string{"/echo": "raw", "/echo-gzip": "raw", "/echo-base64": "base64", "/echo-json": "json"} {
+	for path, enc := range map[string]string{"/echo": "raw", "/echo-gzip": "raw", "/echo-base64": "base64", "/echo-json": "json",
+		"/echo-hints": "raw", "/echo-stacked": "raw", "/echo-gzip-twice": "raw", "/echo-mime": "base64"} {
 		if !strings.Contains(reflected[path], enc) {
 			t.Errorf("%s: reflections %q, want %s", path, reflected[path], enc)
 		}

@@ -167,7 +167,7 @@ func startWebHost() error {
 			}
 		}
 		w.mu.Unlock()
-		if originEdge(rw, r) || serveModel(rw, r) {
+		if originEdge(rw, r) || serveBilled(rw, r) || serveModel(rw, r) {
 			return
 		}
 		io.Copy(io.Discard, r.Body)

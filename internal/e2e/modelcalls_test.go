@@ -278,7 +278,8 @@ func keys[V any](m map[string]V) []string {
 }
 
 // TestModelBudget: a role's model budget, from inside gVisor: the first
-// call goes (0 of 100 tokens used; it uses 144), the second gets Anthropic's own 429 with
+// call goes (it reserves 95 of 200 tokens; it uses 144), the second would
+// pass the budget and gets Anthropic's own 429 with
 // agentbox's reason, which the client shows, and the trail says which
 // bound refused it; the vendor never saw the second call.
 func TestModelBudget(t *testing.T) {
@@ -299,7 +300,7 @@ func TestModelBudget(t *testing.T) {
 	if got := lines["first"]; !strings.Contains(got, `"stop_reason":"tool_use"`) || !strings.HasSuffix(strings.TrimSpace(got), "http=200") {
 		t.Errorf("first call: %q", got)
 	}
-	want := `{"error":{"message":"agentbox: this sandbox's model budget is spent: 144 of 100 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"} http=429`
+	want := `{"error":{"message":"agentbox: this call would pass this sandbox's model budget: it reserves more than 56 tokens (its input's size alone: more than 56 bytes, a token a byte at most), and 56 of 200 are left (144 used, 0 reserved by calls in flight) (limits.model.tokens)","type":"rate_limit_error"},"type":"error"} http=429`
 	if got := strings.TrimSpace(lines["second"]); got != want {
 		t.Errorf("second call: %q, want %q", got, want)
 	}

@@ -187,7 +187,7 @@ func TestPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(Ports(pl)); got != "[80 443 8443]" {
+	if got := fmt.Sprint(pl.HostPorts()); got != "[80 443 8443]" {
 		t.Fatalf("ports %s", got)
 	}
 	if _, why := Decide(pl, "x.b.test", 80); !strings.Contains(why, "port 80 is not allowed") {

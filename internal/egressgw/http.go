@@ -20,9 +20,8 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/modelapi"
-	"agentbox.dev/agentbox/internal/policy"
-
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // httpFront serves the HTTP connections of one gateway port.
@@ -86,6 +85,8 @@ type modelTap struct {
 	start time.Time
 	req   *modelapi.RequestTap
 	res   *modelapi.ResponseTap
+	// status is the model host's (0: it did not answer).
+	status int
 	// complete: the response body was read to its end.
 	complete bool
 }
@@ -206,16 +207,22 @@ func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
 		ErrorLog:   log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			status := http.StatusBadGateway
+			// The error may quote what the site sent (a malformed
+			// response's line): scrubbed like a response.
+			msg := err.Error()
+			if x, _ := r.Context().Value(exchangeKey).(*exchange); x != nil && len(x.forms) > 0 {
+				msg = replaceForms(x.forms, msg, "error", &x.found)
+			}
 			if ev, _ := r.Context().Value(eventKey).(*Event); ev != nil {
 				ev.Kind = Refused
 				switch {
 				case errors.Is(err, errSlowBody):
 					ev.Reason, status = errSlowBody.Error(), http.StatusRequestTimeout
 				case ev.Reason == "":
-					ev.Reason = err.Error()
+					ev.Reason = msg
 				}
 			}
-			http.Error(w, "agentbox egress gateway: "+err.Error(), status)
+			http.Error(w, "agentbox egress gateway: "+msg, status)
 		},
 	}
 	f.srv = &http.Server{
@@ -255,10 +262,13 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			ev.Sent = body.n
 		}
 		if x != nil {
-			ev.Reflected = x.found
 			if ev.Kind == Request && ev.Reason == "" {
 				ev.Reason = cutReason(x.readErr, cw.err)
+				if len(x.forms) > 0 {
+					ev.Reason = replaceForms(x.forms, ev.Reason, "error", &x.found)
+				}
 			}
+			ev.Reflected = x.found
 		}
 		if d, ok := dialled.Load().(string); ok {
 			ev.Dialled = d
@@ -312,6 +322,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			}
 		}
 	}
+	if len(x.forms) > 0 {
+		cw.interim = func(h http.Header) { scrubHeader(x.forms, h, "interim header", &x.found) }
+	}
 	if websocket && len(x.forms) > 0 {
 		// Its messages are not scanned: the secret could come back.
 		refuse("websocket to " + name + " is not served: a secret is injected toward it, and a WebSocket's messages are not scanned for it")
@@ -335,27 +348,12 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	if api := modelapi.API(rule.API); api != "" && !websocket {
-		if limit, why := g.usage.take(pl.Budget, time.Now()); limit != "" {
-			ev.Kind, ev.Reason, ev.Limit = Refused, why, limit
-			quotaAnswer(cw, api, limit, why)
+	if api := modelapi.API(rule.API); api != "" {
+		settle, ok := g.admitModel(cw, r, api, pl.Budget, pl.ModelAudit, x, ev, websocket, start)
+		if !ok {
 			return
 		}
-		x.model = &modelTap{start: start, call: ModelCall{API: api, Application: clipName(r.Header.Get("User-Agent")), Keep: pl.ModelAudit}}
-		body := r.Body
-		if body == nil {
-			body = http.NoBody
-		}
-		x.model.req = modelapi.NewRequestTap(api, r.URL.RequestURI(), body)
-		if body != http.NoBody {
-			r.Body = x.model.req
-		}
-		defer func() {
-			ev.Model = x.model.result()
-			if u := ev.Model.Response.Usage; u.Known {
-				g.usage.addTokens(u.Total)
-			}
-		}()
+		defer settle()
 	}
 	// A client that half-closes after its request (HTTP/1.0 tools, nc)
 	// must still get the response: net/http cancels the request's context

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,13 +49,8 @@ func inspectFixture(t testing.TB) (*fixture, *CA) {
 // trusting roots: the response with its body read, or why there is none.
 func (f *fixture) tlsRoundTrip(t *testing.T, roots *x509.CertPool, sni, raw string) (*http.Response, []byte, string) {
 	t.Helper()
-	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: roots})
+	tc := f.tlsConn(t, roots, sni).(*tls.Conn)
+	defer tc.Close()
 	if err := tc.Handshake(); err != nil {
 		return nil, nil, "handshake: " + err.Error()
 	}

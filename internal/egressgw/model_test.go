@@ -129,7 +129,7 @@ func TestModelCallStreamed(t *testing.T) {
 		}
 		r := m.Response
 		input := `{"command":"curl -H 'x-api-key: ` + echoed + `' https://b.test/"}`
-		if r.Model != "claude-answered" || r.StopReason != "tool_use" || r.Usage != (modelapi.Usage{Known: true, Prompt: 12, Completion: 30, Total: 42}) ||
+		if r.Model != "claude-answered" || r.StopReason != "tool_use" || r.Usage != (modelapi.Usage{Known: true, Prompt: 12, Completion: 30, Total: 42, Final: true}) ||
 			len(r.ToolCalls) != 1 || r.ToolCalls[0] != (modelapi.ToolCall{ID: "toolu_1", Name: "Bash", Input: input}) || r.Problem != "" {
 			t.Fatalf("%s: response %+v", host, r)
 		}
@@ -198,7 +198,7 @@ func TestModelBudget(t *testing.T) {
 		pl, err := netpolicy.Compile(&policy.Profile{
 			Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
 				{Host: "a.test", Ports: []int{port}, API: "anthropic"}, {Host: "b.test", Ports: []int{port}, API: "openai"}}},
-			Limits: policy.LimitsProfile{Model: policy.ModelBudget{Tokens: 50}},
+			Limits: policy.LimitsProfile{Model: policy.ModelBudget{Tokens: 100, MaxOutput: 40}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -214,9 +214,15 @@ func TestModelBudget(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Certificate())
 	post := func(host string) string {
-		return f.tlsDo(t, roots, host, "POST /v1/messages HTTP/1.1\r\nHost: "+host+"\r\nContent-Length: 2\r\n\r\n{}")
+		path := "/v1/messages"
+		if host == "b.test" {
+			path = "/v1/chat/completions"
+		}
+		return f.tlsDo(t, roots, host, "POST "+path+" HTTP/1.1\r\nHost: "+host+"\r\nContent-Length: 2\r\n\r\n{}")
 	}
-	// 42 tokens each: the first two go (0, then 42 < 50), the third not.
+	// Each reserves 42 (2 bytes of input, the cap of 40 set on it) and
+	// uses 42: the first two go (0, then 42 used), the third would pass
+	// the budget.
 	for i := 0; i < 2; i++ {
 		if got := post("a.test"); !strings.HasPrefix(got, "200 ") {
 			t.Fatalf("call %d: %q", i, got)
@@ -229,7 +235,7 @@ func TestModelBudget(t *testing.T) {
 		t.Fatalf("usage %+v", u)
 	}
 	got := post("a.test")
-	if !strings.HasPrefix(got, `429 {"error":{"message":"agentbox: this sandbox's model budget is spent: 84 of 50 tokens used (limits.model.tokens)","type":"rate_limit_error"},"type":"error"}`) {
+	if !strings.HasPrefix(got, `429 {"error":{"message":"agentbox: this call would pass this sandbox's model budget: it reserves 42 tokens (its input's size and its output cap), and 16 of 100 are left (84 used, 0 reserved by calls in flight) (limits.model.tokens)","type":"rate_limit_error"},"type":"error"}`) {
 		t.Fatalf("past the budget: %q", got)
 	}
 	e := f.event(t)
@@ -245,7 +251,7 @@ func TestModelBudget(t *testing.T) {
 	// tightening to 3 calls a minute applies to the next call.
 	f.gw.SetModelUsage(ModelUsage{})
 	pl := *f.gw.plan()
-	pl.Budget = policy.ModelBudget{Tokens: 50, RequestsPerMinute: 3} // 2 went this minute
+	pl.Budget = policy.ModelBudget{Tokens: 100, MaxOutput: 40, RequestsPerMinute: 3} // 2 went this minute
 	live.Store(&pl)
 	if got := post("a.test"); !strings.HasPrefix(got, "200 ") {
 		t.Fatalf("after the reset: %q", got)

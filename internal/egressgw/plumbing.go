@@ -94,9 +94,20 @@ type countingWriter struct {
 	err error
 	// tunnel, for an allowed WebSocket, wraps the hijacked connection.
 	tunnel func(net.Conn) net.Conn
+	// interim, when set, is given the header of each interim (1xx)
+	// response the proxy passes on, before it goes: the scrub's.
+	interim func(http.Header)
 }
 
 func (w *countingWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// An interim response (103 Early Hints): the final one follows.
+		if w.interim != nil {
+			w.interim(w.Header())
+		}
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
 	if w.status == 0 {
 		w.status = code
 	}

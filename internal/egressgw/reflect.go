@@ -12,7 +12,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"io"
 	"net/url"
 	"regexp"
 	"sort"
@@ -137,15 +136,6 @@ func printable(b []byte) bool {
 	return true
 }
 
-// Reflection counts the replacements of one spelling in one place.
-type Reflection struct {
-	// Where is "header NAME", "body" or "trailer NAME".
-	Where string
-	// Encoding is the spelling found (secretForm.Encoding).
-	Encoding string
-	Count    int
-}
-
 // reflections gathers the replacements of one response.
 type reflections []Reflection
 
@@ -157,117 +147,4 @@ func (rs *reflections) add(where, encoding string, n int) {
 		}
 	}
 	*rs = append(*rs, Reflection{Where: where, Encoding: encoding, Count: n})
-}
-
-// replaceForms replaces every form in s, counting each in rs under where.
-func replaceForms(forms []secretForm, s, where string, rs *reflections) string {
-	for _, f := range forms {
-		if n := strings.Count(s, string(f.find)); n > 0 {
-			s = strings.ReplaceAll(s, string(f.find), string(f.repl))
-			rs.add(where, f.Encoding, n)
-		}
-	}
-	return s
-}
-
-// scrubReader reads src with every form replaced, as it streams: it holds
-// back only the bytes that could begin a form (never a whole read), so a
-// stream (server-sent events) is not buffered, and a form split across
-// reads is still found. Its buffers are made once: a read of src goes
-// after the held-back tail, and what is scanned out is copied to the
-// caller from out.
-type scrubReader struct {
-	src   io.Reader
-	forms []secretForm
-	// onEOF runs once, when src ends (trailers are scrubbed then).
-	onEOF func()
-	found *reflections
-	// buf[:held] is the tail held back from the last scan.
-	buf  []byte
-	held int
-	out  []byte
-	pos  int // out[pos:] is not yet returned
-	err  error
-}
-
-// scrubReadSize matches the HTTP front's copy buffer: a response is
-// written to the agent in writes as large as unscanned.
-const scrubReadSize = 128 << 10
-
-func newScrubReader(src io.Reader, forms []secretForm, found *reflections, onEOF func()) *scrubReader {
-	longest := 0
-	for _, f := range forms {
-		longest = max(longest, len(f.find))
-	}
-	return &scrubReader{src: src, forms: forms, found: found, onEOF: onEOF,
-		buf: make([]byte, scrubReadSize+longest), out: make([]byte, 0, scrubReadSize+longest)}
-}
-
-func (r *scrubReader) Read(p []byte) (int, error) {
-	for r.pos == len(r.out) {
-		if r.err != nil {
-			return 0, r.err
-		}
-		n, err := r.src.Read(r.buf[r.held:])
-		if err != nil {
-			r.err = err
-			if r.onEOF != nil && err == io.EOF {
-				r.onEOF()
-			}
-		}
-		r.scan(r.buf[:r.held+n], r.err != nil)
-	}
-	n := copy(p, r.out[r.pos:])
-	r.pos += n
-	return n, nil
-}
-
-// scan moves what of in can no longer change into out: all of it at the
-// end, else all but the longest tail that begins a form, which it keeps at
-// the start of buf.
-func (r *scrubReader) scan(in []byte, final bool) {
-	r.out, r.pos = r.out[:0], 0
-	pos := 0
-	for {
-		at, f := -1, -1
-		for i := range r.forms {
-			j := bytes.Index(in[pos:], r.forms[i].find)
-			if j >= 0 && (at < 0 || j < at) {
-				at, f = j, i // forms are longest first: a tie keeps the longer
-			}
-		}
-		if at < 0 {
-			break
-		}
-		r.out = append(r.out, in[pos:pos+at]...)
-		r.out = append(r.out, r.forms[f].bodyRepl...)
-		r.found.add("body", r.forms[f].Encoding, 1)
-		pos += at + len(r.forms[f].find)
-	}
-	rest := in[pos:]
-	hold := 0
-	if !final {
-		hold = r.partial(rest)
-	}
-	r.out = append(r.out, rest[:len(rest)-hold]...)
-	r.held = copy(r.buf, rest[len(rest)-hold:])
-}
-
-// partial is the length of the longest tail of b that is a proper prefix
-// of a form.
-func (r *scrubReader) partial(b []byte) int {
-	hold := 0
-	for _, f := range r.forms {
-		from := len(b) - (len(f.find) - 1)
-		if from < 0 {
-			from = 0
-		}
-		for j := from; j < len(b) && len(b)-j > hold; j++ {
-			if b[j] == f.find[0] && bytes.HasPrefix(f.find, b[j:]) {
-				hold = len(b) - j
-				break
-			}
-		}
-	}
-	return hold
 }

@@ -23,6 +23,9 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 	if x == nil {
 		return errors.New("internal error: a response without its exchange")
 	}
+	if x.model != nil {
+		x.model.status = res.StatusCode
+	}
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		up := responseUpgrade(res.Header)
 		if !x.websocket || !strings.EqualFold(up, "websocket") {
@@ -69,38 +72,56 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 	return nil
 }
 
-// scrubHeader is h with every form of the secrets replaced in its values.
-func scrubHeader(forms []secretForm, h http.Header, where string, found *reflections) http.Header {
-	for k, vs := range h {
-		for i, v := range vs {
-			vs[i] = replaceForms(forms, v, where+" "+k, found)
+// maxCodings bounds the content codings of a response the gateway
+// decodes to scan.
+const maxCodings = 4
+
+// contentCodings are the content codings of h, in the order they were
+// applied: every Content-Encoding field, every comma-separated item of
+// each, "identity" left out.
+func contentCodings(h http.Header) []string {
+	var out []string
+	for _, v := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				out = append(out, c)
+			}
 		}
 	}
-	return h
+	return out
 }
 
-// decoded is res's body without its content coding, for the scan: gzip
-// and deflate are undone (the agent gets the body as identity), any other
-// coding is refused: the gateway asked for none.
+// decoded is res's body without its content codings, for the scan: each
+// layer of gzip and deflate is undone, last applied first (the agent gets
+// the body as identity). A response with a coding the gateway cannot undo,
+// or more than maxCodings, is refused: it asked for none, and compressed
+// bytes are never scanned as if they were plain.
 func decoded(res *http.Response) (io.Reader, error) {
-	ce := strings.ToLower(strings.TrimSpace(res.Header.Get("Content-Encoding")))
-	body := res.Body
-	switch ce {
-	case "", "identity":
+	codings := contentCodings(res.Header)
+	res.Header.Del("Content-Encoding")
+	if len(codings) == 0 {
 		// A body's replacements keep its length.
-		return body, nil
+		return res.Body, nil
+	}
+	if len(codings) > maxCodings {
+		return nil, fmt.Errorf("the response has %d content codings, more than the %d the gateway decodes to scan for the injected secret", len(codings), maxCodings)
 	}
 	// Decoded, the body has another length.
-	res.Header.Del("Content-Encoding")
 	res.Header.Del("Content-Length")
 	res.ContentLength = -1
-	switch ce {
-	case "gzip", "x-gzip":
-		return &lazyReader{open: func() (io.Reader, error) { return gzip.NewReader(body) }}, nil
-	case "deflate":
-		return &lazyReader{open: func() (io.Reader, error) { return zlib.NewReader(body) }}, nil
+	var body io.Reader = res.Body
+	for i := len(codings) - 1; i >= 0; i-- {
+		src := body
+		switch codings[i] {
+		case "gzip", "x-gzip":
+			body = &lazyReader{open: func() (io.Reader, error) { return gzip.NewReader(src) }}
+		case "deflate":
+			body = &lazyReader{open: func() (io.Reader, error) { return zlib.NewReader(src) }}
+		default:
+			return nil, fmt.Errorf("the response is %s-encoded, which the gateway cannot scan for the injected secret (it asked for no encoding)", clipName(codings[i]))
+		}
 	}
-	return nil, fmt.Errorf("the response is %s-encoded, which the gateway cannot scan for the injected secret (it asked for no encoding)", clipName(ce))
+	return body, nil
 }
 
 // lazyReader opens its reader at the first Read (a gzip reader reads its

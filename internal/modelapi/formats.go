@@ -86,10 +86,12 @@ func (t *ResponseTap) anthropic(data []byte) {
 			t.res.StopReason = m.Delta.StopReason
 		}
 		take(m.Usage)
+		t.res.Usage.Final = m.Usage != nil && m.Usage.Output != nil
 	case "message":
 		// Not streamed: the whole message.
 		t.res.Model, t.res.StopReason = m.Model, m.StopReason
 		take(m.Usage)
+		t.res.Usage.Final = t.res.Usage.Known
 		for _, b := range m.Content {
 			if isTool(b.Type) {
 				t.setInput(t.tool("", b.ID, b.Name), b.Input)
@@ -178,7 +180,7 @@ func (t *ResponseTap) openai(data []byte) {
 			t.res.StopReason = r.Status + ": " + r.Incomplete.Reason
 		}
 		if u := r.Usage; u != nil {
-			t.res.Usage = Usage{Known: true, Prompt: u.Input, Completion: u.Output, Total: u.Total}
+			t.res.Usage = Usage{Known: true, Prompt: u.Input, Completion: u.Output, Total: u.Total, Final: true}
 		}
 		if r.Error != nil && r.Error.Message != "" {
 			t.res.Error = r.Error.Message
@@ -195,7 +197,14 @@ func (t *ResponseTap) openai(data []byte) {
 		}
 	}
 	switch {
-	case len(m.Choices) > 0 || m.Object == "chat.completion" || m.Object == "chat.completion.chunk":
+	case m.Object == "list" && m.Usage != nil && m.Usage.Prompt != nil:
+		// Embeddings: the input's tokens.
+		t.res.Model = m.Model
+		t.res.Usage = Usage{Known: true, Prompt: *m.Usage.Prompt, Total: *m.Usage.Prompt, Final: true}
+		if m.Usage.Total != nil {
+			t.res.Usage.Total = *m.Usage.Total
+		}
+	case len(m.Choices) > 0 || m.Object == "chat.completion" || m.Object == "chat.completion.chunk" || m.Object == "text_completion":
 		if m.Model != "" {
 			t.res.Model = m.Model
 		}
@@ -227,6 +236,10 @@ func (t *ResponseTap) openai(data []byte) {
 			if u.Total != nil {
 				t.res.Usage.Total = *u.Total
 			}
+			// A whole response's, a stream's last chunk's (no choices:
+			// OpenAI's), or one after the answer finished; not a
+			// server's running count (vLLM's continuous usage).
+			t.res.Usage.Final = m.Object != "chat.completion.chunk" || len(m.Choices) == 0 || t.res.StopReason != ""
 		}
 	case m.Type == "response.created" || m.Type == "response.in_progress":
 		if m.Response != nil && m.Response.Model != "" {
@@ -312,8 +325,13 @@ func (t *ResponseTap) gemini(data []byte) {
 		}
 	}
 	if u := m.Usage; u != nil {
-		// A stream's counts are cumulative: the last one holds.
-		t.res.Usage = Usage{Known: true, Prompt: u.Prompt, Completion: u.Candidates + u.Thoughts, Total: u.Total}
+		// A stream's counts are cumulative: the last one holds, the one
+		// beside the answer's finish.
+		finished := len(m.Candidates) == 0
+		for _, c := range m.Candidates {
+			finished = finished || c.FinishReason != ""
+		}
+		t.res.Usage = Usage{Known: true, Prompt: u.Prompt, Completion: u.Candidates + u.Thoughts, Total: u.Total, Final: finished}
 		if u.Total == 0 {
 			t.res.Usage.Total = u.Prompt + u.Candidates + u.Thoughts
 		}

@@ -250,6 +250,10 @@ type Usage struct {
 	// Known: the response carried a usage (the counts are then its).
 	Known                     bool
 	Prompt, Completion, Total int64
+	// Final: the counts are the call's last, the ones the vendor bills
+	// (a stream's end, or a whole response); not a stream's running
+	// count.
+	Final bool
 }
 
 // Response is what a model call's response said.

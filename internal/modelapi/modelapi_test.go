@@ -81,31 +81,31 @@ func TestResponses(t *testing.T) {
 		want           Response
 	}{
 		{"anthropic stream", "text/event-stream; charset=utf-8", anthropicStream, Anthropic, Response{
-			Model: "claude-sonnet-4-5", StopReason: "tool_use", Usage: Usage{true, 1500, 57, 1557}, Events: 10,
+			Model: "claude-sonnet-4-5", StopReason: "tool_use", Usage: Usage{true, 1500, 57, 1557, true}, Events: 10,
 			ToolCalls: []ToolCall{{ID: "toolu_01", Name: "Bash", Input: `{"command": "go test ./..."}`}}}},
 		{"anthropic json", "application/json", anthropicJSON, Anthropic, Response{
-			Model: "claude-haiku-4-5", StopReason: "tool_use", Usage: Usage{true, 10, 5, 15},
+			Model: "claude-haiku-4-5", StopReason: "tool_use", Usage: Usage{true, 10, 5, 15, true},
 			ToolCalls: []ToolCall{{ID: "toolu_02", Name: "Write", Input: `{"file_path":"/w/a.go","content":"package a"}`}}}},
 		{"anthropic error", "application/json", `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, Anthropic, Response{
 			Error: "rate_limit_error: slow down"}},
 		{"openai responses stream", "text/event-stream", responsesStream, OpenAI, Response{
-			Model: "gpt-5-codex-2025", StopReason: "completed", Usage: Usage{true, 900, 40, 940}, Events: 5,
+			Model: "gpt-5-codex-2025", StopReason: "completed", Usage: Usage{true, 900, 40, 940, true}, Events: 5,
 			ToolCalls: []ToolCall{{ID: "call_A", Name: "shell", Input: `{"command":["bash","-lc","make test"]}`}}}},
 		{"openai responses json", "application/json", `{"id":"r","object":"response","model":"gpt-5","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"function_call","call_id":"c9","name":"apply_patch","arguments":"{}"}],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}`, OpenAI, Response{
-			Model: "gpt-5", StopReason: "incomplete: max_output_tokens", Usage: Usage{true, 3, 4, 7},
+			Model: "gpt-5", StopReason: "incomplete: max_output_tokens", Usage: Usage{true, 3, 4, 7, true},
 			ToolCalls: []ToolCall{{ID: "c9", Name: "apply_patch", Input: `{}`}}}},
 		{"openai chat stream", "text/event-stream", chatStream, OpenAI, Response{
-			Model: "gpt-4o", StopReason: "tool_calls", Usage: Usage{true, 70, 12, 82}, Events: 5,
+			Model: "gpt-4o", StopReason: "tool_calls", Usage: Usage{true, 70, 12, 82, true}, Events: 5,
 			ToolCalls: []ToolCall{{ID: "call_X", Name: "run", Input: `{"cmd":"ls"}`}}}},
 		{"openai chat json", "application/json", `{"object":"chat.completion","model":"llama-3","choices":[{"message":{"role":"assistant","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`, OpenAI, Response{
-			Model: "llama-3", StopReason: "tool_calls", Usage: Usage{true, 1, 2, 3}, ToolCalls: []ToolCall{{ID: "t1", Name: "f", Input: `{"a":1}`}}}},
+			Model: "llama-3", StopReason: "tool_calls", Usage: Usage{true, 1, 2, 3, true}, ToolCalls: []ToolCall{{ID: "t1", Name: "f", Input: `{"a":1}`}}}},
 		{"openai error", "application/json", `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}`, OpenAI, Response{
 			Error: "You exceeded your current quota"}},
 		{"gemini sse", "text/event-stream", geminiStream, Gemini, Response{
-			Model: "gemini-2.5-pro", StopReason: "STOP", Usage: Usage{true, 500, 25, 525}, Events: 2,
+			Model: "gemini-2.5-pro", StopReason: "STOP", Usage: Usage{true, 500, 25, 525, true}, Events: 2,
 			ToolCalls: []ToolCall{{Name: "run_shell_command", Input: `{"command":"npm test"}`}}}},
 		{"gemini array", "application/json", `[{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"modelVersion":"gemini-2.5-flash"},{"candidates":[{"content":{"parts":[]},"finishReason":"MAX_TOKENS"}],"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2,"totalTokenCount":3}}]`, Gemini, Response{
-			Model: "gemini-2.5-flash", StopReason: "MAX_TOKENS", Usage: Usage{true, 1, 2, 3}}},
+			Model: "gemini-2.5-flash", StopReason: "MAX_TOKENS", Usage: Usage{true, 1, 2, 3, true}}},
 		{"not json", "application/json", `<html>bad gateway</html>`, Anthropic, Response{Problem: "a response or event that is not JSON"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -55,6 +55,10 @@ func TestParseProblems(t *testing.T) {
 		{"model budget errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443]}\n  limits:\n    model: {tokens: 0, perMinute: {requests: -1}}\n  audit: {model: all}\n", []string{
 			`audit.model: "all" is not calls, digests or content`, `limits.model.tokens: 0 is not a bound`, `limits.model.perMinute.requests: -1 is not a bound`, `limits.model: bounds nothing`,
 			`limits.model: no host rule names a model API (api:)`}},
+		{"model cap errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443], api: openai}\n  limits:\n    model: {requests: 5, maxOutputTokens: 100}\n", []string{
+			`limits.model.maxOutputTokens: caps calls under a token budget only: set limits.model.tokens too`}},
+		{"model cap over budget", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443], api: openai}\n  limits:\n    model: {tokens: 50, maxOutputTokens: 100}\n", []string{
+			`limits.model.maxOutputTokens: 100 is more than limits.model.tokens (50): a call naming no cap could never be made`}},
 		{"model api errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: api.example, ports: [443], api: claude}\n    - {cidr: 10.0.0.0/8, api: openai}\n", []string{
 			`allow[0].api: "claude" is not a model API this gateway reads ([anthropic openai gemini])`, `allow[1].api: only a host rule takes it`}},
 		{"http rule errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow:\n    - {host: a.example, ports: [443], http: {methods: [get, CONNECT], paths: [api, \"/a/*/b\", /a/../b, \"/x?y\"]}}\n    - {host: b.example, ports: [443], http: {}}\n    - {cidr: 10.0.0.0/8, http: {methods: [GET]}, websocket: true}\n", []string{

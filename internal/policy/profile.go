@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/checkpoint/naming"
 )
 
 // Profile is a role compiled to what the shim enforces: plain data, with
@@ -112,7 +112,14 @@ type ModelBudget struct {
 	Tokens            int64 `json:"tokens,omitempty"`
 	Requests          int64 `json:"requests,omitempty"`
 	RequestsPerMinute int64 `json:"requestsPerMinute,omitempty"`
+	// MaxOutput is the output cap set on a call that names none (with
+	// Tokens only).
+	MaxOutput int64 `json:"maxOutputTokens,omitempty"`
 }
+
+// DefaultModelMaxOutput is the output cap of a call that names none under
+// a token budget, unless the role sets limits.model.maxOutputTokens.
+const DefaultModelMaxOutput = 16384
 
 // Any says whether b bounds anything.
 func (b ModelBudget) Any() bool { return b.Tokens > 0 || b.Requests > 0 || b.RequestsPerMinute > 0 }
@@ -160,7 +167,7 @@ func compileSpec(spec RoleSpec) (*Profile, error) {
 	errs = append(errs, p.compileLimits(deref(spec.Limits, Limits{}))...)
 	errs = append(errs, p.compileAudit(deref(spec.Audit, Audit{}))...)
 	if t := deref(spec.Template, ""); t != "" {
-		if err := checkpoint.ValidName(t); err != nil {
+		if err := naming.Valid(t); err != nil {
 			errs = append(errs, ferr("template", "%v", err))
 		}
 		p.Template = t
@@ -405,6 +412,17 @@ func (p *Profile) compileLimits(li Limits) []error {
 		p.Limits.Model.Requests = positive("limits.model.requests", m.Requests)
 		if m.PerMinute != nil {
 			p.Limits.Model.RequestsPerMinute = positive("limits.model.perMinute.requests", m.PerMinute.Requests)
+		}
+		switch mb := &p.Limits.Model; {
+		case m.MaxOutputTokens != nil && mb.Tokens == 0:
+			errs = append(errs, ferr("limits.model.maxOutputTokens", "caps calls under a token budget only: set limits.model.tokens too"))
+		case m.MaxOutputTokens != nil:
+			mb.MaxOutput = positive("limits.model.maxOutputTokens", m.MaxOutputTokens)
+			if mb.MaxOutput > mb.Tokens {
+				errs = append(errs, ferr("limits.model.maxOutputTokens", "%d is more than limits.model.tokens (%d): a call naming no cap could never be made", mb.MaxOutput, mb.Tokens))
+			}
+		case mb.Tokens > 0:
+			mb.MaxOutput = min(DefaultModelMaxOutput, mb.Tokens)
 		}
 		if !p.Limits.Model.Any() {
 			errs = append(errs, ferr("limits.model", "bounds nothing: set tokens, requests or perMinute.requests"))

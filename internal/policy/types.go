@@ -322,6 +322,11 @@ type ModelLimits struct {
 	Requests *int64 `yaml:"requests,omitempty" json:"requests,omitempty"`
 	// PerMinute bounds its calls in any minute.
 	PerMinute *ModelRate `yaml:"perMinute,omitempty" json:"perMinute,omitempty"`
+	// MaxOutputTokens is the output cap the gateway sets on a call that
+	// names none, under a token budget (default 16384, or tokens if
+	// less): each call reserves its input and its cap before it goes.
+	// +kubebuilder:validation:Minimum=1
+	MaxOutputTokens *int64 `yaml:"maxOutputTokens,omitempty" json:"maxOutputTokens,omitempty"`
 }
 
 // ModelRate is a bound per minute.

@@ -42,6 +42,14 @@ rc=0
 "$bin/govulncheck" -db "file://$db" ./... >"$out" 2>&1 || rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 3 ] || { cat "$out" >&2; die "govulncheck failed (exit $rc)"; }
 found=$(sed -n 's/^Vulnerability #[0-9]*: \(GO-[0-9-]*\)$/\1/p' "$out" | sort -u)
+# Every finding must be read: one whose ID this cannot parse (a new format,
+# a new kind of ID) fails, as does an exit 3 with none parsed.
+reported=$(grep -c '^Vulnerability #' "$out" || true)
+parsed=$(grep -c '^Vulnerability #[0-9]*: GO-[0-9-]*$' "$out" || true)
+if [ "$reported" != "$parsed" ] || { [ "$rc" = 3 ] && [ "$parsed" = 0 ]; }; then
+  cat "$out" >&2
+  die "govulncheck reported findings this script could not read ($parsed of $reported parsed, exit $rc): read them above"
+fi
 accepted=$(sed -n 's/^\(GO-[0-9-]*\)[[:space:]].*/\1/p' hack/vulncheck-accepted.txt | sort -u)
 new=$(comm -23 <(printf '%s\n' $found) <(printf '%s\n' $accepted) | sed '/^$/d')
 gone=$(comm -13 <(printf '%s\n' $found) <(printf '%s\n' $accepted) | sed '/^$/d')

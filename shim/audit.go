@@ -262,18 +262,20 @@ func (p *auditingPublisher) Publish(ctx context.Context, topic string, event cde
 		if e.ID == e.ContainerID {
 			msg, d := fmt.Sprintf("container exited with status %d", e.ExitStatus), map[string]string{"container_id": e.ContainerID, "exit_status": fmt.Sprint(e.ExitStatus)}
 			if sb, ok := p.s.sandboxes.of(e.ContainerID); ok {
-				if name := sb.suspendedInto.Load(); name != nil {
-					msg = fmt.Sprintf("container stopped (status %d): its sandbox was suspended into checkpoint %s", e.ExitStatus, *name)
-					d["suspended_into"] = *name
+				if name := sb.life.Now().SuspendedInto; name != "" {
+					msg = fmt.Sprintf("container stopped (status %d): its sandbox was suspended into checkpoint %s", e.ExitStatus, name)
+					d["suspended_into"] = name
 				}
-				if name := sb.restoreFailed.Load(); name != nil {
-					msg = fmt.Sprintf("container stopped (status %d): its restore from checkpoint %s failed", e.ExitStatus, *name)
-					d["restore_failed"] = *name
+				if name := sb.life.Now().RestoreFailed; name != "" {
+					msg = fmt.Sprintf("container stopped (status %d): its restore from checkpoint %s failed", e.ExitStatus, name)
+					d["restore_failed"] = name
 				}
 			}
 			p.s.record(e.ContainerID, audit.TypeContainerExit.New("Success", msg, d), true)
 			if sb, ok := p.s.sandboxes.sandbox(e.ContainerID); ok {
-				sb.fire(ctx, sandbox.Exit)
+				// Legal from every phase but Ended, which fire does not
+				// report: nothing is left to do either way.
+				_ = sb.fire(ctx, sandbox.Exit, "")
 				// Off the publishing path: the shim holds the pod's
 				// namespace, so the counters outlive the CRI's teardown;
 				// Delete waits for them.

@@ -25,6 +25,7 @@ import (
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
 	"agentbox.dev/agentbox/internal/egressrec"
+	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/toollink"
 )
@@ -39,7 +40,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 	if !pl.Enforced || ns == "" {
 		return nil
 	}
-	iface, err := netpolicy.Apply(ns, pl, dnsproxy.PodLink)
+	iface, err := netenforce.Apply(ns, pl, dnsproxy.PodLink)
 	if err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func (s *service) applyEgress(ctx context.Context, cfg *config.Config, sb *sandb
 		return nil
 	}
 	if err := sb.setEgress(ns, iface); err != nil {
-		return errors.Join(err, netpolicy.Remove(ns))
+		return errors.Join(err, netenforce.Remove(ns))
 	}
 	detail := map[string]string{"netns": ns, "interface": iface}
 	if err := startDenialLog(sb, ns); err != nil {
@@ -149,7 +150,7 @@ const maxGatewayConnects = 1024
 // names it answered with that address are decided and dialled here. A
 // gateway that cannot listen fails the sandbox (fail closed).
 func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *dnsproxy.Handler, res *dnsproxy.Resolver, scrub *audit.RoleScrubber, dests netpolicy.Destinations) error {
-	ports := egressgw.Ports(pl)
+	ports := pl.HostPorts()
 	if len(ports) == 0 {
 		return nil
 	}
@@ -279,7 +280,7 @@ func removeEgress(ctx context.Context, sb *sandboxState) {
 		}
 	}
 	stopDenialLog(sb, e.denials)
-	if err := netpolicy.Remove(e.held); err != nil {
+	if err := netenforce.Remove(e.held); err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: removing egress rules")
 		sb.audit.trail.Emit(audit.TypeEgressRemoved.New("Failure", err.Error(), nil), true)
 		return
@@ -295,16 +296,16 @@ const denialWindow = 10 * time.Second
 // logs it (rate-limited per rule in the ruleset): destination, protocol and
 // rule, whatever sent it.
 func startDenialLog(sb *sandboxState, ns string) error {
-	dl, err := netpolicy.OpenDenialLog(ns)
+	dl, err := netenforce.OpenDenialLog(ns)
 	if err != nil {
 		return err
 	}
-	sb.dedupe = &netpolicy.Deduper{Window: denialWindow}
+	sb.dedupe = &netenforce.Deduper{Window: denialWindow}
 	sb.egressMu.Lock()
 	sb.denials = dl
 	sb.egressMu.Unlock()
 	trail := sb.audit.trail
-	dl.Start(func(d netpolicy.Denial) {
+	dl.Start(func(d netenforce.Denial) {
 		if !sb.dedupe.Pass(d, time.Now()) {
 			return
 		}
@@ -319,7 +320,7 @@ func startDenialLog(sb *sandboxState, ns string) error {
 
 // stopDenialLog stops the reader; repeats held back and messages the
 // kernel could not deliver are stated.
-func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
+func stopDenialLog(sb *sandboxState, dl *netenforce.DenialLog) {
 	if dl == nil {
 		return
 	}
@@ -335,7 +336,7 @@ func stopDenialLog(sb *sandboxState, dl *netpolicy.DenialLog) {
 // life, by rule: the packets no connect record shows (UDP without connect,
 // retransmissions, anything sent while network auditing is off).
 func recordDrops(ctx context.Context, sb *sandboxState, ns string) {
-	counters, err := netpolicy.Counters(ns)
+	counters, err := netenforce.Counters(ns)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("agentbox: reading egress counters")
 		sb.audit.trail.Emit(audit.TypeEgressDrops.New("Failure", "egress counters unreadable: "+err.Error(), nil), true)

@@ -29,12 +29,16 @@ const reapedWaitTimeout = 10 * time.Second
 type exitRepair struct {
 	mu sync.Mutex
 	// roots maps a sandbox-root container id to its sandbox pid.
+	// +checklocks:mu
 	roots map[string]int
 	// reaped holds reaped statuses of sandbox pids in roots, and of a few
 	// recent other pids in case a sandbox dies before it is registered.
+	// +checklocks:mu
 	reaped map[int]int
+	// +checklocks:mu
 	recent []int
 	// waiters are woken when a pid is reaped.
+	// +checklocks:mu
 	waiters map[int][]chan int
 	// adjust, when set, may rewrite every exit on its way to the task
 	// service (the wall-clock limit's status).
@@ -116,6 +120,7 @@ func (x *exitRepair) collect(reaped chan runc.Exit) {
 	}
 }
 
+// +checklocks:x.mu
 func (x *exitRepair) isRootPidLocked(pid int) bool {
 	for _, p := range x.roots {
 		if p == pid {

@@ -30,12 +30,11 @@ func (s *service) expire(sandboxID string) {
 	if !ok {
 		return
 	}
-	sb.expired.Store(true)
 	n := len(sb.members.List())
 	log.G(ctx).Warnf("agentbox: wall-clock limit reached; stopping %d container(s)", n)
 	s.record(sandboxID, audit.TypeLimit.New("Failure", fmt.Sprintf("wall-clock limit reached: stopping %d container(s); they exit with status %d", n, WallClockExitStatus),
 		map[string]string{"limit": "wallClock"}), true)
-	s.stopAll(ctx, sb)
+	s.stopAll(ctx, sb, sandbox.StopWallClock)
 }
 
 // stopSandbox kills every container of a sandbox for a limit other than
@@ -48,15 +47,40 @@ func (s *service) stopSandbox(sandboxID, limit, why string) {
 	}
 	log.G(ctx).Warnf("agentbox: %s; stopping %d container(s)", why, len(sb.members.List()))
 	s.record(sandboxID, audit.TypeLimit.New("Failure", why, map[string]string{"limit": limit}), true)
-	s.stopAll(ctx, sb)
+	s.stopAll(ctx, sb, limit)
 }
 
-// stopAll kills every container of a sandbox, the root last. A frozen
-// sandbox is thawed first: runsc signals no container of a paused sandbox.
-func (s *service) stopAll(ctx context.Context, sb *sandboxState) {
-	s.thawForKill(ctx, sb)
-	sb.fire(ctx, sandbox.Stop)
+// stopAll kills every container of a sandbox, the root last, after its
+// Stop move (reason: why it stops; the first stop's is kept).
+func (s *service) stopAll(ctx context.Context, sb *sandboxState, reason string) {
+	s.stopMove(ctx, sb, reason)
 	s.killMembers(ctx, sb)
+}
+
+// stopMove moves the sandbox to Stopping. Stop needs no operation lock (a
+// limit, runsc and containerd stop a sandbox whatever an admin is doing):
+// a frozen sandbox is resumed as part of its stop, not thawed, since runsc
+// signals no container of a paused sandbox. Its tasks run between the
+// resume and the kill (milliseconds).
+func (s *service) stopMove(ctx context.Context, sb *sandboxState, reason string) {
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	before, err := sb.life.Fire(sandbox.Stop, reason)
+	if err != nil {
+		if before.Phase != sandbox.Ended {
+			log.G(ctx).WithError(err).Warn("agentbox: stopping a sandbox")
+		}
+		return
+	}
+	if before.Phase != sandbox.Frozen {
+		return
+	}
+	sb.clock.Thaw()
+	if _, err := s.next.Resume(ctx, &task.ResumeRequest{ID: sb.id}); err != nil {
+		log.G(ctx).WithError(err).Warn("agentbox: resuming a frozen sandbox to stop it")
+		return
+	}
+	sb.audit.trail.Emit(audit.TypeThawed.New("Success", fmt.Sprintf("resumed after %v frozen, to be stopped", time.Since(before.FrozenAt).Round(time.Millisecond)), nil), true)
 }
 
 // killMembers sends SIGKILL to every process of every container of the

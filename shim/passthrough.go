@@ -24,6 +24,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/errkind"
+	"agentbox.dev/agentbox/shim/sandbox"
 )
 
 func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
@@ -39,8 +40,8 @@ func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResp
 // Kill forwards. A kill that arrives while the sandbox is being
 // checkpointed waits for it (bounded: waitCheckpoint), so that a pod
 // stopped while it is suspended is stopped after its image is complete. A
-// SIGKILL for a frozen sandbox thaws it first: runsc signals no container
-// of a paused sandbox (containerd stopping a frozen pod).
+// SIGKILL for a frozen sandbox resumes it first: runsc signals no
+// container of a paused sandbox (containerd stopping a frozen pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
 	if sb, ok := s.sandboxes.of(r.ID); ok {
 		if r.ExecID == "" {
@@ -54,9 +55,11 @@ func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, 
 			s.record(r.ID, audit.TypeStopped.New("Success", msg, map[string]string{"container_id": r.ID, "signal": fmt.Sprint(r.Signal), "waited": waited.Round(time.Millisecond).String()}), true)
 		}
 		if r.Signal == uint32(unix.SIGKILL) {
-			s.thawForKill(ctx, sb)
+			if release := s.readyForKill(ctx, sb, r); release != nil {
+				defer release()
+			}
 		}
-		if sb.suspendedInto.Load() != nil {
+		if sb.life.Now().SuspendedInto != "" {
 			// Its suspend stopped it already: the stop asked for is done.
 			if resp, err := s.next.Kill(ctx, r); err == nil {
 				return resp, nil
@@ -193,4 +196,45 @@ func (s *service) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*types
 	s.deleting.Wait()
 	s.sd.Shutdown()
 	return resp, nil
+}
+
+// killFrozenWait bounds how long a SIGKILL of one container of a sandbox
+// waits for the sandbox's operation lock.
+const killFrozenWait = 5 * time.Second
+
+// readyForKill readies a sandbox for a SIGKILL: runsc signals no container
+// of a paused sandbox. The root container's is the sandbox's stop: a Stop
+// move, which resumes a frozen sandbox. Another container's, or an
+// exec's, is forwarded under the sandbox's operation lock, so that no
+// freeze comes between (the lock is released by the returned func): a
+// frozen sandbox is thawed first, as an admin's thaw does. The lock is
+// waited for at most killFrozenWait (a checkpoint holding it was waited
+// for already); without it the kill goes as it is.
+//
+// +checklocksignore: the operation lock is handed to the caller, held,
+// with the func that releases it (checklocks follows no lock across a
+// return).
+func (s *service) readyForKill(ctx context.Context, sb *sandboxState, r *task.KillRequest) (release func()) {
+	if r.ID == sb.id && r.ExecID == "" {
+		if ph := sb.life.Now().Phase; ph == sandbox.Frozen || ph == sandbox.Running {
+			s.stopMove(ctx, sb, "containerd")
+		}
+		return nil
+	}
+	deadline := time.Now().Add(killFrozenWait)
+	for !sb.ops.TryLock() {
+		if time.Now().After(deadline) {
+			log.G(ctx).Warn("agentbox: a kill of a sandbox's container went without its operation lock (held longer than the wait)")
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if sb.life.Now().Phase == sandbox.Frozen {
+		if d, err := s.unpause(ctx, sb); err != nil {
+			log.G(ctx).WithError(err).Warn("agentbox: thawing a frozen sandbox to deliver a kill")
+		} else {
+			sb.audit.trail.Emit(audit.TypeThawed.New("Success", fmt.Sprintf("thawed after %v frozen, to be killed", d.Round(time.Millisecond)), nil), true)
+		}
+	}
+	return sb.ops.Unlock
 }

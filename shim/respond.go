@@ -24,7 +24,7 @@ import (
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/errkind"
-	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
@@ -248,7 +248,7 @@ func cutEgress(sb *sandboxState, why string) ([]string, error) {
 		if e.resolver != nil {
 			ifaces = append(ifaces, dnsproxy.PodLink)
 		}
-		if err := netpolicy.Quarantine(e.held, ifaces...); err != nil {
+		if err := netenforce.Quarantine(e.held, ifaces...); err != nil {
 			return cut, err
 		}
 		cut = append(cut, "every packet dropped on "+strings.Join(ifaces, " and "))
@@ -270,7 +270,7 @@ func cutEgress(sb *sandboxState, why string) ([]string, error) {
 // failClosed freezes a sandbox whose rules could not be loaded (a
 // quarantine, a tightening), else stops it, and says which.
 func (s *service) failClosed(ctx context.Context, sb *sandboxState) (string, error) {
-	return fallBack(func() error { return s.pause(ctx, sb) }, func() error { s.stopAll(ctx, sb); return nil })
+	return fallBack(func() error { return s.pause(ctx, sb) }, func() error { s.stopAll(ctx, sb, "failClosed"); return nil })
 }
 
 // fallBack is failClosed's order: freeze, else stop.
@@ -301,7 +301,7 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 	detail["quarantine_reason"] = reason
 	if e.netns != "" {
 		// The live plan: what the role says now, as far as it tightened.
-		if err := netpolicy.Restore(e.held, sb.live.Load(), e.iface); err != nil {
+		if err := netenforce.Restore(e.held, sb.live.Load(), e.iface); err != nil {
 			detail["error"] = err.Error()
 			sb.audit.trail.Emit(audit.TypeReleased.New("Failure", "release failed: the sandbox stays quarantined: "+err.Error(), detail), true)
 			return "", fmt.Errorf("release failed, the sandbox stays quarantined: %w", err)
@@ -328,6 +328,8 @@ func (s *service) release(sb *sandboxState, detail map[string]string) (string, e
 // pause freezes the whole sandbox (runsc pause stops its kernel: every
 // container) and holds its wall clock.
 func (s *service) pause(ctx context.Context, sb *sandboxState) error {
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
 	if err := sb.life.Can(sandbox.Freeze); err != nil {
 		return errkind.FailedPrecondition(err)
 	}
@@ -335,19 +337,23 @@ func (s *service) pause(ctx context.Context, sb *sandboxState) error {
 		return err
 	}
 	sb.clock.Hold()
-	sb.fire(ctx, sandbox.Freeze)
-	return nil
+	return sb.fire(ctx, sandbox.Freeze, "")
 }
 
 // unpause resumes a frozen sandbox and its wall clock, and says how long
 // it was frozen.
 func (s *service) unpause(ctx context.Context, sb *sandboxState) (time.Duration, error) {
+	sb.pauseMu.Lock()
+	defer sb.pauseMu.Unlock()
+	if err := sb.life.Can(sandbox.Thaw); err != nil {
+		return 0, errkind.FailedPrecondition(err)
+	}
 	if _, err := s.next.Resume(ctx, &task.ResumeRequest{ID: sb.id}); err != nil {
 		return 0, err
 	}
 	before, err := sb.life.Fire(sandbox.Thaw, "")
 	if err != nil {
-		log.G(ctx).WithError(err).Warn("agentbox: thawed a sandbox that was not frozen")
+		return 0, errkind.FailedPrecondition(err)
 	}
 	sb.clock.Thaw()
 	return time.Since(before.FrozenAt), nil
@@ -390,20 +396,6 @@ func (s *service) stopByAdmin(ctx context.Context, sb *sandboxState, detail map[
 	ids := sb.members.List()
 	msg := fmt.Sprintf("stopping %d container(s) (SIGKILL)", len(ids))
 	sb.audit.trail.Emit(audit.TypeStopped.New("Success", msg, detail), true)
-	s.stopAll(ctx, sb)
+	s.stopAll(ctx, sb, "admin")
 	return msg, nil
-}
-
-// thawForKill resumes a frozen sandbox that is to be killed: runsc signals
-// no container of a paused sandbox. Its tasks run between the thaw and the
-// kill (milliseconds).
-func (s *service) thawForKill(ctx context.Context, sb *sandboxState) {
-	if sb.life.Now().Phase != sandbox.Frozen {
-		return
-	}
-	if d, err := s.unpause(ctx, sb); err != nil {
-		log.G(ctx).WithError(err).Warn("agentbox: thawing a frozen sandbox to deliver a kill")
-	} else {
-		sb.audit.trail.Emit(audit.TypeThawed.New("Success", fmt.Sprintf("thawed after %v frozen, to be killed", d.Round(time.Millisecond)), nil), true)
-	}
 }

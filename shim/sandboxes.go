@@ -16,6 +16,7 @@ import (
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
 	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 	"agentbox.dev/agentbox/internal/toollink"
@@ -47,6 +48,11 @@ type sandboxState struct {
 	// requests, its role's live tightening and a checkpoint (a release
 	// must not load rules a tightening is replacing).
 	ops sync.Mutex
+	// pauseMu holds runsc's pause or resume together with the move it
+	// makes (Freeze, Thaw, a frozen sandbox's Stop): a stop never resumes
+	// a sandbox that a freeze under way then pauses. Taken after ops,
+	// before the lifecycle's own lock; held only around those calls.
+	pauseMu sync.Mutex
 	// life is its phase and quarantine; clock its wall-clock limit;
 	// members its containers.
 	life    sandbox.Lifecycle
@@ -63,34 +69,24 @@ type sandboxState struct {
 	// tightenings of (nil: its start digest); seen is the newest version
 	// it was told of (guarded by ops).
 	liveDigest atomic.Pointer[string]
-	seen       string
+	// +checklocks:ops
+	seen string
 	// commands numbers the admin requests applied.
 	commands atomic.Int64
-	// checkpointing is closed when the checkpoint under way ends (nil when
-	// none is): a kill that arrives meanwhile waits for it.
-	checkpointing atomic.Pointer[chan struct{}]
-	// suspendedInto names the checkpoint a suspend stopped the sandbox
-	// after ("" when none did): its containers' exits say so.
-	suspendedInto atomic.Pointer[string]
-	// restoreFailed names the checkpoint whose restore failed at Start
-	// (nil: none): abandonRestore ended the sandbox, Delete removes it by
-	// force and its exit says why.
-	restoreFailed atomic.Pointer[string]
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node
 	// agent last said (nil: none said). Written under ops.
 	owner atomic.Pointer[control.Owner]
 	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
 	// (0: none); a tightened role lowers them live. Guarded by ops after
 	// Create.
-	memoryLimit, cpuMillis int64
+	memoryLimit int64
+	cpuMillis   int64
 	// cgroupsPath is the sandbox's cgroup (its root container's
 	// linux.cgroupsPath), read for what it used when it ends.
 	cgroupsPath string
 	// ctl is the sandbox's control socket.
 	ctl *control.Server
-	// expired is set when the wall-clock limit stopped the sandbox;
 	// oomKills counts the OOM kills gVisor reported for its cgroup.
-	expired  atomic.Bool
 	oomKills atomic.Uint64
 	// audit is the sandbox's trail and receiver.
 	audit *sandboxAudit
@@ -102,25 +98,34 @@ type sandboxState struct {
 	// none); netnsFile holds that namespace open, so the rules and their
 	// counters outlive the CRI's teardown of its path until the shim
 	// removes them. Guarded by egressMu.
-	netns     string
+	// +checklocks:egressMu
+	netns string
+	// +checklocks:egressMu
 	netnsFile *os.File
 	// iface is the pod's interface the rules are on. Guarded by egressMu.
+	// +checklocks:egressMu
 	iface string
 	// resolver is the pod's DNS resolver (allowlist egress). Guarded by
 	// egressMu.
+	// +checklocks:egressMu
 	resolver *dnsproxy.Resolver
 	// gateway is the pod's egress gateway (host rules). Guarded by
 	// egressMu.
+	// +checklocks:egressMu
 	gateway *egressgw.Gateway
 	// ca is the gateway's CA when it inspects rules (the containers trust
 	// it); placeholders are what the sandbox holds instead of the secrets
 	// the gateway injects, by variable. Guarded by egressMu.
-	ca           *egressgw.CA
+	// +checklocks:egressMu
+	ca *egressgw.CA
+	// +checklocks:egressMu
 	placeholders map[string]string
 	// denials reads the drop rules' log. Guarded by egressMu.
-	denials *netpolicy.DenialLog
+	// +checklocks:egressMu
+	denials *netenforce.DenialLog
 	// dropsDone is closed once the drop counters are recorded (nil until
 	// the root exits). Guarded by egressMu.
+	// +checklocks:egressMu
 	dropsDone chan struct{}
 
 	// Set at Create, read-only after: the resolver's address and
@@ -135,13 +140,14 @@ type sandboxState struct {
 	// start (nil: no host rule names a model API).
 	links       *toollink.Linker
 	resolved    *netpolicy.Resolutions
-	dedupe      *netpolicy.Deduper
+	dedupe      *netenforce.Deduper
 	denialsLost atomic.Int64
 }
 
 // heldNetnsLocked is a path to the pod namespace that stays valid while
 // the shim holds it (for nsenter, a child of the shim). The caller holds
 // egressMu.
+// +checklocks:sb.egressMu
 func (sb *sandboxState) heldNetnsLocked() string {
 	if sb.netnsFile == nil {
 		return sb.netns
@@ -172,6 +178,7 @@ type egressNow struct {
 }
 
 // egressNowLocked reads it. The caller holds egressMu.
+// +checklocks:sb.egressMu
 func (sb *sandboxState) egressNowLocked() egressNow {
 	return egressNow{netns: sb.netns, held: sb.heldNetnsLocked(), iface: sb.iface, resolver: sb.resolver, gateway: sb.gateway}
 }
@@ -187,7 +194,7 @@ func (sb *sandboxState) egress() egressNow {
 type egressRemoval struct {
 	egressNow
 	file      *os.File
-	denials   *netpolicy.DenialLog
+	denials   *netenforce.DenialLog
 	dropsDone chan struct{}
 }
 
@@ -237,12 +244,17 @@ func (sb *sandboxState) liveDigestNow() string {
 	return sb.profile.Digest
 }
 
-// fire moves the sandbox's lifecycle on ev; a move its state does not
-// allow is logged, as the shim did the work regardless (a kill, an exit).
-func (sb *sandboxState) fire(ctx context.Context, ev sandbox.Event) {
-	if _, err := sb.life.Fire(ev, ""); err != nil {
-		log.G(ctx).WithField("sandbox_id", sb.id).WithError(err).Debug("agentbox: lifecycle")
+// fire moves the sandbox's lifecycle on ev (reason: see Lifecycle.Fire).
+// A move its state does not allow is returned, for the caller to handle,
+// and logged as a warning: the one expected, a move of a sandbox that
+// ended meanwhile (its root's exit raced it), is neither.
+func (sb *sandboxState) fire(ctx context.Context, ev sandbox.Event, reason string) error {
+	before, err := sb.life.Fire(ev, reason)
+	if err != nil && before.Phase != sandbox.Ended {
+		log.G(ctx).WithField("sandbox_id", sb.id).WithError(err).Warn("agentbox: lifecycle")
+		return err
 	}
+	return nil
 }
 
 // sandboxRegistry maps containers to their sandboxes. Safe for concurrent
@@ -250,8 +262,10 @@ func (sb *sandboxState) fire(ctx context.Context, ev sandbox.Event) {
 type sandboxRegistry struct {
 	mu sync.Mutex
 	// sandboxes by sandbox id (the root container's id). Protected by mu.
+	// +checklocks:mu
 	sandboxes map[string]*sandboxState
 	// sandboxOf maps a container id to its sandbox id. Protected by mu.
+	// +checklocks:mu
 	sandboxOf map[string]string
 }
 
@@ -318,14 +332,14 @@ func (r *sandboxRegistry) remove(id string) {
 // its wall-clock limit.
 func (r *sandboxRegistry) expiredContainer(id string) bool {
 	sb, ok := r.of(id)
-	return ok && sb.expired.Load()
+	return ok && sb.life.Now().StopReason == sandbox.StopWallClock
 }
 
 // oomKilledContainer reports whether a container's sandbox ran out of
 // memory.
 func (r *sandboxRegistry) suspendedContainer(id string) bool {
 	sb, ok := r.of(id)
-	return ok && sb.suspendedInto.Load() != nil
+	return ok && sb.life.Now().SuspendedInto != ""
 }
 
 func (r *sandboxRegistry) oomKilledContainer(id string) bool {

@@ -93,10 +93,13 @@ const trimDelay = time.Second
 // later on an idle shim, and return to the kernel more slowly still. One
 // collection of a small heap costs about a millisecond of CPU.
 type idleTrim struct {
+	mu sync.Mutex
+	// delay and fn are set when it is made, read under mu.
+	// +checklocks:mu
 	delay time.Duration
-	fn    func()
-
-	mu    sync.Mutex
+	// +checklocks:mu
+	fn func()
+	// +checklocks:mu
 	timer *time.Timer
 }
 
@@ -270,7 +273,11 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 		}
 		sb, root := s.sandboxes.sandbox(r.ID)
 		if root {
-			sb.fire(ctx, sandbox.Started)
+			if err := sb.fire(ctx, sandbox.Started, ""); err != nil {
+				// Stopping (its restore was abandoned) or ended: what
+				// started is not to run.
+				s.stopAll(ctx, sb, "started while "+sb.life.Now().Phase.String())
+			}
 		}
 		if d, ok := armWallClock(sb, root, s.expire); ok {
 			log.G(ctx).WithField("container_id", r.ID).Infof("agentbox: wall-clock limit %v armed", d)
@@ -363,7 +370,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	defer s.deleting.Done()
 	ph := newPhases("delete", r.ID)
 	defer ph.done()
-	if sb, ok := s.sandboxes.of(r.ID); ok && r.ExecID == "" && (sb.suspendedInto.Load() != nil || sb.restoreFailed.Load() != nil) {
+	if sb, ok := s.sandboxes.of(r.ID); ok && r.ExecID == "" && (sb.life.Now().SuspendedInto != "" || sb.life.Now().RestoreFailed != "") {
 		// Its sandbox process was killed while paused (stopSuspended) or
 		// after a failed restore (abandonRestore): runsc still holds it
 		// paused or created, and deletes it only by force.
@@ -395,7 +402,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus), usage)
-			sb.fire(ctx, sandbox.Exit) // ended already if the root's exit was seen
+			_ = sb.fire(ctx, sandbox.Exit, "") // ended already if the root's exit was seen
 			ph.mark("close_audit")
 		} else {
 			s.record(r.ID, audit.TypeContainerDeleted.New("Success",

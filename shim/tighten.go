@@ -20,6 +20,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/config"
+	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 	"agentbox.dev/agentbox/internal/tighten"
@@ -137,7 +138,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 	e := sb.egress()
 	if e.netns != "" && !sb.life.Now().Quarantined() {
-		if err := netpolicy.Restore(e.held, pl, e.iface); err != nil {
+		if err := netenforce.Restore(e.held, pl, e.iface); err != nil {
 			return 0, err
 		}
 	}

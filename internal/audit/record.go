@@ -264,6 +264,21 @@ type ModelCall struct {
 	// not read (counts may then be partial).
 	Error   string `json:"error,omitempty"`
 	Problem string `json:"problem,omitempty"`
+	// Endpoint is what the call called ("messages", "embeddings"...).
+	Endpoint string `json:"endpoint,omitempty"`
+	// Budget is what a token budget reserved for the call and charged it
+	// (nil: no token budget bounded it).
+	Budget *ModelCharge `json:"budget,omitempty"`
+}
+
+// ModelCharge is a budgeted call's reservation and charge: the output cap
+// the gateway set on it when it named none (CapSet), and what it was
+// charged once done (its final usage, or its reservation when that could
+// not be read).
+type ModelCharge struct {
+	Reserved int64 `json:"reserved_tokens"`
+	Charged  int64 `json:"charged_tokens"`
+	CapSet   int64 `json:"cap_set,omitempty"`
 }
 
 // Tokens are a model call's token counts.

@@ -20,7 +20,10 @@ func TestCatalogDocumented(t *testing.T) {
 			t.Errorf("%s is defined twice", rt.Name)
 		}
 		seen[rt.Name] = true
-		row := fmt.Sprintf("| `%s` | %s (%d) | %s |", rt.Name, classes[rt.Class].name, rt.Class, rt.Activity)
+		if rt.About == "" {
+			t.Errorf("%s says not when it is written (About)", rt.Name)
+		}
+		row := fmt.Sprintf("| `%s` | %s (%d) | %s | %s |", rt.Name, classes[rt.Class].name, rt.Class, rt.Activity, strings.ReplaceAll(rt.About, "|", `\|`))
 		if !strings.Contains(string(readme), row) {
 			t.Errorf("%s is not in docs/audit.md's record types", row)
 		}

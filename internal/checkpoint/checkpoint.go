@@ -11,6 +11,7 @@
 package checkpoint
 
 import (
+	"agentbox.dev/agentbox/internal/checkpoint/naming"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,7 +20,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -36,16 +36,8 @@ const Version = 1
 // macContext separates this MAC from any other use of the node key.
 const macContext = "agentbox checkpoint manifest v1\n"
 
-// nameRE is what a checkpoint name may be: a name, never a path.
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
 // ValidName says why name cannot name a checkpoint (nil: it can).
-func ValidName(name string) error {
-	if !nameRE.MatchString(name) || strings.Contains(name, "..") {
-		return fmt.Errorf("checkpoint name %q: want 1 to 63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit (a name in the node's store, never a path)", name)
-	}
-	return nil
-}
+func ValidName(name string) error { return naming.Valid(name) }
 
 // File is one file of an image.
 type File struct {

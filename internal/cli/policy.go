@@ -47,7 +47,7 @@ func policyCommand() *cli.Command {
 					&cli.StringFlag{Name: "namespace", Usage: "the pod's Kubernetes namespace (CRI)"},
 					&cli.StringFlag{Name: "containerd-namespace", Value: "k8s.io", Usage: "containerd namespace"},
 					&cli.StringFlag{Name: "handler", Usage: "runtime handler (default: the config's policy.handler)"},
-					&cli.StringFlag{Name: "policy-dir", Usage: "policy directory (default: the config's policy.dir)"},
+					policyPathsFlag(),
 					configFlag(),
 					&cli.StringSliceFlag{Name: "annotation", Usage: "pod annotation KEY=VALUE (agentbox.dev/* tighten the role)"},
 					&cli.StringFlag{Name: "pod", Usage: "a Kubernetes v1 Pod manifest (YAML or JSON, - for stdin): explain what each of its containers asks for and gets, or why it is refused; its namespace and annotations claim the role"},
@@ -67,7 +67,7 @@ func policyExplain(c *cli.Context) error {
 	if err != nil {
 		return cli.Exit(err, 1)
 	}
-	set, err := policy.LoadPaths(flagOr(c, "policy-dir", cfg.Policy.Dir))
+	set, err := policy.LoadPaths(policyPaths(c, cfg.Policy.Dir)...)
 	if err != nil {
 		for _, e := range policy.Errors(err) {
 			fmt.Fprintln(c.App.ErrWriter, e)
@@ -167,6 +167,21 @@ func runningUnder(dir, role string) []control.Sandbox {
 
 // flagOr is the string flag name when it was given, else def (the
 // config's value).
+// policyPathsFlag names the policy files a command loads: directories or
+// files, as many as given (a role written to a file, beside the shipped
+// roles it inherits).
+func policyPathsFlag() cli.Flag {
+	return &cli.StringSliceFlag{Name: "policy-dir", Usage: "policy directory or file; repeat to load several (default: the config's policy.dir)"}
+}
+
+// policyPaths is what --policy-dir names, or def.
+func policyPaths(c *cli.Context, def string) []string {
+	if c.IsSet("policy-dir") {
+		return c.StringSlice("policy-dir")
+	}
+	return []string{def}
+}
+
 func flagOr(c *cli.Context, name, def string) string {
 	if c.IsSet(name) {
 		return c.String(name)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -46,7 +47,7 @@ func policyDiffCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "trail", Required: true, Usage: "the agent's trail files"},
 			&cli.StringFlag{Name: "role", Required: true, Usage: "the role to hold the run against"},
-			&cli.StringFlag{Name: "policy-dir", Usage: "policy directory, or files (default: the config's policy.dir)"},
+			policyPathsFlag(),
 			configFlag(),
 		},
 		Action: func(c *cli.Context) error {
@@ -54,7 +55,7 @@ func policyDiffCommand() *cli.Command {
 			if err != nil {
 				return cli.Exit(err, 1)
 			}
-			set, err := policy.LoadPaths(flagOr(c, "policy-dir", cfg.Policy.Dir))
+			set, err := policy.LoadPaths(policyPaths(c, cfg.Policy.Dir)...)
 			if err != nil {
 				for _, e := range policy.Errors(err) {
 					fmt.Fprintln(c.App.ErrWriter, e)
@@ -62,7 +63,7 @@ func policyDiffCommand() *cli.Command {
 				return cli.Exit("the policy does not load", 1)
 			}
 			if _, ok := set.Roles[c.String("role")]; !ok {
-				return cli.Exit(fmt.Sprintf("role %q is not defined in %s", c.String("role"), flagOr(c, "policy-dir", cfg.Policy.Dir)), 1)
+				return cli.Exit(fmt.Sprintf("role %q is not defined in %s", c.String("role"), strings.Join(policyPaths(c, cfg.Policy.Dir), ", ")), 1)
 			}
 			p, err := set.Profile(c.String("role"))
 			if err != nil {

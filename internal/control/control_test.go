@@ -161,9 +161,12 @@ func TestListAndFind(t *testing.T) {
 	}
 }
 
-// Requests to one sandbox are applied one at a time, whatever the clients
-// do at once.
-func TestRequestsSerialize(t *testing.T) {
+// The server holds no lock of its own around its handler: requests reach
+// it at once, and the handler serializes what changes a sandbox (the
+// shim's operation lock), so a status is never held behind a slow
+// checkpoint. (The lock order, shim/sandbox's package doc, has no place
+// for one here.)
+func TestRequestsReachTheHandlerAtOnce(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "control")
 	var inside, most atomic.Int32
 	s := serve(t, dir, "sb1", uint32(os.Geteuid()), func(context.Context, Peer, Request) Response {
@@ -190,7 +193,7 @@ func TestRequestsSerialize(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if most.Load() != 1 {
-		t.Fatalf("%d requests were applied at once", most.Load())
+	if most.Load() < 2 {
+		t.Fatalf("at most %d request reached the handler at once: the server serializes them", most.Load())
 	}
 }

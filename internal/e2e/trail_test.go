@@ -57,6 +57,16 @@ type record struct {
 	} `json:"src_endpoint"`
 	Counts map[string]int    `json:"counts"`
 	Detail map[string]string `json:"detail"`
+	// Model is a model call's record, as far as the budget tests read it.
+	Model *struct {
+		Requested string `json:"requested_model"`
+		Endpoint  string `json:"endpoint"`
+		Budget    *struct {
+			Reserved int64 `json:"reserved_tokens"`
+			Charged  int64 `json:"charged_tokens"`
+			CapSet   int64 `json:"cap_set"`
+		} `json:"budget"`
+	} `json:"model"`
 }
 
 func readTrail(t *testing.T, sandbox string) []record {

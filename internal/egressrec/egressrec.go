@@ -13,15 +13,14 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/dnsproxy"
-	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/egressev"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
 // Gateway turns a gateway event into a record. Names, methods and
 // paths come from the sandbox: scrubbed like argv.
-func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
+func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 	clean := func(s string) string { return scrubbed(scrub, s) }
 	name := e.SNI
 	if e.Host != "" {
@@ -40,7 +39,7 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 	var typ audit.RecordType
 	status, msg := "Success", ""
 	switch e.Kind {
-	case egressgw.Request:
+	case egressev.Request:
 		typ, detail["egress"] = audit.TypeEgressRequest, "allow"
 		scheme := "http"
 		if e.Proto == "https" {
@@ -50,10 +49,10 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 			detail["injected"] = strings.Join(e.Injected, ", ")
 		}
 		msg = fmt.Sprintf("%s %s://%s%s -> %d (%s)", detail["method"], scheme, name, detail["path"], e.Status, e.Rule)
-	case egressgw.Passthrough:
+	case egressev.Passthrough:
 		typ, detail["egress"] = audit.TypeEgressConnection, "allow"
 		msg = fmt.Sprintf("tls %s:%d via %s: %d bytes sent, %d received (%s)", name, e.Port, e.Dialled, e.Sent, e.Received, e.Rule)
-	case egressgw.WebSocketClosed:
+	case egressev.WebSocketClosed:
 		typ, detail["egress"] = audit.TypeWebSocketClosed, "allow"
 		msg = fmt.Sprintf("websocket %s%s via %s closed after %s: %d bytes sent, %d received (%s)", name, detail["path"], e.Dialled,
 			e.Duration.Round(time.Millisecond), e.Sent, e.Received, detail["reason"])
@@ -76,7 +75,7 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 		}
 	}
 	var model *audit.ModelCall
-	if e.Kind == egressgw.Request && e.Model != nil {
+	if e.Kind == egressev.Request && e.Model != nil {
 		typ, model = audit.TypeModelCall, modelCall(e.Model, clean)
 		msg = modelMessage(model, msg)
 	}
@@ -92,11 +91,15 @@ func Gateway(e egressgw.Event, scrub *audit.RoleScrubber) *audit.Record {
 // modelCall is the record of what the gateway read of a model call. What
 // the model and the client said comes from the sandbox or its origin:
 // scrubbed like argv.
-func modelCall(m *egressgw.ModelCall, clean func(string) string) *audit.ModelCall {
+func modelCall(m *egressev.ModelCall, clean func(string) string) *audit.ModelCall {
 	res := m.Response
 	out := &audit.ModelCall{Name: clean(res.Model), Provider: m.API.Provider(), Application: clean(m.Application), API: string(m.API),
 		Requested: clean(m.Request.Model), Stream: m.Request.Stream, StopReason: clean(res.StopReason), Events: res.Events,
-		RequestDigest: m.Request.Digest, RequestBytes: m.Request.Bytes, Error: clean(res.Error), Problem: res.Problem}
+		RequestDigest: m.Request.Digest, RequestBytes: m.Request.Bytes, Error: clean(res.Error), Problem: res.Problem,
+		Endpoint: clean(m.Endpoint.Name)}
+	if m.Budgeted {
+		out.Budget = &audit.ModelCharge{Reserved: m.Reserved, Charged: m.Charged, CapSet: m.CapSet}
+	}
 	if out.Name == "" {
 		out.Name = out.Requested
 	}
@@ -173,7 +176,7 @@ func scrubbed(scrub *audit.RoleScrubber, s string) string {
 
 // endpoints sets a gateway record's source (the agent's end) and its
 // destination (the address the gateway dialled, where it did).
-func endpoints(r *audit.Record, e egressgw.Event) {
+func endpoints(r *audit.Record, e egressev.Event) {
 	if e.Client.IsValid() {
 		r.Src = &audit.Endpoint{IP: e.Client.Addr().Unmap().String(), Port: int(e.Client.Port())}
 	}
@@ -184,7 +187,7 @@ func endpoints(r *audit.Record, e egressgw.Event) {
 
 // Reflected are the records of the injected secrets e's response
 // carried back, one per place and encoding (the gateway replaced them).
-func Reflected(e egressgw.Event, scrub *audit.RoleScrubber) []*audit.Record {
+func Reflected(e egressev.Event, scrub *audit.RoleScrubber) []*audit.Record {
 	var out []*audit.Record
 	path := scrubbed(scrub, e.Path)
 	for _, x := range e.Reflected {
@@ -204,16 +207,16 @@ const RuleGateway = "egress gateway (decided by name)"
 
 // DNS turns a resolver decision into a record. The name comes from
 // the sandbox: it is scrubbed like argv.
-func DNS(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
+func DNS(d egressev.Decision, scrub *audit.RoleScrubber) *audit.Record {
 	name := scrubbed(scrub, d.Name)
 	detail := map[string]string{"name": name, "type": d.Type, "rule": d.Rule, "rcode": d.Rcode,
 		"transport": map[bool]string{true: "tcp", false: "udp"}[d.TCP]}
 	status := "Failure"
-	typ := map[dnsproxy.Outcome]audit.RecordType{dnsproxy.Answered: audit.TypeDNSAnswered, dnsproxy.Refused: audit.TypeDNSRefused,
-		dnsproxy.Failed: audit.TypeDNSFailed, dnsproxy.Malformed: audit.TypeDNSMalformed}[d.Outcome]
+	typ := map[egressev.Outcome]audit.RecordType{egressev.DNSAnswered: audit.TypeDNSAnswered, egressev.DNSRefused: audit.TypeDNSRefused,
+		egressev.DNSFailed: audit.TypeDNSFailed, egressev.DNSMalformed: audit.TypeDNSMalformed}[d.Outcome]
 	var msg string
 	switch d.Outcome {
-	case dnsproxy.Answered:
+	case egressev.DNSAnswered:
 		status = "Success"
 		var addrs []string
 		for _, a := range d.Addrs {
@@ -235,7 +238,7 @@ func DNS(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 			detail["allowed_for"] = d.TTL.String()
 		}
 		msg = fmt.Sprintf("%s %s answered %s (%s)", d.Type, name, d.Rcode, d.Rule)
-	case dnsproxy.Refused:
+	case egressev.DNSRefused:
 		msg = fmt.Sprintf("%s %s refused: %s", d.Type, name, d.Rule)
 	default:
 		msg = fmt.Sprintf("%s %s %s", d.Type, name, d.Outcome)
@@ -253,7 +256,7 @@ func DNS(d dnsproxy.Decision, scrub *audit.RoleScrubber) *audit.Record {
 }
 
 // Withheld says that an answered address was not opened, and why.
-func Withheld(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubber) *audit.Record {
+func Withheld(d egressev.Decision, w egressev.Withheld, scrub *audit.RoleScrubber) *audit.Record {
 	name := scrubbed(scrub, d.Name)
 	return audit.TypeDNSWithheld.New("Failure",
 		fmt.Sprintf("%s %s answered %s, not opened: %s", d.Type, name, w.Addr, w.Reason),
@@ -267,7 +270,7 @@ func Withheld(d dnsproxy.Decision, w dnsproxy.Withheld, scrub *audit.RoleScrubbe
 // gateway decides each connection by name (its own records).
 func ConnectDecision(start *netpolicy.Plan, live *atomic.Pointer[netpolicy.Plan], dnsAddr netip.Addr) func(*audit.Record) {
 	gwPorts := map[int]bool{}
-	for _, p := range egressgw.Ports(start) {
+	for _, p := range start.HostPorts() {
 		gwPorts[p] = true
 	}
 	return func(r *audit.Record) {

@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
-	"agentbox.dev/agentbox/internal/dnsproxy"
-	"agentbox.dev/agentbox/internal/egressgw"
+	"agentbox.dev/agentbox/internal/egressev"
 	"agentbox.dev/agentbox/internal/modelapi"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
@@ -23,16 +22,16 @@ func TestDNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A token smuggled in a name is redacted like one in argv.
-	r := DNS(dnsproxy.Decision{Outcome: dnsproxy.Refused, Name: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Type: "A", Rule: "no host rule matches", Rcode: "RCodeNameError"}, scrub)
+	r := DNS(egressev.Decision{Outcome: egressev.DNSRefused, Name: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Type: "A", Rule: "no host rule matches", Rcode: "RCodeNameError"}, scrub)
 	if r.Event != "agentbox/dns_refused" || r.Status != "Failure" || strings.Contains(r.Message, "ghp_abc") || !strings.Contains(r.Detail["name"], audit.Redacted) {
 		t.Errorf("refused: %+v %v", r, r.Detail)
 	}
-	r = DNS(dnsproxy.Decision{Outcome: dnsproxy.Answered, Name: "api.example.com", Type: "A", Rule: "allow[0] host api.example.com",
+	r = DNS(egressev.Decision{Outcome: egressev.DNSAnswered, Name: "api.example.com", Type: "A", Rule: "allow[0] host api.example.com",
 		Rcode: "RCodeSuccess", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")}, TTL: 5 * time.Minute}, scrub)
 	if r.Event != "agentbox/dns_answered" || r.Status != "Success" || r.Detail["addresses"] != "192.0.2.1, 192.0.2.2" || r.Detail["allowed_for"] != "5m0s" || r.Detail["transport"] != "udp" {
 		t.Errorf("answered: %+v %v", r, r.Detail)
 	}
-	r = DNS(dnsproxy.Decision{Outcome: dnsproxy.Failed, Name: "api.example.com", Type: "AAAA", Err: errors.New("upstream down"), TCP: true}, scrub)
+	r = DNS(egressev.Decision{Outcome: egressev.DNSFailed, Name: "api.example.com", Type: "AAAA", Err: errors.New("upstream down"), TCP: true}, scrub)
 	if r.Event != "agentbox/dns_failed" || r.Detail["error"] != "upstream down" || r.Detail["transport"] != "tcp" || !strings.HasSuffix(r.Message, ": upstream down") {
 		t.Errorf("failed: %+v %v", r, r.Detail)
 	}
@@ -52,7 +51,7 @@ func TestGateway(t *testing.T) {
 	client := netip.MustParseAddrPort("[::ffff:10.0.0.5]:40000")
 	for _, tc := range []struct {
 		name     string
-		e        egressgw.Event
+		e        egressev.Event
 		event    string
 		status   string
 		msg      string
@@ -60,22 +59,22 @@ func TestGateway(t *testing.T) {
 		dst      audit.Endpoint
 		noDetail []string
 	}{
-		{name: "request", e: egressgw.Event{Kind: egressgw.Request, Client: client, Port: 443, Proto: "https", SNI: "api.test", Host: "api.test",
+		{name: "request", e: egressev.Event{Kind: egressev.Request, Client: client, Port: 443, Proto: "https", SNI: "api.test", Host: "api.test",
 			Rule: "allow[0] host api.test", Dialled: "192.0.2.7:443", Method: "POST", Path: "/v1/x", Status: 201, Sent: 10, Received: 20, Injected: []string{"Authorization"}},
 			event: "agentbox/egress_request", status: "Success", msg: "POST https://api.test/v1/x -> 201 (allow[0] host api.test)",
 			detail: map[string]string{"egress": "allow", "injected": "Authorization", "http_status": "201", "bytes_sent": "10", "client": "[::ffff:10.0.0.5]:40000"},
 			dst:    audit.Endpoint{IP: "192.0.2.7", Port: 443}},
-		{name: "passthrough", e: egressgw.Event{Kind: egressgw.Passthrough, Port: 443, Proto: "tls", SNI: "pypi.test", Rule: "r", Dialled: "192.0.2.8:443"},
+		{name: "passthrough", e: egressev.Event{Kind: egressev.Passthrough, Port: 443, Proto: "tls", SNI: "pypi.test", Rule: "r", Dialled: "192.0.2.8:443"},
 			event: "agentbox/egress_connection", status: "Success", msg: "tls pypi.test:443 via 192.0.2.8:443: 0 bytes sent, 0 received (r)",
 			detail: map[string]string{"sni": "pypi.test", "egress": "allow"}, dst: audit.Endpoint{IP: "192.0.2.8", Port: 443},
 			noDetail: []string{"bytes_sent", "bytes_received", "host", "method", "client"}},
-		{name: "websocket", e: egressgw.Event{Kind: egressgw.WebSocketClosed, Port: 443, Host: "ws.test", Path: "/chat", Dialled: "192.0.2.9:443", Reason: "idle", Duration: time.Second},
+		{name: "websocket", e: egressev.Event{Kind: egressev.WebSocketClosed, Port: 443, Host: "ws.test", Path: "/chat", Dialled: "192.0.2.9:443", Reason: "idle", Duration: time.Second},
 			event: "agentbox/websocket_closed", status: "Success", msg: "websocket ws.test/chat via 192.0.2.9:443 closed after 1s: 0 bytes sent, 0 received (idle)",
 			dst: audit.Endpoint{IP: "192.0.2.9", Port: 443}},
-		{name: "refused without a name", e: egressgw.Event{Kind: egressgw.Refused, Port: 8443, Reason: "no SNI"},
+		{name: "refused without a name", e: egressev.Event{Kind: egressev.Refused, Port: 8443, Reason: "no SNI"},
 			event: "agentbox/egress_refused", status: "Failure", msg: "port 8443 refused: no SNI",
 			detail: map[string]string{"egress": "deny", "reason": "no SNI"}, dst: audit.Endpoint{Port: 8443}},
-		{name: "a token in the host is scrubbed", e: egressgw.Event{Kind: egressgw.Refused, Port: 443, Host: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Reason: "no host rule"},
+		{name: "a token in the host is scrubbed", e: egressev.Event{Kind: egressev.Refused, Port: 443, Host: "ghp_abcdefghijklmnopqrstuvwxyz0123.evil.test", Reason: "no host rule"},
 			event: "agentbox/egress_refused", status: "Failure", dst: audit.Endpoint{Port: 443}},
 	} {
 		r := Gateway(tc.e, scrub)
@@ -106,8 +105,8 @@ func TestGateway(t *testing.T) {
 
 // One record per place and encoding a secret came back in; never its value.
 func TestReflected(t *testing.T) {
-	e := egressgw.Event{Kind: egressgw.Request, Host: "echo.test", Method: "GET", Path: "/echo", Status: 200, Rule: "r", Dialled: "192.0.2.1:443",
-		Reflected: []egressgw.Reflection{{Where: "body", Encoding: "raw", Count: 2}, {Where: "header X-Echo", Encoding: "base64", Count: 1}}}
+	e := egressev.Event{Kind: egressev.Request, Host: "echo.test", Method: "GET", Path: "/echo", Status: 200, Rule: "r", Dialled: "192.0.2.1:443",
+		Reflected: []egressev.Reflection{{Where: "body", Encoding: "raw", Count: 2}, {Where: "header X-Echo", Encoding: "base64", Count: 1}}}
 	recs := Reflected(e, nil)
 	if len(recs) != 2 {
 		t.Fatalf("%d records", len(recs))
@@ -119,14 +118,14 @@ func TestReflected(t *testing.T) {
 			t.Errorf("record %d: %+v %v", i, r, r.Detail)
 		}
 	}
-	if len(Reflected(egressgw.Event{Kind: egressgw.Request}, nil)) != 0 {
+	if len(Reflected(egressev.Event{Kind: egressev.Request}, nil)) != 0 {
 		t.Error("records for a response that carried nothing back")
 	}
 }
 
 func TestWithheld(t *testing.T) {
-	d := dnsproxy.Decision{Name: "api.test", Type: "A", Rule: "allow[0] host api.test"}
-	r := Withheld(d, dnsproxy.Withheld{Addr: netip.MustParseAddr("10.0.0.1"), Reason: "private"}, nil)
+	d := egressev.Decision{Name: "api.test", Type: "A", Rule: "allow[0] host api.test"}
+	r := Withheld(d, egressev.Withheld{Addr: netip.MustParseAddr("10.0.0.1"), Reason: "private"}, nil)
 	if r.Event != "agentbox/dns_address_withheld" || r.Status != "Failure" || r.Detail["address"] != "10.0.0.1" || r.Detail["reason"] != "private" ||
 		r.Message != "A api.test answered 10.0.0.1, not opened: private" {
 		t.Fatalf("%+v %v", r, r.Detail)
@@ -185,9 +184,9 @@ func TestModelCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := egressgw.Event{Kind: egressgw.Request, Proto: "https", SNI: "api.anthropic.com", Host: "api.anthropic.com", Method: "POST", Path: "/v1/messages",
+	e := egressev.Event{Kind: egressev.Request, Proto: "https", SNI: "api.anthropic.com", Host: "api.anthropic.com", Method: "POST", Path: "/v1/messages",
 		Status: 200, Rule: "allow[0] host api.anthropic.com ports [443]", Dialled: "10.0.0.9:443", Injected: []string{"X-Api-Key"},
-		Model: &egressgw.ModelCall{API: modelapi.Anthropic, Answered: true, FirstByte: 41200 * time.Microsecond, Application: "claude-cli/2.1",
+		Model: &egressev.ModelCall{API: modelapi.Anthropic, Answered: true, FirstByte: 41200 * time.Microsecond, Application: "claude-cli/2.1",
 			Request: modelapi.Request{Model: "claude-asked", Stream: true, Digest: "ab", Bytes: 10},
 			Response: modelapi.Response{Model: "claude-answered", StopReason: "tool_use", Usage: modelapi.Usage{Known: true, Prompt: 12, Completion: 30, Total: 42}, Events: 5,
 				ToolCalls: []modelapi.ToolCall{{ID: "toolu_1", Name: "Bash", Input: `{"command":"curl -H 'Authorization: Bearer abcdefghijklmnopqrstuvwxyz' https://x/"}`}}}}}
@@ -206,13 +205,13 @@ func TestModelCall(t *testing.T) {
 		t.Errorf("message %q, want %q...", r.Message, want)
 	}
 	// No answer: the model asked for, and why there is nothing else.
-	e.Model = &egressgw.ModelCall{API: modelapi.OpenAI, Request: modelapi.Request{Model: "gpt-x"}}
+	e.Model = &egressev.ModelCall{API: modelapi.OpenAI, Request: modelapi.Request{Model: "gpt-x"}}
 	e.Status = 502
 	if r := Gateway(e, scrub); r.Model.Name != "gpt-x" || r.Model.Problem != "no response" || r.Model.Tokens != nil || r.Model.Provider != "OpenAI" {
 		t.Fatalf("unanswered: %+v", r.Model)
 	}
 	// A refusal is not a model call, whatever the rule.
-	e.Kind = egressgw.Refused
+	e.Kind = egressev.Refused
 	if r := Gateway(e, scrub); r.Event != "agentbox/egress_refused" || r.Model != nil {
 		t.Fatalf("refused: %+v", r)
 	}
@@ -226,8 +225,8 @@ func TestModelCallKeep(t *testing.T) {
 		t.Fatal(err)
 	}
 	call := func(keep string) *audit.ModelCall {
-		e := egressgw.Event{Kind: egressgw.Request, Host: "api.openai.com", Method: "POST", Path: "/v1/responses", Status: 200,
-			Model: &egressgw.ModelCall{API: modelapi.OpenAI, Answered: true, Keep: keep,
+		e := egressev.Event{Kind: egressev.Request, Host: "api.openai.com", Method: "POST", Path: "/v1/responses", Status: 200,
+			Model: &egressev.ModelCall{API: modelapi.OpenAI, Answered: true, Keep: keep,
 				Request:  modelapi.Request{Model: "gpt-x", Digest: "ab", Bytes: 9, Content: `{"input":"use Authorization: Bearer abcdefghijklmnopqrstuvwxyz"}`},
 				Response: modelapi.Response{ToolCalls: []modelapi.ToolCall{{ID: "c1", Name: "shell", Input: `{"command":"ls"}`}}}}}
 		return Gateway(e, scrub).Model

@@ -268,7 +268,10 @@ func writeProfileExplanation(w io.Writer, ex Explanation) {
 				bounds = append(bounds, fmt.Sprintf("%d %s", x.n, x.what))
 			}
 		}
-		fmt.Fprintf(w, "             model budget %s (counted at the gateway; past it, the vendor's 429)\n", strings.Join(bounds, ", "))
+		if b.MaxOutput > 0 {
+			bounds = append(bounds, fmt.Sprintf("an output cap of %d set on a call naming none", b.MaxOutput))
+		}
+		fmt.Fprintf(w, "             model budget %s (each call reserves its input's size and its output cap at the gateway; past it, the vendor's 429)\n", strings.Join(bounds, ", "))
 	}
 	for _, r := range p.Network.Allow {
 		if r.API != "" {

@@ -42,7 +42,8 @@ func narrowBudget(cur, next policy.ModelBudget) (policy.ModelBudget, []string, [
 		cur, next int64
 		live      *int64
 	}{{"tokens", cur.Tokens, next.Tokens, &out.Tokens}, {"requests", cur.Requests, next.Requests, &out.Requests},
-		{"requests per minute", cur.RequestsPerMinute, next.RequestsPerMinute, &out.RequestsPerMinute}} {
+		{"requests per minute", cur.RequestsPerMinute, next.RequestsPerMinute, &out.RequestsPerMinute},
+		{"output cap", cur.MaxOutput, next.MaxOutput, &out.MaxOutput}} {
 		switch {
 		case b.next == b.cur:
 		case b.next > 0 && (b.cur == 0 || b.next < b.cur):

@@ -131,4 +131,12 @@ func TestNarrowBudget(t *testing.T) {
 	if live.Equal(cur) || !live.Equal(live) {
 		t.Error("Equal ignores the budget")
 	}
+	// A lower output cap applies at once; a higher one loosens.
+	capped := &Plan{Enforced: true, Resolver: true, Budget: policy.ModelBudget{Tokens: 500, RequestsPerMinute: 5, MaxOutput: 400}}
+	if l, a, _ := Narrow(next, capped); l.Budget.MaxOutput != 400 || !slices.Equal(a, []string{"model output cap bounded to 400"}) {
+		t.Errorf("capped: %+v %q", l.Budget, a)
+	}
+	if _, _, p := Narrow(capped, next); !slices.Equal(p, []string{"model output cap bound removed (loosens)"}) {
+		t.Errorf("cap removed: %q", p)
+	}
 }

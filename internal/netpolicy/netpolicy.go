@@ -210,6 +210,22 @@ func (pl *Plan) Hosts() []Rule {
 	return out
 }
 
+// HostPorts are the ports the host rules name, each once, in order: the
+// gateway listens on each.
+func (pl *Plan) HostPorts() []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, r := range pl.Hosts() {
+		for _, p := range r.Ports {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
 // HostNames are the host rules' patterns, in order, for records and
 // explanations.
 func (pl *Plan) HostNames() []string {
@@ -347,6 +363,14 @@ func QuarantineRuleset(ifaces []string) string {
 	return b.String()
 }
 
+// LogGroup is the nfnetlink_log group agentbox's drop rules log to, in the
+// pod's network namespace (groups are per namespace).
+const LogGroup = 7
+
+// LogPrefix starts the prefix of every agentbox log rule; the rule's name
+// follows.
+const LogPrefix = "agentbox: "
+
 // Rule names Decide reports besides allow rules.
 const (
 	RuleQuarantine    = "quarantine"
@@ -365,7 +389,7 @@ const LogRate = "20/second burst 40 packets"
 // (a limit that is over lets the packet fall through, so it cannot share
 // the drop's line), then the counted drop.
 func writeDrop(b *strings.Builder, match, rule, comment string) {
-	fmt.Fprintf(b, "\t\t%slimit rate %s log prefix %q group %d\n", match, LogRate, logPrefix+rule, LogGroup)
+	fmt.Fprintf(b, "\t\t%slimit rate %s log prefix %q group %d\n", match, LogRate, LogPrefix+rule, LogGroup)
 	fmt.Fprintf(b, "\t\t%scounter drop comment %q\n", match, comment)
 }
 

@@ -13,13 +13,20 @@ type WallClock struct {
 	// limit is the role's wall clock (0: none); used is what the agent
 	// had used of it before this sandbox (a restore); started is when
 	// this sandbox was created.
-	limit, used time.Duration
-	started     time.Time
+	// +checklocks:mu
+	limit time.Duration
+	// +checklocks:mu
+	used time.Duration
+	// +checklocks:mu
+	started time.Time
 	// timer fires at deadline; while held it is stopped and left is what
 	// remained (0: not held).
-	timer    *time.Timer
+	// +checklocks:mu
+	timer *time.Timer
+	// +checklocks:mu
 	deadline time.Time
-	left     time.Duration
+	// +checklocks:mu
+	left time.Duration
 }
 
 // NewWallClock is the clock of a sandbox created at started.
@@ -93,6 +100,7 @@ func (c *WallClock) Left() (time.Duration, bool) {
 	return c.leftLocked()
 }
 
+// +checklocks:c.mu
 func (c *WallClock) leftLocked() (time.Duration, bool) {
 	switch {
 	case c.timer == nil:

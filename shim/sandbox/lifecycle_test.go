@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 )
 
 // legal is every move a sandbox may make, written out by hand apart from
@@ -16,39 +18,52 @@ var legal = map[string]bool{
 	"creating quarantined --start--> running":    true,
 	"creating quarantined --exit--> ended":       true,
 	"creating quarantined --release--> creating": true,
+	"creating --abandon--> stopping":             true,
+	"creating quarantined --abandon--> stopping": true,
+	"creating --stop--> stopping":                true,
+	"creating quarantined --stop--> stopping":    true,
 
-	"running --freeze--> frozen":                             true,
-	"running --checkpoint--> checkpointing":                  true,
-	"running --stop--> stopping":                             true,
-	"running --exit--> ended":                                true,
-	"running --quarantine--> running":                        true,
-	"running quarantined --freeze--> frozen":                 true,
-	"running quarantined --checkpoint--> checkpointing":      true,
-	"running quarantined --stop--> stopping":                 true,
-	"running quarantined --exit--> ended":                    true,
-	"running quarantined --release--> running":               true,
-	"frozen --thaw--> running":                               true,
-	"frozen --checkpoint--> checkpointing":                   true,
-	"frozen quarantined --checkpoint--> checkpointing":       true,
-	"frozen --stop--> stopping":                              true,
-	"frozen --exit--> ended":                                 true,
-	"frozen --quarantine--> frozen":                          true,
-	"frozen quarantined --thaw--> running":                   true,
-	"frozen quarantined --stop--> stopping":                  true,
-	"frozen quarantined --exit--> ended":                     true,
-	"frozen quarantined --release--> frozen":                 true,
-	"checkpointing --checkpoint-done--> running":             true,
-	"checkpointing --suspend--> stopping":                    true,
-	"checkpointing --stop--> stopping":                       true,
-	"checkpointing --exit--> ended":                          true,
-	"checkpointing quarantined --checkpoint-done--> running": true,
-	"checkpointing quarantined --suspend--> stopping":        true,
-	"checkpointing quarantined --stop--> stopping":           true,
-	"checkpointing quarantined --exit--> ended":              true,
-	"stopping --stop--> stopping":                            true,
-	"stopping --exit--> ended":                               true,
-	"stopping quarantined --stop--> stopping":                true,
-	"stopping quarantined --exit--> ended":                   true,
+	"running --freeze--> frozen":                        true,
+	"running --checkpoint--> checkpointing":             true,
+	"running --stop--> stopping":                        true,
+	"running --exit--> ended":                           true,
+	"running --quarantine--> running":                   true,
+	"running quarantined --freeze--> frozen":            true,
+	"running quarantined --checkpoint--> checkpointing": true,
+	"running quarantined --stop--> stopping":            true,
+	"running quarantined --exit--> ended":               true,
+	"running quarantined --release--> running":          true,
+	"frozen --thaw--> running":                          true,
+	"frozen --checkpoint--> checkpointing":              true,
+	"frozen quarantined --checkpoint--> checkpointing":  true,
+	"frozen --stop--> stopping":                         true,
+	"frozen --exit--> ended":                            true,
+	"frozen --quarantine--> frozen":                     true,
+	"frozen quarantined --thaw--> running":              true,
+	"frozen quarantined --stop--> stopping":             true,
+	"frozen quarantined --exit--> ended":                true,
+	"frozen quarantined --release--> frozen":            true,
+	// A checkpoint ends where it began: running, or frozen.
+	"checkpointing from running --checkpoint-done--> running":             true,
+	"checkpointing from frozen --checkpoint-done--> frozen":               true,
+	"checkpointing from running quarantined --checkpoint-done--> running": true,
+	"checkpointing from frozen quarantined --checkpoint-done--> frozen":   true,
+	"checkpointing from running --suspend--> stopping":                    true,
+	"checkpointing from frozen --suspend--> stopping":                     true,
+	"checkpointing from running --stop--> stopping":                       true,
+	"checkpointing from frozen --stop--> stopping":                        true,
+	"checkpointing from running --exit--> ended":                          true,
+	"checkpointing from frozen --exit--> ended":                           true,
+	"checkpointing from running quarantined --suspend--> stopping":        true,
+	"checkpointing from frozen quarantined --suspend--> stopping":         true,
+	"checkpointing from running quarantined --stop--> stopping":           true,
+	"checkpointing from frozen quarantined --stop--> stopping":            true,
+	"checkpointing from running quarantined --exit--> ended":              true,
+	"checkpointing from frozen quarantined --exit--> ended":               true,
+	"stopping --stop--> stopping":                                         true,
+	"stopping --exit--> ended":                                            true,
+	"stopping quarantined --stop--> stopping":                             true,
+	"stopping quarantined --exit--> ended":                                true,
 	// Ended allows nothing.
 }
 
@@ -58,23 +73,34 @@ var legal = map[string]bool{
 func TestTransitionTable(t *testing.T) {
 	seen := 0
 	for _, p := range Phases() {
-		for _, q := range []bool{false, true} {
-			for _, ev := range Events() {
-				from := p.String()
-				if q {
-					from += " quarantined"
-				}
-				next, err := Next(p, q, ev)
-				move := fmt.Sprintf("%s --%s--> %s", from, ev, next)
-				switch {
-				case err == nil && !legal[move]:
-					t.Errorf("%s: allowed, and the list does not have it", move)
-				case err == nil:
-					seen++
-				case !errors.Is(err, ErrIllegal):
-					t.Errorf("%s --%s--> refused with %v, not ErrIllegal", from, ev, err)
-				case next != p:
-					t.Errorf("%s --%s--> refused, yet moved to %s", from, ev, next)
+		origins := []Phase{Running}
+		if p == Checkpointing {
+			origins = []Phase{Running, Frozen}
+		}
+		for _, origin := range origins {
+			for _, q := range []bool{false, true} {
+				for _, ev := range Events() {
+					from := p.String()
+					if p == Checkpointing {
+						from += " from " + origin.String()
+					}
+					st := Status{Phase: p, CheckpointFrom: origin}
+					if q {
+						from += " quarantined"
+						st.QuarantinedAt = time.Unix(1, 0)
+					}
+					next, err := Next(st, ev)
+					move := fmt.Sprintf("%s --%s--> %s", from, ev, next)
+					switch {
+					case err == nil && !legal[move]:
+						t.Errorf("%s: allowed, and the list does not have it", move)
+					case err == nil:
+						seen++
+					case !errors.Is(err, ErrIllegal):
+						t.Errorf("%s --%s--> refused with %v, not ErrIllegal", from, ev, err)
+					case next != p:
+						t.Errorf("%s --%s--> refused, yet moved to %s", from, ev, next)
+					}
 				}
 			}
 		}
@@ -169,5 +195,36 @@ func TestLifecycleConcurrent(t *testing.T) {
 	}
 	if _, err := l.Fire(Exit, ""); err != nil || l.Now().Phase != Ended {
 		t.Fatalf("%v %v", err, l.Now().Phase)
+	}
+}
+
+// How a sandbox stopped is its lifecycle's: the first stop's reason, a
+// suspend's checkpoint, an abandoned restore's; and a waiter sees each
+// move.
+func TestLifecycleStopsAndWaits(t *testing.T) {
+	var l Lifecycle
+	l.Fire(Started, "")
+	l.Fire(Checkpoint, "")
+	done := make(chan Status)
+	go func() {
+		st, _ := l.Wait(context.Background(), 5*time.Second, func(s Status) bool { return s.Phase != Checkpointing })
+		done <- st
+	}()
+	time.Sleep(10 * time.Millisecond)
+	l.Fire(Suspend, "cp-1")
+	if st := <-done; st.Phase != Stopping || st.SuspendedInto != "cp-1" {
+		t.Fatalf("the waiter saw %+v", st)
+	}
+	l.Fire(Stop, StopWallClock)
+	l.Fire(Stop, "admin")
+	if st := l.Now(); st.StopReason != StopWallClock {
+		t.Fatalf("stop reason %q, want the first", st.StopReason)
+	}
+	if _, ok := l.Wait(context.Background(), 20*time.Millisecond, func(s Status) bool { return s.Phase == Running }); ok {
+		t.Fatal("a wait for what does not come returned true")
+	}
+	var a Lifecycle
+	if _, err := a.Fire(Abandon, "cp-2"); err != nil || a.Now().RestoreFailed != "cp-2" || a.Now().Phase != Stopping {
+		t.Fatalf("abandon: %v %+v", err, a.Now())
 	}
 }

@@ -10,7 +10,8 @@ import (
 type Members struct {
 	mu   sync.Mutex
 	root string
-	ids  []string // guarded by mu; the root first
+	// +checklocks:mu
+	ids []string // guarded by mu; the root first
 }
 
 // NewMembers is a sandbox of its root container alone.

@@ -1,4 +1,8 @@
-package netpolicy
+// Package netenforce applies a compiled network plan (internal/netpolicy)
+// in a pod's network namespace with nft, and reads back what its drop
+// rules logged (nfnetlink_log): the side effects the pure compiler leaves
+// to the shim.
+package netenforce
 
 import (
 	"fmt"
@@ -11,13 +15,14 @@ import (
 	"github.com/vishvananda/netns"
 
 	"agentbox.dev/agentbox/internal/hostexec"
+	"agentbox.dev/agentbox/internal/netpolicy"
 )
 
 // Apply loads the plan into the network namespace at netns (a path like
 // /var/run/netns/cni-...) on its one non-loopback interface, which it
 // returns. A namespace with no interface but loopback needs no rules.
 // Interfaces named in skip (the resolver's link) are not the pod's.
-func Apply(netns string, pl *Plan, skip ...string) (string, error) {
+func Apply(netns string, pl *netpolicy.Plan, skip ...string) (string, error) {
 	ifaces, err := interfaces(netns, skip)
 	if err != nil {
 		return "", fmt.Errorf("list interfaces in %s: %w", netns, err)
@@ -68,7 +73,7 @@ func Remove(netns string) error {
 	if _, err := os.Stat(netns); os.IsNotExist(err) {
 		return nil
 	}
-	_, err := hostexec.InNetns(netns, "", "nft", "delete", "table", "netdev", Table)
+	_, err := hostexec.InNetns(netns, "", "nft", "delete", "table", "netdev", netpolicy.Table)
 	if err != nil && (strings.Contains(err.Error(), "No such file") || strings.Contains(err.Error(), "does not exist")) {
 		return nil
 	}
@@ -76,18 +81,18 @@ func Remove(netns string) error {
 }
 
 // Counters reads what the drop rules in netns caught so far.
-func Counters(netns string) (map[string]Counter, error) {
-	out, err := hostexec.InNetns(netns, "", "nft", "list", "table", "netdev", Table)
+func Counters(netns string) (map[string]netpolicy.Counter, error) {
+	out, err := hostexec.InNetns(netns, "", "nft", "list", "table", "netdev", netpolicy.Table)
 	if err != nil {
 		return nil, err
 	}
-	return ParseCounters(out), nil
+	return netpolicy.ParseCounters(out), nil
 }
 
-// Quarantine replaces the rules in netns with QuarantineRuleset(ifaces),
+// Quarantine replaces the rules in netns with netpolicy.QuarantineRuleset(ifaces),
 // in one transaction.
 func Quarantine(netns string, ifaces ...string) error {
-	if _, err := hostexec.InNetns(netns, QuarantineRuleset(ifaces), "nft", "-f", "-"); err != nil {
+	if _, err := hostexec.InNetns(netns, netpolicy.QuarantineRuleset(ifaces), "nft", "-f", "-"); err != nil {
 		return fmt.Errorf("quarantine %s: %w", netns, err)
 	}
 	return nil
@@ -95,7 +100,7 @@ func Quarantine(netns string, ifaces ...string) error {
 
 // Restore loads the plan's rules on iface again, replacing a quarantine in
 // one transaction.
-func Restore(netns string, pl *Plan, iface string) error {
+func Restore(netns string, pl *netpolicy.Plan, iface string) error {
 	if _, err := hostexec.InNetns(netns, pl.Ruleset(iface), "nft", "-f", "-"); err != nil {
 		return fmt.Errorf("restore egress rules in %s: %w", netns, err)
 	}

@@ -1,4 +1,4 @@
-package netpolicy
+package netenforce
 
 import (
 	"encoding/binary"
@@ -11,16 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/nsthread"
 )
-
-// LogGroup is the nfnetlink_log group agentbox's drop rules log to, in the
-// pod's network namespace (groups are per namespace).
-const LogGroup = 7
-
-// logPrefix starts the prefix of every agentbox log rule; the rule's name
-// follows.
-const logPrefix = "agentbox: "
 
 // Denial is one packet a drop rule refused, as the kernel logged it.
 type Denial struct {
@@ -52,7 +45,7 @@ type DenialLog struct {
 	done   chan struct{}
 }
 
-// OpenDenialLog binds LogGroup in the namespace at netnsPath.
+// OpenDenialLog binds netpolicy.LogGroup in the namespace at netnsPath.
 func OpenDenialLog(netnsPath string) (*DenialLog, error) {
 	fd := -1
 	err := nsthread.Run(nsthread.Path(netnsPath), func() error {
@@ -80,7 +73,7 @@ func OpenDenialLog(netnsPath string) (*DenialLog, error) {
 	}{{nfulaCfgCmd, []byte{nfulnlCmdBind}}, {nfulaCfgMode, mode}, {nfulaCfgQthresh, qthresh}} {
 		if err := l.config(attr.typ, attr.data); err != nil {
 			unix.Close(fd)
-			return nil, fmt.Errorf("nflog group %d: %w", LogGroup, err)
+			return nil, fmt.Errorf("nflog group %d: %w", netpolicy.LogGroup, err)
 		}
 	}
 	// A reader that falls behind loses messages (ENOBUFS) rather than
@@ -91,7 +84,7 @@ func OpenDenialLog(netnsPath string) (*DenialLog, error) {
 	return l, nil
 }
 
-// config sends one config attribute for LogGroup and waits for the ack.
+// config sends one config attribute for netpolicy.LogGroup and waits for the ack.
 func (l *DenialLog) config(typ uint16, data []byte) error {
 	attrLen := 4 + len(data)
 	msg := make([]byte, unix.NLMSG_HDRLEN+nfgenmsgLen+align4(attrLen))
@@ -101,7 +94,7 @@ func (l *DenialLog) config(typ uint16, data []byte) error {
 	binary.NativeEndian.PutUint32(msg[8:], 1)
 	g := msg[unix.NLMSG_HDRLEN:]
 	g[0], g[1] = unix.AF_UNSPEC, 0
-	binary.BigEndian.PutUint16(g[2:], LogGroup)
+	binary.BigEndian.PutUint16(g[2:], netpolicy.LogGroup)
 	a := g[nfgenmsgLen:]
 	binary.NativeEndian.PutUint16(a[0:], uint16(attrLen))
 	binary.NativeEndian.PutUint16(a[2:], typ)
@@ -298,10 +291,10 @@ func ipv4HeaderOK(h []byte) bool {
 }
 
 func cutPrefix(p string) (string, bool) {
-	if len(p) < len(logPrefix) || p[:len(logPrefix)] != logPrefix {
+	if len(p) < len(netpolicy.LogPrefix) || p[:len(netpolicy.LogPrefix)] != netpolicy.LogPrefix {
 		return "", false
 	}
-	return p[len(logPrefix):], true
+	return p[len(netpolicy.LogPrefix):], true
 }
 
 func trimNUL(b []byte) []byte {

@@ -1,4 +1,4 @@
-package netpolicy
+package netenforce
 
 import (
 	"encoding/binary"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/nsthread"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -48,7 +49,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 	p := &policy.Profile{}
 	p.Network.Egress = policy.EgressAllowlist
 	p.Network.Allow = []policy.EgressRule{{CIDR: "10.99.0.2/32", Ports: []int{443}}}
-	pl, err := Compile(p)
+	pl, err := netpolicy.Compile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,9 +81,9 @@ func TestDenialLogInANamespace(t *testing.T) {
 	send("udp", "169.254.169.254:80") // metadata
 	send("udp", "10.99.0.2:443")      // allowed: not logged
 	want := map[Denial]bool{
-		{Rule: RuleDefaultDeny, Proto: "udp", Dst: netip.MustParseAddrPort("10.99.0.2:9")}:     true,
-		{Rule: RuleOtherResolver, Proto: "udp", Dst: netip.MustParseAddrPort("10.99.0.2:53")}:  true,
-		{Rule: RuleMetadata, Proto: "udp", Dst: netip.MustParseAddrPort("169.254.169.254:80")}: true,
+		{Rule: netpolicy.RuleDefaultDeny, Proto: "udp", Dst: netip.MustParseAddrPort("10.99.0.2:9")}:     true,
+		{Rule: netpolicy.RuleOtherResolver, Proto: "udp", Dst: netip.MustParseAddrPort("10.99.0.2:53")}:  true,
+		{Rule: netpolicy.RuleMetadata, Proto: "udp", Dst: netip.MustParseAddrPort("169.254.169.254:80")}: true,
 	}
 	t0 := time.Now()
 	deadline := time.Now().Add(3 * time.Second)
@@ -116,7 +117,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 	log.Close()
 	t.Logf("closed after %v", time.Since(t1))
 	counters, err := Counters(path)
-	if err != nil || counters["default deny"].Packets == 0 || counters["metadata"].Packets == 0 || counters[RuleOtherResolver].Packets == 0 {
+	if err != nil || counters["default deny"].Packets == 0 || counters["metadata"].Packets == 0 || counters[netpolicy.RuleOtherResolver].Packets == 0 {
 		t.Errorf("counters %v %v", counters, err)
 	}
 
@@ -143,7 +144,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 			if !udp(d, 443) {
 				continue
 			}
-			if d.Rule != RuleQuarantine {
+			if d.Rule != netpolicy.RuleQuarantine {
 				t.Errorf("quarantine logged %v", d)
 			}
 		case <-deadline:
@@ -151,7 +152,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 		}
 		break
 	}
-	if c, err := Counters(path); err != nil || c[RuleQuarantine].Packets == 0 || c["default deny"].Packets != 0 {
+	if c, err := Counters(path); err != nil || c[netpolicy.RuleQuarantine].Packets == 0 || c["default deny"].Packets != 0 {
 		t.Errorf("quarantine counters %v %v", c, err)
 	}
 	if err := Restore(path, pl, "d0"); err != nil {
@@ -169,7 +170,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 			if !udp(d, 9) {
 				continue
 			}
-			if d.Rule != RuleDefaultDeny {
+			if d.Rule != netpolicy.RuleDefaultDeny {
 				t.Errorf("after restore, port 9 was dropped by %q, want the default deny", d.Rule)
 			}
 		case <-deadline:
@@ -181,7 +182,7 @@ func TestDenialLogInANamespace(t *testing.T) {
 
 func TestDeduper(t *testing.T) {
 	dd := &Deduper{Window: 5 * time.Second}
-	d := Denial{Rule: RuleDefaultDeny, Proto: "tcp", Dst: netip.MustParseAddrPort("192.0.2.1:80")}
+	d := Denial{Rule: netpolicy.RuleDefaultDeny, Proto: "tcp", Dst: netip.MustParseAddrPort("192.0.2.1:80")}
 	now := time.Unix(100, 0)
 	if !dd.Pass(d, now) || dd.Pass(d, now.Add(time.Second)) || dd.Pass(d, now.Add(4*time.Second)) {
 		t.Fatal("a retransmission within the window must be held back")
@@ -218,21 +219,21 @@ func TestParseDenial(t *testing.T) {
 	eth6 := append([]byte{0x66, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x86, 0xdd}, ipv6...)
 	badsum := append([]byte(nil), ipv4...)
 	badsum[10]++
-	prefix := func(rule string) []byte { return attr(nfulaPrefix, append([]byte(logPrefix+rule), 0)) }
+	prefix := func(rule string) []byte { return attr(nfulaPrefix, append([]byte(netpolicy.LogPrefix+rule), 0)) }
 	cases := []struct {
 		name  string
 		attrs []byte
 		want  Denial
 		ok    bool
 	}{
-		{"ipv4 tcp", concat(prefix(RuleMetadata), attr(nfulaPayload, ipv4)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
-		{"ethernet first", concat(prefix(RuleMetadata), attr(nfulaPayload, eth)), Denial{RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
-		{"ipv6 udp", concat(prefix(RuleOtherResolver), attr(nfulaPayload, ipv6)), Denial{RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
-		{"ethernet first, ipv6", concat(prefix(RuleOtherResolver), attr(nfulaPayload, eth6)), Denial{RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
-		{"bad ipv4 checksum", concat(prefix(RuleMetadata), attr(nfulaPayload, badsum)), Denial{}, false},
+		{"ipv4 tcp", concat(prefix(netpolicy.RuleMetadata), attr(nfulaPayload, ipv4)), Denial{netpolicy.RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
+		{"ethernet first", concat(prefix(netpolicy.RuleMetadata), attr(nfulaPayload, eth)), Denial{netpolicy.RuleMetadata, "tcp", netip.MustParseAddrPort("169.254.169.254:80")}, true},
+		{"ipv6 udp", concat(prefix(netpolicy.RuleOtherResolver), attr(nfulaPayload, ipv6)), Denial{netpolicy.RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
+		{"ethernet first, ipv6", concat(prefix(netpolicy.RuleOtherResolver), attr(nfulaPayload, eth6)), Denial{netpolicy.RuleOtherResolver, "udp", netip.MustParseAddrPort("[fd00:ec2::254]:53")}, true},
+		{"bad ipv4 checksum", concat(prefix(netpolicy.RuleMetadata), attr(nfulaPayload, badsum)), Denial{}, false},
 		{"not ours", concat(attr(nfulaPrefix, []byte("other: x\x00")), attr(nfulaPayload, ipv4)), Denial{}, false},
-		{"no payload", concat(prefix(RuleDefaultDeny)), Denial{}, false},
-		{"short payload", concat(prefix(RuleDefaultDeny), attr(nfulaPayload, ipv4[:10])), Denial{}, false},
+		{"no payload", concat(prefix(netpolicy.RuleDefaultDeny)), Denial{}, false},
+		{"short payload", concat(prefix(netpolicy.RuleDefaultDeny), attr(nfulaPayload, ipv4[:10])), Denial{}, false},
 		{"bad attribute length", []byte{0xff, 0xff, 9, 0}, Denial{}, false},
 	}
 	for _, tc := range cases {
@@ -253,7 +254,7 @@ func concat(bs ...[]byte) []byte {
 
 // FuzzParseDenial: nothing in a log message crashes the reader.
 func FuzzParseDenial(f *testing.F) {
-	f.Add(concat(attr(nfulaPrefix, []byte(logPrefix+"x\x00")), attr(nfulaPayload, []byte{0x45, 0, 0, 20})))
+	f.Add(concat(attr(nfulaPrefix, []byte(netpolicy.LogPrefix+"x\x00")), attr(nfulaPayload, []byte{0x45, 0, 0, 20})))
 	f.Add([]byte{8, 0, 9, 0, 0x60, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ParseDenial(b)

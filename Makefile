@@ -4,11 +4,11 @@
 # staticcheck, pinned; run through the Go module proxy.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help check lint vulncheck test e2e setup build bench fuzz
+.PHONY: help check lint vulncheck test e2e setup build bench fuzz release
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config references as generated, the docs' links, that the README links every page and troubleshooting.md every refusal (no root)
+check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config references as generated, the docs' links, that the README links every page and troubleshooting.md every refusal, the layering through every import, no file over 500 lines (no root)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './_output/*')); \
 	  [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted" >&2; exit 1; }
 	go vet ./...
@@ -16,7 +16,7 @@ check: ## gofmt, go vet, staticcheck, the CRDs and the CLI, role and shim config
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags e2e ./internal/e2e
 	hack/crds.sh --check
-	go test -count=1 -run 'TestCLIReference|TestRoleReference|TestShimConfigReference|TestRepositoryLinks|TestReadmeLinksEveryPage|TestTroubleshootingCoversRefusals' ./internal/cli ./internal/kubeapi ./internal/config ./internal/doclinks
+	go test -count=1 -run 'TestCLIReference|TestRoleReference|TestShimConfigReference|TestRepositoryLinks|TestReadmeLinksEveryPage|TestTroubleshootingCoversRefusals|TestLayering|TestFileLength' ./internal/cli ./internal/kubeapi ./internal/config ./internal/doclinks ./internal/structure
 
 lint: ## golangci-lint, pinned (.golangci.yml: errorlint, errcheck on shim/, the layering by depguard)
 	hack/lint.sh
@@ -38,6 +38,9 @@ setup: ## toolchain, binaries and images, cached (root)
 
 build: ## the shim and the agentbox CLI into _output/bin
 	hack/build.sh
+
+release: ## a release into _output/release (VERSION=X.Y.Z): tarball, SHA256SUMS, SBOM, installer image, one manifest (RELEASES.md)
+	hack/release.sh $(VERSION)
 
 bench: ## benchmarks against the stock gVisor shim and runc (root)
 	hack/bench.sh

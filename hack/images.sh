@@ -161,10 +161,15 @@ build_image() {
 }
 
 if [ "$mode" = installer ]; then
-  for b in "$OUT_BIN/agentbox" "$OUT_BIN/containerd-shim-agentbox-v1" "$TOOLS_BIN/runsc"; do
+  # A release (hack/release.sh) builds it from its own binaries
+  # (INSTALLER_BIN: the CLI, the shim and runsc), tagged with its version.
+  bins=${INSTALLER_BIN:-}
+  set -- "$OUT_BIN/agentbox" "$OUT_BIN/containerd-shim-agentbox-v1" "$TOOLS_BIN/runsc"
+  [ -z "$bins" ] || set -- "$bins/agentbox" "$bins/containerd-shim-agentbox-v1" "$bins/runsc"
+  for b in "$@"; do
     [ -x "$b" ] || die "$b missing: run hack/setup.sh"
   done
-  EXTRA_BINS="$OUT_BIN/agentbox $OUT_BIN/containerd-shim-agentbox-v1 $TOOLS_BIN/runsc" build_image installer latest /usr/local/bin/agentbox install --help
+  EXTRA_BINS="$*" build_image installer "${INSTALLER_TAG:-latest}" /usr/local/bin/agentbox install --help
   echo "$img_dir/installer.tar"
   exit 0
 fi

@@ -20,6 +20,10 @@
 #   hack/kube.sh agent-sandbox   # kubernetes-sigs/agent-sandbox: its CRDs and
 #                                # controller (core and extensions), built
 #                                # from the Go module proxy (cached)
+#   hack/kube.sh release-apply MANIFEST [INSTALLER.oci.tar IMAGE]
+#                         # a release's manifest (and image), as this cluster
+#                         # needs it (the release e2e)
+#   hack/kube.sh restart-containerd   # node 1's
 #
 # The node lives in a mount namespace of its own (held by a bind mount):
 # there /var/lib, /var/log, /usr/local/bin and /etc are private (/etc a
@@ -329,6 +333,26 @@ node_up() {
   ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null
 }
 
+# adapt_installer NODES: the installer DaemonSet (stdin, a manifest that
+# holds it) as this cluster needs it, on stdout. There is no kube-proxy or
+# cluster DNS: the sync container (host network) reaches the API server
+# and the broker (on the host) where they listen. Two nodes mount the
+# shared checkpoint store.
+adapt_installer() {
+  local shared_args=""
+  [ "$1" = 1 ] || shared_args="\\n\\1- --checkpoint-shared-dir=/host$NODE_SHARED"
+  sed -e 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \
+    -e "s|^\( *\)- --broker-url=.*$|\1- --broker-url=$BROKER_URL$shared_args|"
+}
+
+# restart_containerd: node 1's containerd, stopped and started (it reads
+# the installer's drop-ins at start).
+restart_containerd() {
+  use_node 1
+  stop_one "containerd$SFX"
+  start_containerd
+}
+
 # kubelet_up N: node N's kubelet, until the node is Ready without taints.
 kubelet_up() {
   use_node "$1"
@@ -476,11 +500,8 @@ up() {
   broker_up
   # No kube-proxy or cluster DNS here: the sync container (host network)
   # reaches the API server and the broker where they listen.
-  local shared_args=""
-  [ "$want" = 1 ] || shared_args="\\n\\1- --checkpoint-shared-dir=/host$NODE_SHARED"
-  sed -e 's|^\( *\)- name: NODE_NAME$|\1- {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}\n\1- {name: KUBERNETES_SERVICE_PORT, value: "16443"}\n&|' \
-    -e "s|^\( *\)- --broker-url=.*$|\1- --broker-url=$BROKER_URL$shared_args|" \
-    "$REPO_ROOT/examples/kubernetes/installer.yaml" | kubectl apply -f - -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
+  adapt_installer "$want" <"$REPO_ROOT/examples/kubernetes/installer.yaml" \
+    | kubectl apply -f - -f "$REPO_ROOT/examples/kubernetes/runtimeclass.yaml" >/dev/null
   # The node's runc handler, for the tests' twins.
   printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: runc}\nhandler: runc\n' | kubectl apply -f - >/dev/null
   wait_for "the installer pods" 180 kubectl -n kube-system rollout status daemonset/agentbox-installer --timeout=5s
@@ -596,6 +617,19 @@ case "${1:-}" in
     echo "export PATH=$KBIN:$OUT_BIN:$TOOLS_BIN:\$PATH" ;;
   node) shift; need_root; node_ns_up || die "the node is not up"; node "$@" ;;
   node2) shift; need_root; use_node 2; node_ns_up || die "node 2 is not up"; node "$@" ;;
+  # A release's manifest (make release), applied as this cluster needs
+  # (adapt_installer; the broker Deployment stays Pending: its affinity
+  # keeps it off agent nodes, and this cluster's broker runs on the host),
+  # and its installer image imported into node 1's containerd.
+  release-apply)
+    need_root
+    [ -f "${2:-}" ] || die "usage: $0 release-apply MANIFEST [INSTALLER.oci.tar IMAGE]"
+    use_node 1
+    if [ -n "${3:-}" ]; then
+      ctrq --address "$SOCK" -n k8s.io images import --index-name "$4" "$3" >/dev/null
+    fi
+    adapt_installer "$(nodes)" <"$2" | kubectl apply -f - >/dev/null ;;
+  restart-containerd) need_root; restart_containerd ;;
   # The API server alone, to show what a node does without it.
   apiserver)
     need_root
@@ -604,5 +638,5 @@ case "${1:-}" in
       start) alive etcd || die "etcd is not running: hack/kube.sh up"; start_apiserver ;;
       *) die "usage: $0 apiserver stop|start" ;;
     esac ;;
-  *) die "usage: $0 up [--nodes 2]|down|status|env|node CMD...|node2 CMD...|apiserver stop|start|agent-sandbox" ;;
+  *) die "usage: $0 up [--nodes 2]|down|status|env|node CMD...|node2 CMD...|apiserver stop|start|agent-sandbox|release-apply MANIFEST [TAR IMAGE]|restart-containerd" ;;
 esac

@@ -25,7 +25,7 @@ func installCommands() []*cli.Command {
 	return []*cli.Command{
 		{
 			Name:  "install",
-			Usage: "put agentbox on this node: the shim and runsc, its config and policies where absent, and the runtime handler as a containerd drop-in",
+			Usage: "put agentbox on this node: the shim, runsc and this CLI, its config and policies where absent, and the runtime handler as a containerd drop-in",
 			Flags: append(installFlags(),
 				&cli.StringFlag{Name: "shim", Usage: "the shim binary (default: containerd-shim-agentbox-v1 beside this binary, else on PATH)"},
 				&cli.StringFlag{Name: "runsc", Usage: "a static runsc built with hack/patches (default: runsc on PATH)"},
@@ -40,6 +40,11 @@ func installCommands() []*cli.Command {
 				}
 				if o.Runsc, err = binary(c.String("runsc"), "runsc"); err != nil {
 					return cli.Exit(err, 2)
+				}
+				// The CLI itself goes on the node too: doctor, policy,
+				// audit and uninstall run there.
+				if o.CLI, err = os.Executable(); err != nil {
+					return cli.Exit(fmt.Errorf("this agentbox binary: %w", err), 2)
 				}
 				acts, err := install.Install(o)
 				next := "restart containerd, then check with: agentbox doctor --config " + install.ConfigFile(o)

@@ -37,8 +37,9 @@ type Options struct {
 	HostRoot bool
 	// ContainerdConfig is containerd's main config, below Root.
 	ContainerdConfig string
-	// Shim and Runsc are the binaries to install.
-	Shim, Runsc string
+	// Shim and Runsc are the binaries to install; CLI, when set, the
+	// agentbox CLI (doctor, policy, audit and uninstall on the node).
+	Shim, Runsc, CLI string
 	// Handler is the CRI runtime handler (the RuntimeClass's handler).
 	Handler string
 	DryRun  bool
@@ -261,6 +262,15 @@ func Install(o Options) ([]Action, error) {
 	}
 	if err := in.put(in.path(binDir+"/runsc"), runsc, 0o755, true); err != nil {
 		return in.actions, err
+	}
+	if o.CLI != "" {
+		cli, err := os.ReadFile(o.CLI)
+		if err != nil {
+			return in.actions, fmt.Errorf("agentbox binary: %w", err)
+		}
+		if err := in.put(in.path(binDir+"/agentbox"), cli, 0o755, true); err != nil {
+			return in.actions, err
+		}
 	}
 	cfg, err := nodeConfig(o)
 	if err != nil {

@@ -21,9 +21,11 @@ func staticELF(t *testing.T) string {
 }
 
 func opts(t *testing.T, root string) Options {
-	shim := filepath.Join(t.TempDir(), "shim")
+	dir := t.TempDir()
+	shim, cli := filepath.Join(dir, "shim"), filepath.Join(dir, "agentbox")
 	os.WriteFile(shim, []byte("#!/bin/sh\n"), 0o755)
-	return Options{Root: root, Shim: shim, Runsc: staticELF(t)}
+	os.WriteFile(cli, []byte("#!/bin/sh\necho cli\n"), 0o755)
+	return Options{Root: root, Shim: shim, Runsc: staticELF(t), CLI: cli}
 }
 
 func whats(acts []Action) map[string]string {
@@ -55,7 +57,7 @@ func TestInstallIsIdempotentAndReversible(t *testing.T) {
 			}
 			w := whats(acts)
 			drop := filepath.Join(root, "etc/containerd/conf.d/agentbox.toml")
-			for _, p := range []string{"usr/local/bin/containerd-shim-agentbox-v1", "usr/local/bin/runsc", "etc/agentbox/config.toml", "etc/agentbox/policies/baseline.yaml", "etc/containerd/conf.d/agentbox.toml"} {
+			for _, p := range []string{"usr/local/bin/containerd-shim-agentbox-v1", "usr/local/bin/runsc", "usr/local/bin/agentbox", "etc/agentbox/config.toml", "etc/agentbox/policies/baseline.yaml", "etc/containerd/conf.d/agentbox.toml"} {
 				if w[filepath.Join(root, p)] != "created" {
 					t.Errorf("%s: %q, want created", p, w[filepath.Join(root, p)])
 				}
@@ -98,7 +100,7 @@ func TestInstallIsIdempotentAndReversible(t *testing.T) {
 			} else if string(after) != tc.main {
 				t.Errorf("main config after uninstall:\n%q\nwant\n%q", after, tc.main)
 			}
-			for _, p := range []string{"usr/local/bin/runsc", "etc/agentbox/config.toml", "etc/containerd/conf.d/agentbox.toml", "etc/agentbox/install.json"} {
+			for _, p := range []string{"usr/local/bin/runsc", "usr/local/bin/agentbox", "etc/agentbox/config.toml", "etc/containerd/conf.d/agentbox.toml", "etc/agentbox/install.json"} {
 				if _, err := os.Stat(filepath.Join(root, p)); !os.IsNotExist(err) {
 					t.Errorf("%s left after uninstall", p)
 				}

@@ -195,3 +195,64 @@ func TestReadmeLinksEveryPage(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// evidencePages hold what tests show: the how-to pages say what agentbox
+// does, and link here for what shows it.
+var evidencePages = map[string]bool{
+	"docs/testing.md":            true,
+	"docs/benchmarks.md":         true,
+	"docs/benchmarks-history.md": true,
+}
+
+var testName = regexp.MustCompile("`(?:go test [^`]*-run )?'?(Test|Benchmark|Fuzz)[A-Z][A-Za-z0-9_*|]*")
+
+// TestHowToPagesNameNoTests: a test's name in a how-to page is evidence in
+// the middle of the steps; it belongs in docs/testing.md or the benchmark
+// pages.
+func TestHowToPagesNameNoTests(t *testing.T) {
+	pages := []string{"../../README.md"}
+	err := filepath.WalkDir("../../docs", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			pages = append(pages, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, p := range pages {
+		rel, _ := filepath.Rel("../..", p)
+		rel = filepath.ToSlash(rel)
+		if evidencePages[rel] || strings.HasPrefix(rel, "docs/reference/") {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		for i, l := range strings.Split(string(b), "\n") {
+			if m := testName.FindString(l); m != "" {
+				t.Errorf("%s:%d names a test (%s): say it in docs/testing.md and link there", rel, i+1, m)
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d pages checked", checked)
+	}
+}
+
+func TestTestNamePattern(t *testing.T) {
+	for s, want := range map[string]bool{
+		"see `TestKubeRelease` here":                     true,
+		"`go test -tags e2e -run TestHostileAuditFlood`": true,
+		"`FuzzHTTPFront` sends":                          true,
+		"`hack/test.sh` runs everything":                 false,
+		"a Testing page":                                 false,
+	} {
+		if got := testName.MatchString(s); got != want {
+			t.Errorf("%q: matched %v, want %v", s, got, want)
+		}
+	}
+}

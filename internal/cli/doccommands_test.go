@@ -4,57 +4,25 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"agentbox.dev/agentbox/internal/doclinks"
 )
 
 // documentedCommands are the agentbox command lines in the docs' and the
-// README's code blocks ("$ " prompts taken off, continuations joined,
-// comments and redirections cut), by "file:line". A usage synopsis
-// ("[--root / | ...]") is not a command.
+// README's code blocks, by "file:line".
 func documentedCommands(t *testing.T) map[string]string {
 	t.Helper()
-	var files []string
-	// docs/reference/ is the CLI's own synopses, generated.
-	filepath.WalkDir("../../docs", func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") && !strings.Contains(p, "/reference/") {
-			files = append(files, p)
-		}
-		return err
-	})
-	files = append(files, "../../README.md")
+	pages, err := doclinks.Pages("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]string{}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		in := false
-		lines := strings.Split(string(b), "\n")
-		for i := 0; i < len(lines); i++ {
-			l := strings.TrimSpace(lines[i])
-			if strings.HasPrefix(l, "```") {
-				in = !in
-				continue
-			}
-			l = strings.TrimPrefix(l, "$ ")
-			if !in || !strings.HasPrefix(l, "agentbox ") {
-				continue
-			}
-			at := fmt.Sprintf("%s:%d", strings.TrimPrefix(f, "../../"), i+1)
-			for strings.HasSuffix(l, `\`) && i+1 < len(lines) {
-				i++
-				l = strings.TrimSuffix(l, `\`) + " " + strings.TrimSpace(lines[i])
-			}
-			if strings.Contains(l, " | ") && strings.Contains(l, "[") {
-				continue // a synopsis
-			}
-			out[at] = l
-		}
+	for _, c := range doclinks.Commands(pages, "agentbox") {
+		out[c.At] = c.Line
 	}
 	return out
 }

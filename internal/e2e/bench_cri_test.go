@@ -63,16 +63,20 @@ func criPod(v criVariant, name string, c map[string]any) (*pod, time.Duration, e
 		return p, 0, fmt.Errorf("runp: %v", r)
 	}
 	p.id = strings.TrimSpace(r.stdout)
+	p.calls[0] = time.Since(start)
 	r = dev.crictl(90*time.Second, "create", p.id, cfg, p.podJSON)
 	if r.code != 0 {
 		return p, 0, fmt.Errorf("create: %v", r)
 	}
 	cid := strings.TrimSpace(r.stdout)
 	p.containers = append(p.containers, cid)
+	p.calls[1] = time.Since(start) - p.calls[0]
 	if r = dev.crictl(90*time.Second, "start", cid); r.code != 0 {
 		return p, 0, fmt.Errorf("start: %v", r)
 	}
-	return p, time.Since(start), nil
+	total := time.Since(start)
+	p.calls[2] = total - p.calls[0] - p.calls[1]
+	return p, total, nil
 }
 
 // removePod stops and removes a pod, returning how long that took.

@@ -22,6 +22,9 @@ type pod struct {
 	released bool
 	// containers started in it by the CRI benchmark.
 	containers []string
+	// calls are the CRI benchmark's RunPodSandbox, CreateContainer and
+	// StartContainer, each timed from crictl's start to its exit.
+	calls [3]time.Duration
 }
 
 func writeJSON(t *testing.T, path string, v any) string {

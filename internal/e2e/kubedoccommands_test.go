@@ -39,7 +39,7 @@ var documentedRuns = map[string]docRun{
 	"agentbox sandbox checkpoints":                                                                                              {7, "coder-7", 0, "NAME"},
 	"agentbox sandbox checkpoints --remove review-42":                                                                           {8, "coder-7", 0, ""},
 	"agentbox audit tail --class file /tmp/agentbox-dev/audit":                                                                  {9, "coder-7", 0, "/tmp/state"},
-	"agentbox audit verify /tmp/agentbox-dev/audit":                                                                             {10, "coder-7", 0, ""},
+	"agentbox audit verify --open /tmp/agentbox-dev/audit":                                                                      {10, "coder-7", 0, "chain intact, open"},
 	"agentbox audit validate /tmp/agentbox-dev/audit":                                                                           {11, "coder-7", 0, ""},
 	"agentbox audit report --sandbox a8 -o html /tmp/agentbox-dev/audit > a8.html":                                              {12, "coder-7", 0, ""},
 	"agentbox policy suggest --name my-agent --inherits coder /var/log/agentbox/audit/SANDBOX.jsonl":                            {13, "coder-7", 0, "name: my-agent"},

@@ -251,7 +251,9 @@ func Suggest(u Use, o Options) string {
 	// Network: each name and port it reached, a model host with its API.
 	p("  network:\n")
 	if len(u.Hosts) == 0 && len(u.Direct) == 0 {
-		p("    egress: none   # it reached no host\n")
+		// An empty list, not none: lists replace the parent's, and a
+		// parent's allow list under egress none does not load.
+		p("    egress: none   # it reached no host\n    allow: []   # none of the parent's hosts\n")
 	} else {
 		p("    egress: allowlist\n    allow:\n")
 		byName := map[string][]Host{}

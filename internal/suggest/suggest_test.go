@@ -155,3 +155,32 @@ func TestSuggestLoads(t *testing.T) {
 		}
 	}
 }
+
+// TestSuggestNoHostLoads: a run that reached no host, suggested under a
+// parent with an allow list (coder), is a role that loads: egress none
+// with the parent's list replaced by an empty one.
+func TestSuggestNoHostLoads(t *testing.T) {
+	u := Observe(run(t))
+	u.Hosts, u.Direct, u.Refused = nil, nil, nil
+	for _, parent := range []string{"coder", "baseline"} {
+		y := Suggest(u, Options{Name: "quiet", Inherits: parent})
+		if !strings.Contains(y, "egress: none") || !strings.Contains(y, "allow: []") {
+			t.Errorf("under %s:\n%s", parent, y)
+		}
+		file := filepath.Join(t.TempDir(), "quiet.yaml")
+		if err := os.WriteFile(file, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		set, err := policy.LoadPaths("../../policies", file)
+		if err != nil {
+			t.Fatalf("under %s, the suggestion does not load: %v\n%s", parent, err, y)
+		}
+		p, err := set.Profile("quiet")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Network.Egress != policy.EgressNone || len(p.Network.Allow) != 0 {
+			t.Errorf("under %s: egress %s, allow %v", parent, p.Network.Egress, p.Network.Allow)
+		}
+	}
+}

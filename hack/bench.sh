@@ -3,7 +3,9 @@
 # interleaved: start-to-exit latency (agentbox vs the stock gVisor shim vs
 # runc) with the shim's own phases (Create, Start, Delete), audit overhead
 # (on vs off, the shim's peak RSS and CPU per event), CRI pods (agentbox baseline and
-# allowlist vs runc: p50/p90/p99, 20 pods 4 at a time, memory per idle pod),
+# allowlist vs runc: p50/p90/p99, 20 pods 4 at a time, memory per idle pod; each CRI
+# call of a pod's start split into the shim's phases, wall and CPU, 1 and 4 at a time, beside
+# runc and runsc alone),
 # egress (allowlist vs open), the egress gateway (by name vs the address
 # allowlist: HTTP and HTTPS latency, download throughput), the quarantine
 # latency (idle, and under an audit flood), checkpoint and restore (idle and 200 MiB, and a

@@ -216,8 +216,10 @@ func attribution(traces map[string]shim.PhaseTrace, one, four []criSample) strin
 				reqs []string
 			}{
 				{"RunPodSandbox", []string{"create " + s.p.id, "start " + s.p.id}},
-				{"CreateContainer", []string{"create " + cid}},
-				{"StartContainer", []string{"start " + cid}},
+				// containerd's CRI creates the container's task (the
+				// shim's Create) in StartContainer, not CreateContainer.
+				{"CreateContainer", nil},
+				{"StartContainer", []string{"create " + cid, "start " + cid}},
 			} {
 				add(col, call.name+"|"+call.name, msOf(s.p.calls[i]), 0)
 				traced := 0.0

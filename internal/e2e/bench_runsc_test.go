@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // runscAlone runs what a CRI pod asks of runsc with nothing around it (no
@@ -44,6 +46,11 @@ func newRunscAlone(t *testing.T) *runscAlone {
 			exec.Command(r.bin, "--root", r.root, "delete", "--force", id).Run()
 		}
 		dev.ctr(time.Minute, "images", "unmount", r.rootfs)
+		// runsc pins its placeholder network namespace in its root, a
+		// bind mount that outlives the sandboxes (stacked if two runsc
+		// pinned it at once).
+		for unix.Unmount(filepath.Join(r.root, "null-netns"), unix.MNT_DETACH) == nil {
+		}
 	})
 	specDir := filepath.Join(dir, "spec")
 	os.MkdirAll(specDir, 0o755)

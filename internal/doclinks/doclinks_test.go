@@ -210,31 +210,19 @@ var testName = regexp.MustCompile("`(?:go test [^`]*-run )?'?(Test|Benchmark|Fuz
 // the middle of the steps; it belongs in docs/testing.md or the benchmark
 // pages.
 func TestHowToPagesNameNoTests(t *testing.T) {
-	pages := []string{"../../README.md"}
-	err := filepath.WalkDir("../../docs", func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
-			pages = append(pages, p)
-		}
-		return err
-	})
+	pages, err := Pages("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	checked := 0
 	for _, p := range pages {
-		rel, _ := filepath.Rel("../..", p)
-		rel = filepath.ToSlash(rel)
-		if evidencePages[rel] || strings.HasPrefix(rel, "docs/reference/") {
+		if evidencePages[p.Path] {
 			continue
 		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
 		checked++
-		for i, l := range strings.Split(string(b), "\n") {
+		for i, l := range strings.Split(p.Text, "\n") {
 			if m := testName.FindString(l); m != "" {
-				t.Errorf("%s:%d names a test (%s): say it in docs/testing.md and link there", rel, i+1, m)
+				t.Errorf("%s:%d names a test (%s): say it in docs/testing.md and link there", p.Path, i+1, m)
 			}
 		}
 	}

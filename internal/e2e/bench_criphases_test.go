@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,7 +197,7 @@ func attribution(traces map[string]shim.PhaseTrace, one, four []criSample) strin
 			c = &cell{}
 			cols[col][row] = c
 		}
-		if !contains(rows, row) {
+		if !slices.Contains(rows, row) {
 			rows = append(rows, row)
 		}
 		c.wall = append(c.wall, time.Duration(wall*float64(time.Millisecond)))
@@ -270,13 +271,4 @@ func attribution(traces map[string]shim.PhaseTrace, one, four []criSample) strin
 		b.WriteString("\n")
 	}
 	return b.String()
-}
-
-func contains(s []string, x string) bool {
-	for _, y := range s {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }

@@ -42,9 +42,7 @@ func newRunscAlone(t *testing.T) *runscAlone {
 		t.Fatalf("mounting the agent image's rootfs: %v", res)
 	}
 	t.Cleanup(func() {
-		for _, id := range r.ids {
-			exec.Command(r.bin, "--root", r.root, "delete", "--force", id).Run()
-		}
+		r.remove()
 		dev.ctr(time.Minute, "images", "unmount", r.rootfs)
 		// runsc pins its placeholder network namespace in its root, a
 		// bind mount that outlives the sandboxes (stacked if two runsc

@@ -59,9 +59,10 @@ func (s *service) stopAll(ctx context.Context, sb *sandboxState, reason string) 
 
 // stopMove moves the sandbox to Stopping. Stop needs no operation lock (a
 // limit, runsc and containerd stop a sandbox whatever an admin is doing):
-// a frozen sandbox is resumed as part of its stop, not thawed, since runsc
-// signals no container of a paused sandbox. Its tasks run between the
-// resume and the kill (milliseconds).
+// a frozen sandbox (or one checkpointing what was frozen) is resumed as
+// part of its stop, not thawed, since runsc signals no container of a
+// paused sandbox. Its tasks run between the resume and the kill
+// (milliseconds).
 func (s *service) stopMove(ctx context.Context, sb *sandboxState, reason string) {
 	sb.pauseMu.Lock()
 	defer sb.pauseMu.Unlock()
@@ -72,7 +73,8 @@ func (s *service) stopMove(ctx context.Context, sb *sandboxState, reason string)
 		}
 		return
 	}
-	if before.Phase != sandbox.Frozen {
+	// Held paused: frozen, or checkpointing what was frozen.
+	if before.Phase != sandbox.Frozen && (before.Phase != sandbox.Checkpointing || before.CheckpointFrom != sandbox.Frozen) {
 		return
 	}
 	sb.clock.Thaw()

@@ -204,10 +204,11 @@ const killFrozenWait = 5 * time.Second
 
 // readyForKill readies a sandbox for a SIGKILL: runsc signals no container
 // of a paused sandbox. The root container's is the sandbox's stop: a Stop
-// move, which resumes a frozen sandbox. Another container's, or an
-// exec's, is forwarded under the sandbox's operation lock, so that no
-// freeze comes between (the lock is released by the returned func): a
-// frozen sandbox is thawed first, as an admin's thaw does. The lock is
+// move (from whatever phase it is in), which resumes a frozen sandbox.
+// Another container's, or an exec's, is forwarded under the sandbox's
+// operation lock, so that no freeze comes between (the lock is released by
+// the returned func): a frozen sandbox is thawed first, as an admin's thaw
+// does. The lock is
 // waited for at most killFrozenWait (a checkpoint holding it was waited
 // for already); without it the kill goes as it is.
 //
@@ -216,7 +217,10 @@ const killFrozenWait = 5 * time.Second
 // return).
 func (s *service) readyForKill(ctx context.Context, sb *sandboxState, r *task.KillRequest) (release func()) {
 	if r.ID == sb.id && r.ExecID == "" {
-		if ph := sb.life.Now().Phase; ph == sandbox.Frozen || ph == sandbox.Running {
+		// From any phase but Ended: a checkpoint begun after Kill waited
+		// for the last one (waitCheckpoint) must not leave the sandbox
+		// running with its stop lost. Stop keeps the first reason.
+		if sb.life.Now().Phase != sandbox.Ended {
 			s.stopMove(ctx, sb, "containerd")
 		}
 		return nil

@@ -23,6 +23,7 @@ import (
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/sentrystats"
 )
 
 // Create's agentbox part runs in three phases:
@@ -317,6 +318,9 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		plan.sandbox.audit.receiver = rcv
 		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
 		plan.sandbox.cgroupsPath = plan.cgroupsPath
+		if st, ok := sentrystats.For(filepath.Join(root, namespaceOf(ctx)), r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
+			plan.sandbox.stats = &st
+		}
 		flags["pod-init-config"] = podInit
 		plan.phases.mark("audit_receiver")
 		p := plan.profile

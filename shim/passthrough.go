@@ -136,8 +136,19 @@ func (s *service) Wait(ctx context.Context, r *task.WaitRequest) (*task.WaitResp
 // container's sandbox. gVisor enforces memory per sandbox, so each
 // container of a pod reports its sandbox's count. The CRI's pod metrics
 // (container_oom_events_total) read it.
+//
+// A running container's are read in the shim, from its sandbox's control
+// socket (internal/sentrystats): gVisor's task service runs runsc for
+// each call, and containerd asks each container once a second. When the
+// sandbox does not answer so, gVisor's task service is asked.
 func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsResponse, error) {
-	resp, err := s.next.Stats(ctx, r)
+	resp, err := s.inShimStats(ctx, r.ID)
+	if resp == nil {
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("container_id", r.ID).Debug("agentbox: stats asked of runsc")
+		}
+		resp, err = s.next.Stats(ctx, r)
+	}
 	if err != nil || resp == nil || resp.Stats == nil {
 		return resp, errgrpc.ToGRPC(err)
 	}
@@ -152,6 +163,16 @@ func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsR
 		log.G(ctx).WithError(err).Debug("agentbox: stats left as gVisor gave them")
 	}
 	return resp, nil
+}
+
+// inShimStats is a running container's stats read from its sandbox (nil
+// when it is not read so, with the reason when there is one).
+func (s *service) inShimStats(ctx context.Context, id string) (*task.StatsResponse, error) {
+	stats, served, err := s.stats.Read(ctx, id)
+	if !served || err != nil {
+		return nil, err
+	}
+	return &task.StatsResponse{Stats: stats}, nil
 }
 
 // withOOMKills sets the OOM kill count in cgroup v1 or v2 metrics where

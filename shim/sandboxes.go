@@ -19,6 +19,7 @@ import (
 	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/sentrystats"
 	"agentbox.dev/agentbox/internal/toollink"
 	"agentbox.dev/agentbox/shim/sandbox"
 )
@@ -84,6 +85,9 @@ type sandboxState struct {
 	// cgroupsPath is the sandbox's cgroup (its root container's
 	// linux.cgroupsPath), read for what it used when it ends.
 	cgroupsPath string
+	// stats is where its containers' stats are read in the shim (nil:
+	// left to runsc, as for a systemd cgroup).
+	stats *sentrystats.Sandbox
 	// ctl is the sandbox's control socket.
 	ctl *control.Server
 	// oomKills counts the OOM kills gVisor reported for its cgroup.

@@ -37,6 +37,7 @@ import (
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/oomadj"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/sentrystats"
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
@@ -80,6 +81,9 @@ type service struct {
 	// trim returns the heap a start left behind to the kernel once the
 	// shim has been quiet for trimDelay.
 	trim *idleTrim
+	// stats answers the Stats of running containers from their sandbox's
+	// control socket, not by running runsc (internal/sentrystats).
+	stats sentrystats.Live
 }
 
 // trimDelay is how long after the last start the shim gives its free heap
@@ -287,6 +291,9 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 				msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
 			}
 		}
+		if of, ok := s.sandboxes.of(r.ID); ok && of.stats != nil {
+			s.stats.Started(r.ID, of.id, *of.stats)
+		}
 		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
 		ph.mark("release_and_record")
 	} else {
@@ -389,6 +396,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	resp, err := s.next.Delete(ctx, r)
 	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {
+		s.stats.Ended(r.ID)
 		s.exits.forget(r.ID)
 		if st, ok := s.stagers.LoadAndDelete(r.ID); ok {
 			releaseMounts(ctx, st.(*mountguard.Stager))

@@ -91,52 +91,74 @@ type Usage struct {
 // read: a systemd-style path, a cgroup already removed, a kernel without
 // memory.peak.
 func ReadUsage(root, path string) (u Usage, ok bool) {
-	if path == "" || strings.Contains(path, ":") {
+	dir, ok := cleanPath(path)
+	if !ok {
 		return u, false
-	}
-	clean := filepath.Clean("/" + path)
-	if clean == "/" {
-		return u, false
-	}
-	readInt := func(file string) (int64, bool) {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return 0, false
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return n, err == nil
 	}
 	var gotMem, gotCPU bool
-	// v1: the memory and cpuacct hierarchies (cpuacct may be mounted
-	// with cpu, as cpu,cpuacct).
-	if n, ok := readInt(filepath.Join(root, "memory", clean, "memory.max_usage_in_bytes")); ok {
+	// v1: the memory hierarchy; v2: the unified tree (at root, or at
+	// root/unified on a hybrid host).
+	if n, ok := readInt(filepath.Join(root, "memory", dir, "memory.max_usage_in_bytes")); ok {
 		u.MemoryPeak, gotMem = n, true
 	}
-	for _, h := range []string{"cpuacct", "cpu,cpuacct"} {
-		if n, ok := readInt(filepath.Join(root, h, clean, "cpuacct.usage")); ok {
-			u.CPU, gotCPU = time.Duration(n), true
-			break
+	for _, uroot := range []string{root, filepath.Join(root, "unified")} {
+		if n, ok := readInt(filepath.Join(uroot, dir, "memory.peak")); ok && !gotMem {
+			u.MemoryPeak, gotMem = n, true
 		}
 	}
-	// v2: the unified tree (at root, or at root/unified on a hybrid host).
-	for _, uroot := range []string{root, filepath.Join(root, "unified")} {
-		dir := filepath.Join(uroot, clean)
-		if !gotMem {
-			if n, ok := readInt(filepath.Join(dir, "memory.peak")); ok {
-				u.MemoryPeak, gotMem = n, true
-			}
+	u.CPU, gotCPU = readCPU(root, dir)
+	return u, gotMem || gotCPU
+}
+
+// ReadCPU reads the CPU time the cgroup at path (cgroupfs form) below
+// root has used: cgroup v1's cpuacct.usage, or v2's cpu.stat usage_usec.
+// ok is false when it could not be read.
+func ReadCPU(root, path string) (time.Duration, bool) {
+	dir, ok := cleanPath(path)
+	if !ok {
+		return 0, false
+	}
+	return readCPU(root, dir)
+}
+
+func readCPU(root, dir string) (time.Duration, bool) {
+	// v1: cpuacct may be mounted with cpu, as cpu,cpuacct.
+	for _, h := range []string{"cpuacct", "cpu,cpuacct"} {
+		if n, ok := readInt(filepath.Join(root, h, dir, "cpuacct.usage")); ok {
+			return time.Duration(n), true
 		}
-		if !gotCPU {
-			if b, err := os.ReadFile(filepath.Join(dir, "cpu.stat")); err == nil {
-				for _, l := range strings.Split(string(b), "\n") {
-					if v, found := strings.CutPrefix(l, "usage_usec "); found {
-						if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-							u.CPU, gotCPU = time.Duration(n)*time.Microsecond, true
-						}
-					}
+	}
+	for _, uroot := range []string{root, filepath.Join(root, "unified")} {
+		b, err := os.ReadFile(filepath.Join(uroot, dir, "cpu.stat"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, found := strings.CutPrefix(l, "usage_usec "); found {
+				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+					return time.Duration(n) * time.Microsecond, true
 				}
 			}
 		}
 	}
-	return u, gotMem || gotCPU
+	return 0, false
+}
+
+// cleanPath is path (cgroupfs form) made absolute and clean; ok is false
+// for a systemd-style path ("slice:prefix:name") or the root itself.
+func cleanPath(path string) (string, bool) {
+	if path == "" || strings.Contains(path, ":") {
+		return "", false
+	}
+	clean := filepath.Clean("/" + path)
+	return clean, clean != "/"
+}
+
+func readInt(file string) (int64, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
 }

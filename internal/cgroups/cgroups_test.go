@@ -64,5 +64,14 @@ func TestReadUsage(t *testing.T) {
 		if u, ok := ReadUsage(v1, p); ok {
 			t.Errorf("%q: %+v", p, u)
 		}
+		if c, ok := ReadCPU(v1, p); ok {
+			t.Errorf("ReadCPU %q: %v", p, c)
+		}
+	}
+	if c, ok := ReadCPU(v1, "pods/sb"); !ok || c != 1500*time.Millisecond {
+		t.Errorf("ReadCPU v1: %v %v", c, ok)
+	}
+	if c, ok := ReadCPU(v2, "/pods/sb"); !ok || c != 2500*time.Millisecond {
+		t.Errorf("ReadCPU v2: %v %v", c, ok)
 	}
 }

@@ -1,0 +1,116 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStatsReadInShim: a running container's stats (ctr task metrics; the
+// CRI's stats collector asks the same of every container once a second)
+// are read by the shim from its sandbox's control socket, not by running
+// `runsc events --stats` for each call. The shim runs runsc through a
+// wrapper that logs each command: after the container started, no
+// `events` runs, however many times its metrics are asked. The figures are
+// runsc's own: its processes and memory as `runsc events --stats` reports
+// them, and CPU time no less than runsc reported just before.
+func TestStatsReadInShim(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "runsc-calls.log")
+	wrapper := filepath.Join(dir, "runsc")
+	real := filepath.Join(cacheDir(), "bin", "runsc")
+	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, real)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
+		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := uniqueID("stats")
+	// It burns some CPU, then sleeps with its memory still held.
+	script := "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; echo burned; exec sleep 600"
+	if r := dev.ctr(60*time.Second, "run", "-d", "--runtime", runtimeType, "--runtime-config-path", cfg, agentImage, id, "sh", "-c", script); r.code != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	defer dev.removeContainer(id)
+	if !eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(dev.ctr(10*time.Second, "tasks", "ls").stdout, id)
+	}) {
+		t.Fatal("the container did not start")
+	}
+	root := filepath.Join(dev.runscRoot(), "default")
+	// runsc events prints its figures under "data"; ctr tasks metrics
+	// prints the cgroup v1 metrics themselves.
+	type figures struct {
+		CPU struct {
+			Usage struct {
+				Total uint64 `json:"total"`
+			} `json:"usage"`
+		} `json:"cpu"`
+		Memory struct {
+			Usage struct {
+				Usage uint64 `json:"usage"`
+			} `json:"usage"`
+		} `json:"memory"`
+		Pids struct {
+			Current uint64 `json:"current"`
+		} `json:"pids"`
+	}
+	type runscStats struct {
+		Data figures `json:"data"`
+	}
+	before, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs runscStats
+	var m figures
+	// Asked until the burn is over and its figures hold still (memory
+	// and processes; CPU only grows).
+	ok := eventually(t, 30*time.Second, func() bool {
+		r := dev.run(30*time.Second, real, "--root", root, "events", "--stats", id)
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rs) != nil {
+			t.Logf("runsc events: %v", r)
+			return false
+		}
+		r = dev.ctr(30*time.Second, "tasks", "metrics", "--format", "json", id)
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &m) != nil {
+			t.Logf("ctr tasks metrics: %v", r)
+			return false
+		}
+		return rs.Data.Pids.Current == m.Pids.Current && rs.Data.Memory.Usage.Usage == m.Memory.Usage.Usage &&
+			m.CPU.Usage.Total >= rs.Data.CPU.Usage.Total && rs.Data.CPU.Usage.Total > 0
+	})
+	if !ok {
+		t.Fatalf("ctr tasks metrics %+v, runsc events --stats just before %+v: the processes and memory differ, or the CPU went back", m, rs.Data)
+	}
+	if m.Pids.Current == 0 || m.Memory.Usage.Usage == 0 {
+		t.Fatalf("metrics without processes or memory: %+v", m)
+	}
+	for i := 0; i < 5; i++ {
+		if r := dev.ctr(30*time.Second, "tasks", "metrics", "--format", "json", id); r.code != 0 {
+			t.Fatalf("ctr tasks metrics: %v", r)
+		}
+	}
+	after, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(after[len(before):]), "\n") {
+		if strings.Contains(" "+l+" ", " events ") {
+			t.Errorf("the shim ran runsc for a running container's stats: %s", l)
+		}
+	}
+	if !strings.Contains(string(after), "start") {
+		t.Fatalf("the wrapper logged no runsc command: the test proves nothing (%q)", after)
+	}
+}

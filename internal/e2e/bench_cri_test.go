@@ -197,35 +197,70 @@ func TestBenchmarkCRI(t *testing.T) {
 }
 
 // TestBenchmarkPodMemory reports what an idle pod costs: 20 agentbox pods
-// under baseline, one sleeping container each. AGENTBOX_BENCH=1 only.
+// under baseline, one sleeping container each, their memory and the
+// machine's CPU while they idle; and the CPU of 20 idle runc pods.
+// AGENTBOX_BENCH=1 only.
 func TestBenchmarkPodMemory(t *testing.T) {
 	requireBench(t)
-	report := podMemory(t, 20, criVariants[0])
+	none := idleCPU(t)
+	report := fmt.Sprintf("machine CPU with no pods: %.0f ms/s\n", ms1(none))
+	report += podMemory(t, 20, criVariants[0], none)
+	runc, _, err := idlePods(20, criVariants[2])
+	if err == nil {
+		report += fmt.Sprintf("20 idle runc pods: machine CPU %.0f ms/s above no pods\n", ms1(idleCPU(t)-none))
+	} else {
+		report += fmt.Sprintf("20 idle runc pods: not measured (%v)\n", err)
+	}
+	removePods(runc)
 	t.Log("\n" + report)
 	benchOut(t, report)
 }
 
-// podMemory starts n idle agentbox pods (baseline, one sleeping container
-// each) one after another and reports the proportional set size (PSS) of
-// each pod's shim, runsc sandbox and gofer, averaged per pod.
-func podMemory(t *testing.T, n int, v criVariant) string {
-	t.Helper()
+// idleCPU is the machine's CPU time per second over 10 s.
+func idleCPU(t *testing.T) time.Duration {
+	const over = 10 * time.Second
+	time.Sleep(2 * time.Second) // let pods just started settle into idle
+	c0 := machineCPU(t)
+	time.Sleep(over)
+	return (machineCPU(t) - c0) / (over / time.Second)
+}
+
+// ms1 is d in milliseconds.
+func ms1(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// idlePods starts n pods of v, one sleeping container each, one after
+// another.
+func idlePods(n int, v criVariant) ([]*pod, time.Duration, error) {
 	var pods []*pod
-	defer func() {
-		for _, p := range pods {
-			removePod(p)
-		}
-	}()
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		p, _, err := criPod(v, fmt.Sprintf("mem-%d", i), sleeper)
+		p, _, err := criPod(v, fmt.Sprintf("idle-%d", i), sleeper)
 		pods = append(pods, p)
 		if err != nil {
-			t.Fatalf("pod %d: %v", i, err)
+			return pods, 0, fmt.Errorf("pod %d: %w", i, err)
 		}
 	}
-	elapsed := time.Since(start)
-	time.Sleep(2 * time.Second) // let the pods settle into idle
+	return pods, time.Since(start), nil
+}
+
+func removePods(pods []*pod) {
+	for _, p := range pods {
+		removePod(p)
+	}
+}
+
+// podMemory starts n idle agentbox pods (baseline, one sleeping container
+// each) one after another and reports the proportional set size (PSS) of
+// each pod's shim, runsc sandbox and gofer, averaged per pod, and the
+// machine's CPU while they idle (above none, with no pods).
+func podMemory(t *testing.T, n int, v criVariant, none time.Duration) string {
+	t.Helper()
+	pods, elapsed, err := idlePods(n, v)
+	defer removePods(pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := idleCPU(t) - none
 	var shim, sandbox, gofer, shimRSS uint64
 	counted := map[string]int{}
 	for _, p := range pods {
@@ -249,8 +284,9 @@ func podMemory(t *testing.T, n int, v criVariant) string {
 		}
 	}
 	per := func(kb uint64) float64 { return float64(kb) / 1024 / float64(n) }
-	return fmt.Sprintf("%d idle %s pods, started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); processes found %v\n",
-		n, v.name, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), counted)
+	return fmt.Sprintf("%d idle %s pods, started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); processes found %v\n"+
+		"%d idle %s pods: machine CPU %.0f ms/s above no pods\n",
+		n, v.name, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), counted, n, v.name, ms1(cpu))
 }
 
 // pidsNaming lists the processes whose command line names one of ids.

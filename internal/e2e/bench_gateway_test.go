@@ -199,7 +199,8 @@ func TestBenchmarkGatewayMemory(t *testing.T) {
 	gw := criVariant{"agentbox-gateway", "agentbox", "e2e-gw-inspect", map[string]string{"agentbox.dev/role": "e2e-gw-inspect"}}
 	// The allowlist role without host rules has the resolver and the pod's
 	// network stack but no gateway: the difference to it is the gateway's.
-	report := podMemory(t, 10, gw) + podMemory(t, 10, criVariants[1]) + podMemory(t, 10, criVariants[0])
+	none := idleCPU(t)
+	report := podMemory(t, 10, gw, none) + podMemory(t, 10, criVariants[1], none) + podMemory(t, 10, criVariants[0], none)
 	t.Log("\n" + report)
 	benchOut(t, report)
 }

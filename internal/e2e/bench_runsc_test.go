@@ -112,9 +112,11 @@ func (r *runscAlone) runsc(dir string, args ...string) error {
 // container's create, its start.
 func (r *runscAlone) pod(name string) ([3]time.Duration, error) {
 	var calls [3]time.Duration
-	id := uniqueID("runsc-" + name)
-	dir := filepath.Join(filepath.Dir(r.root), id)
-	cid := id + "-c"
+	// runsc takes an id that begins another as ambiguous (it matches
+	// ids by prefix): neither id begins another.
+	base := uniqueID("runsc-" + name)
+	id, cid := base+".s", base+".c"
+	dir := filepath.Join(filepath.Dir(r.root), base)
 	if err := r.bundle(filepath.Join(dir, "s"), id, ""); err != nil {
 		return calls, err
 	}
@@ -122,7 +124,7 @@ func (r *runscAlone) pod(name string) ([3]time.Duration, error) {
 		return calls, err
 	}
 	r.mu.Lock()
-	r.ids = append(r.ids, id)
+	r.ids = append(r.ids, cid, id) // deleted in this order
 	r.mu.Unlock()
 	for i, steps := range [][][]string{
 		{{"create", "--bundle", filepath.Join(dir, "s"), id}, {"start", id}},
@@ -140,13 +142,17 @@ func (r *runscAlone) pod(name string) ([3]time.Duration, error) {
 	return calls, nil
 }
 
-// remove deletes every pod started so far.
+// remove deletes every pod started so far, each container before its
+// sandbox; one that remains fails the test (its processes would weigh on
+// every benchmark after it).
 func (r *runscAlone) remove() {
 	r.mu.Lock()
 	ids := r.ids
 	r.ids = nil
 	r.mu.Unlock()
 	for _, id := range ids {
-		exec.Command(r.bin, "--root", r.root, "delete", "--force", id).Run()
+		if out, err := exec.Command(r.bin, "--root", r.root, "delete", "--force", id).CombinedOutput(); err != nil {
+			r.t.Errorf("runsc delete --force %s: %v: %s", id, err, clip(string(out)))
+		}
 	}
 }

@@ -229,21 +229,20 @@ const killFrozenWait = 5 * time.Second
 // Another container's, or an exec's, is forwarded under the sandbox's
 // operation lock, so that no freeze comes between (the lock is released by
 // the returned func): a frozen sandbox is thawed first, as an admin's thaw
-// does. The lock is
-// waited for at most killFrozenWait (a checkpoint holding it was waited
-// for already); without it the kill goes as it is.
+// does. The lock is waited for at most killFrozenWait (a checkpoint holding
+// it was waited for already); without it the kill goes as it is.
 //
 // +checklocksignore: the operation lock is handed to the caller, held,
 // with the func that releases it (checklocks follows no lock across a
 // return).
 func (s *service) readyForKill(ctx context.Context, sb *sandboxState, r *task.KillRequest) (release func()) {
 	if r.ID == sb.id && r.ExecID == "" {
-		// From any phase but Ended: a checkpoint begun after Kill waited
-		// for the last one (waitCheckpoint) must not leave the sandbox
-		// running with its stop lost. Stop keeps the first reason.
-		if sb.life.Now().Phase != sandbox.Ended {
-			s.stopMove(ctx, sb, "containerd")
-		}
+		// From whatever phase it is in (the lifecycle refuses Stop only
+		// when Ended, and stopMove says nothing of that): a checkpoint
+		// begun after Kill waited for the last one (waitCheckpoint) must
+		// not leave the sandbox running with its stop lost. Stop keeps the
+		// first reason.
+		s.stopMove(ctx, sb, "containerd")
 		return nil
 	}
 	deadline := time.Now().Add(killFrozenWait)

@@ -292,7 +292,7 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 			}
 		}
 		if of, ok := s.sandboxes.of(r.ID); ok && of.stats != nil {
-			s.stats.Started(r.ID, of.id, *of.stats)
+			s.stats.Started(r.ID, *of.stats)
 		}
 		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
 		ph.mark("release_and_record")

@@ -115,22 +115,17 @@ func SandboxCgroup(spec *specs.Spec) string {
 type Live struct {
 	mu sync.Mutex
 	// +checklocks:mu
-	m map[string]liveContainer
+	m map[string]Sandbox
 }
 
-type liveContainer struct {
-	sandboxID string
-	sb        Sandbox
-}
-
-// Started answers container id's stats from sb (sandbox sandboxID) from now on.
-func (l *Live) Started(id, sandboxID string, sb Sandbox) {
+// Started answers container id's stats from its sandbox sb from now on.
+func (l *Live) Started(id string, sb Sandbox) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.m == nil {
-		l.m = map[string]liveContainer{}
+		l.m = map[string]Sandbox{}
 	}
-	l.m[id] = liveContainer{sandboxID: sandboxID, sb: sb}
+	l.m[id] = sb
 }
 
 // Ended stops answering for id: its process exited, or it was deleted.
@@ -145,16 +140,16 @@ func (l *Live) Ended(id string) {
 // its sandbox did not answer as expected.
 func (l *Live) Read(ctx context.Context, id string) (stats *anypb.Any, served bool, err error) {
 	l.mu.Lock()
-	c, ok := l.m[id]
+	sb, ok := l.m[id]
 	l.mu.Unlock()
 	if !ok {
 		return nil, false, nil
 	}
-	ev, err := query(ctx, c.sb.Socket, id)
+	ev, err := query(ctx, sb.Socket, id)
 	if err != nil {
 		return nil, true, err
 	}
-	cpu, ok := cgroups.ReadCPU(cgroups.Root, c.sb.Cgroup)
+	cpu, ok := cgroups.ReadCPU(cgroups.Root, sb.Cgroup)
 	ev.Event.Stats.Cpu.Usage.Total = splitCPU(ev.ContainerUsage, id, uint64(cpu), ok)
 	a, err := metricsV1(ev.Event.Stats)
 	return a, true, err

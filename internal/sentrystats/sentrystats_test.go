@@ -186,8 +186,8 @@ func TestLiveReadOverURPC(t *testing.T) {
 	if _, served, _ := l.Read(context.Background(), "c1"); served {
 		t.Fatal("a container never started was served")
 	}
-	l.Started("c1", "sb", Sandbox{Socket: sock, Cgroup: "/no/such/cgroup"})
-	l.Started("gone", "sb", Sandbox{Socket: sock})
+	l.Started("c1", Sandbox{Socket: sock, Cgroup: "/no/such/cgroup"})
+	l.Started("gone", Sandbox{Socket: sock})
 	a, served, err := l.Read(context.Background(), "c1")
 	if !served || err != nil {
 		t.Fatalf("served %v: %v", served, err)

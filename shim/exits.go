@@ -40,15 +40,21 @@ type exitRepair struct {
 	// waiters are woken when a pid is reaped.
 	// +checklocks:mu
 	waiters map[int][]chan int
+	// unwaited holds the sandbox-root containers whose start failed: no
+	// `runsc wait` reports them, their sandbox pid's reaping does.
+	// +checklocks:mu
+	unwaited map[string]bool
 	// adjust, when set, may rewrite every exit on its way to the task
 	// service (the wall-clock limit's status).
 	adjust func(*proc.Exit)
+	// toService is the task service's exit source, set by install.
+	toService chan<- proc.Exit
 }
 
 const recentReaped = 256
 
 func newExitRepair() *exitRepair {
-	return &exitRepair{roots: map[string]int{}, reaped: map[int]int{}, waiters: map[int][]chan int{}}
+	return &exitRepair{roots: map[string]int{}, reaped: map[int]int{}, waiters: map[int][]chan int{}, unwaited: map[string]bool{}}
 }
 
 // install puts the repair between gVisor's runsc wait goroutines and the
@@ -61,6 +67,7 @@ func (x *exitRepair) install(build func() error, reaped chan runc.Exit) error {
 		return err
 	}
 	proc.ExitCh = fromRunsc // where runsc wait goroutines send from now on
+	x.toService = toService
 	go x.collect(reaped)
 	go x.forward(fromRunsc, toService)
 	return nil
@@ -88,10 +95,53 @@ func (x *exitRepair) livePid(id string) (int, bool) {
 	return pid, true
 }
 
+// startFailed reports the exit of a sandbox-root container whose start
+// failed, once its sandbox pid is reaped. gVisor's task service waits for
+// a container (`runsc wait`) only after its start succeeded: a root whose
+// start failed or was cancelled (a CRI caller's timeout while runsc starts
+// the sandbox) was never reported exited, even after its sandbox was
+// killed, and every Wait on it (containerd's stop and forced delete)
+// blocked for good. The task service takes the exit as any other: the
+// container is stopped, its Wait returns, it can be deleted.
+func (x *exitRepair) startFailed(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	pid, ok := x.roots[id]
+	if !ok || pid <= 0 || x.unwaited[id] {
+		return
+	}
+	x.unwaited[id] = true
+	w := make(chan int, 1)
+	if st, dead := x.reaped[pid]; dead {
+		w <- st
+	} else {
+		x.waiters[pid] = append(x.waiters[pid], w)
+	}
+	go func() {
+		st := <-w
+		x.mu.Lock()
+		report := x.unwaited[id]
+		delete(x.unwaited, id)
+		x.mu.Unlock()
+		if report {
+			x.toService <- x.adjusted(proc.Exit{Timestamp: time.Now(), ID: id, Status: st})
+		}
+	}()
+}
+
+// started says a root's start succeeded (a retry after a failed one): its
+// `runsc wait` reports it now, and the reaping must not report it again.
+func (x *exitRepair) started(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.unwaited, id)
+}
+
 // forget drops a container once it is deleted.
 func (x *exitRepair) forget(id string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	delete(x.unwaited, id)
 	if pid, ok := x.roots[id]; ok {
 		delete(x.roots, id)
 		delete(x.reaped, pid)

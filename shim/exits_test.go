@@ -19,6 +19,7 @@ type harness struct {
 
 func newHarness() *harness {
 	h := &harness{x: newExitRepair(), reaped: make(chan runc.Exit), in: make(chan proc.Exit), out: make(chan proc.Exit, 8)}
+	h.x.toService = h.out
 	go h.x.collect(h.reaped)
 	go h.x.forward(h.in, h.out)
 	return h
@@ -92,6 +93,56 @@ func TestExitRepair(t *testing.T) {
 		h.reaped <- runc.Exit{Pid: 100, Status: 5}
 		if e := h.next(t); e.ID != "c1" || e.Status != 5 {
 			t.Fatalf("got %+v", e)
+		}
+	})
+	t.Run("a root whose start failed is reported when its sandbox is reaped", func(t *testing.T) {
+		h := newHarness()
+		h.x.track("c1", 100)
+		h.x.startFailed("c1")
+		h.x.startFailed("c1") // reported once however often it is said
+		h.reaped <- runc.Exit{Pid: 100, Status: 137}
+		if e := h.next(t); e.ID != "c1" || e.Status != 137 {
+			t.Fatalf("got %+v, want c1 with 137", e)
+		}
+		select {
+		case e := <-h.out:
+			t.Fatalf("reported twice: %+v", e)
+		case <-time.After(100 * time.Millisecond):
+		}
+	})
+	t.Run("a root whose start failed after its sandbox was reaped", func(t *testing.T) {
+		h := newHarness()
+		h.x.track("c1", 100)
+		h.reaped <- runc.Exit{Pid: 100, Status: 1}
+		h.x.startFailed("c1")
+		if e := h.next(t); e.ID != "c1" || e.Status != 1 {
+			t.Fatalf("got %+v, want c1 with 1", e)
+		}
+	})
+	t.Run("a start retried with success leaves the report to runsc wait", func(t *testing.T) {
+		h := newHarness()
+		h.x.track("c1", 100)
+		h.x.startFailed("c1")
+		h.x.started("c1")
+		h.reaped <- runc.Exit{Pid: 100, Status: 0}
+		h.in <- proc.Exit{ID: "c1", Status: 0}
+		if e := h.next(t); e.ID != "c1" || e.Status != 0 {
+			t.Fatalf("got %+v", e)
+		}
+		select {
+		case e := <-h.out:
+			t.Fatalf("reported twice: %+v", e)
+		case <-time.After(100 * time.Millisecond):
+		}
+	})
+	t.Run("a failed start of what is no sandbox root reports nothing", func(t *testing.T) {
+		h := newHarness()
+		h.x.startFailed("sub")
+		h.reaped <- runc.Exit{Pid: 100, Status: 0}
+		select {
+		case e := <-h.out:
+			t.Fatalf("reported %+v", e)
+		case <-time.After(100 * time.Millisecond):
 		}
 	})
 	t.Run("forget drops the sandbox pid", func(t *testing.T) {

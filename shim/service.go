@@ -261,9 +261,15 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 	}
 	ph.mark("runsc_start")
 	if err != nil {
+		if sb, root := s.sandboxes.sandbox(r.ID); root && r.ExecID == "" {
+			// No runsc wait will say when it ends: its sandbox's reaping will.
+			s.exits.startFailed(r.ID)
+			sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", "runsc could not start the sandbox: "+err.Error(), nil), true)
+		}
 		return nil, errgrpc.ToGRPC(err)
 	}
 	if r.ExecID == "" {
+		s.exits.started(r.ID)
 		// runsc's gofer has its own copies of the container's mounts
 		// now: the staged ones in the host's mount namespace would only
 		// keep the pod's directories busy (a host directory with a mount

@@ -38,7 +38,7 @@ var (
 	TypeRefused          = RecordType{"agentbox/refused", ClassAppLifecycle, 3, "Start", low, "a sandbox refused before it ran, with the reason"}
 	TypeEgressApplied    = RecordType{"agentbox/egress_applied", ClassAppLifecycle, 6, "Enable", info, "the egress rules and resolver a pod got"}
 	TypeProfileApplied   = RecordType{"agentbox/profile_applied", ClassAppLifecycle, 6, "Enable", info, "the profile's summary, spec changes and runsc flags"}
-	TypeSandboxFailed    = RecordType{"agentbox/sandbox_failed", ClassAppLifecycle, 3, "Start", low, "runsc could not create the sandbox, or its audit session did not start"}
+	TypeSandboxFailed    = RecordType{"agentbox/sandbox_failed", ClassAppLifecycle, 3, "Start", low, "runsc could not create or start the sandbox, or its audit session did not start"}
 	TypeContainerCreated = RecordType{"agentbox/container_created", ClassAppLifecycle, 1, "Install", info, "a container joined a pod's sandbox"}
 	TypeContainerFailed  = RecordType{"agentbox/container_failed", ClassAppLifecycle, 1, "Install", low, "a container of a pod could not be created"}
 	TypeContainerStart   = RecordType{"agentbox/container_start", ClassAppLifecycle, 3, "Start", info, "a container started (for a sandbox: its wall clock armed)"}

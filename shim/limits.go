@@ -102,6 +102,7 @@ func (s *service) adjustExit(e *proc.Exit) {
 	// An exited container's stats are gVisor's task service's to answer
 	// (it says what a stopped container has).
 	s.stats.Ended(e.ID)
+	s.tasks.end(e.ID)
 	switch {
 	case e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID):
 		e.Status = WallClockExitStatus

@@ -1,8 +1,9 @@
 package shim
 
 // The task API calls the shim forwards to gVisor's task service as they
-// are, or nearly: Kill thaws a frozen sandbox first, Stats adds the OOM
-// kills, Shutdown waits for Delete's cleanup.
+// are, or nearly: State of a running container is answered in the shim,
+// Kill thaws a frozen sandbox first, Stats adds the OOM kills, Shutdown
+// waits for Delete's cleanup.
 
 import (
 	"context"
@@ -27,7 +28,16 @@ import (
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
+// State of a running container is the shim's to answer while its sandbox
+// runs (runningTasks); anything else is gVisor's.
 func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
+	if r.ExecID == "" {
+		if sb, ok := s.sandboxes.of(r.ID); ok && sb.life.Now().Phase == sandbox.Running {
+			if st, ok := s.tasks.state(r.ID); ok {
+				return st, nil
+			}
+		}
+	}
 	resp, err := s.next.State(ctx, r)
 	return resp, errgrpc.ToGRPC(err)
 }

@@ -84,6 +84,8 @@ type service struct {
 	// stats answers the Stats of running containers from their sandbox's
 	// control socket, not by running runsc (internal/sentrystats).
 	stats sentrystats.Live
+	// tasks answers the State of running containers (runningTasks).
+	tasks runningTasks
 }
 
 // trimDelay is how long after the last start the shim gives its free heap
@@ -246,6 +248,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
 	s.stagers.Store(r.ID, plan.stager)
+	s.tasks.create(r)
 	ph.mark("register")
 	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
 	return resp, nil
@@ -270,6 +273,7 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 	}
 	if r.ExecID == "" {
 		s.exits.started(r.ID)
+		s.tasks.start(r.ID, resp.Pid)
 		// runsc's gofer has its own copies of the container's mounts
 		// now: the staged ones in the host's mount namespace would only
 		// keep the pod's directories busy (a host directory with a mount
@@ -403,6 +407,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {
 		s.stats.Ended(r.ID)
+		s.tasks.end(r.ID)
 		s.exits.forget(r.ID)
 		if st, ok := s.stagers.LoadAndDelete(r.ID); ok {
 			releaseMounts(ctx, st.(*mountguard.Stager))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,18 +24,8 @@ import (
 func TestStatsReadInShim(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	dir := t.TempDir()
-	calls := filepath.Join(dir, "runsc-calls.log")
-	wrapper := filepath.Join(dir, "runsc")
+	cfg, calls := loggingRunsc(t)
 	real := filepath.Join(cacheDir(), "bin", "runsc")
-	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, real)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
-		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"))), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	id := uniqueID("stats")
 	// It burns some CPU, then sleeps with its memory still held.
 	script := "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; echo burned; exec sleep 600"
@@ -112,5 +103,95 @@ func TestStatsReadInShim(t *testing.T) {
 	}
 	if !strings.Contains(string(after), "start") {
 		t.Fatalf("the wrapper logged no runsc command: the test proves nothing (%q)", after)
+	}
+}
+
+// loggingRunsc writes a shim config whose runsc is a wrapper that logs each
+// command's arguments, a line each, to the returned file.
+func loggingRunsc(t *testing.T) (cfg, calls string) {
+	t.Helper()
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "runsc-calls.log")
+	wrapper := filepath.Join(dir, "runsc")
+	real := filepath.Join(cacheDir(), "bin", "runsc")
+	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, real)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg = filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
+		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, calls
+}
+
+// runscCommands are the runsc commands a logging wrapper saw (the word
+// after runsc's global flags), from its log.
+func runscCommands(t *testing.T, calls string) []string {
+	t.Helper()
+	b, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		for _, f := range strings.Fields(l) {
+			if !strings.HasPrefix(f, "-") && !strings.Contains(f, "/") && !strings.Contains(f, "=") {
+				cmds = append(cmds, f)
+				break
+			}
+		}
+	}
+	return cmds
+}
+
+// TestStateAnsweredInShim: the State of a running container (containerd
+// asks for it after every Start, ctr tasks ls for each task) is the
+// shim's to answer, not a `runsc state` each. The twins: a paused
+// container's State is runsc's, and says paused; a resumed one runs again.
+func TestStateAnsweredInShim(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	cfg, calls := loggingRunsc(t)
+	id := uniqueID("state")
+	if r := dev.ctr(60*time.Second, "run", "-d", "--runtime", runtimeType, "--runtime-config-path", cfg, agentImage, id, "sleep", "600"); r.code != 0 {
+		t.Fatalf("run: %v", r)
+	}
+	defer dev.removeContainer(id)
+	status := func() string {
+		for _, l := range strings.Split(dev.ctr(10*time.Second, "tasks", "ls").stdout, "\n") {
+			if f := strings.Fields(l); len(f) == 3 && f[0] == id {
+				return f[2]
+			}
+		}
+		return ""
+	}
+	for i := 0; i < 3; i++ {
+		if st := status(); st != "RUNNING" {
+			t.Fatalf("ctr tasks ls says %q, want RUNNING", st)
+		}
+	}
+	cmds := runscCommands(t, calls)
+	if !slices.Contains(cmds, "start") {
+		t.Fatalf("the wrapper logged no start: the test proves nothing (%q)", cmds)
+	}
+	if slices.Contains(cmds, "state") {
+		t.Errorf("runsc state ran for a running container: %q", cmds)
+	}
+	// Paused: its State is runsc's.
+	if r := dev.ctr(30*time.Second, "tasks", "pause", id); r.code != 0 {
+		t.Fatalf("pause: %v", r)
+	}
+	if st := status(); st != "PAUSED" {
+		t.Errorf("a paused container's state is %q, want PAUSED", st)
+	}
+	if !slices.Contains(runscCommands(t, calls), "state") {
+		t.Errorf("a paused container's state was not asked of runsc: %q", runscCommands(t, calls))
+	}
+	if r := dev.ctr(30*time.Second, "tasks", "resume", id); r.code != 0 {
+		t.Fatalf("resume: %v", r)
+	}
+	if st := status(); st != "RUNNING" {
+		t.Errorf("a resumed container's state is %q, want RUNNING", st)
 	}
 }

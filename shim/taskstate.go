@@ -1,0 +1,96 @@
+package shim
+
+import (
+	"sync"
+	"time"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+)
+
+// runningTasks answers the State of a running container without runsc.
+//
+// gVisor's task service answers every State by running `runsc state`
+// (about 30 ms of CPU), and containerd asks for it after every Start: two
+// runsc processes on each CRI pod's start path, one for its sandbox and
+// one for its container. What that answer says of a running container the
+// shim knows itself: its pid (Start's answer), its bundle and stdio (its
+// Create request), and that it runs (started, no exit seen, not deleted).
+// Only that case is answered here, and only while its sandbox runs (not
+// frozen, checkpointing or stopping): anything else, and every exec'd
+// process, is asked of gVisor's task service as before.
+type runningTasks struct {
+	mu sync.Mutex
+	// created holds what a container's Create said, until it starts.
+	// +checklocks:mu
+	created map[string]taskState
+	// running holds each container started and not exited.
+	// +checklocks:mu
+	running map[string]taskState
+}
+
+// taskState is what a running container's State says.
+type taskState struct {
+	bundle, stdin, stdout, stderr string
+	terminal                      bool
+	pid                           uint32
+}
+
+// created remembers what a container's State will say of its bundle and
+// stdio.
+func (t *runningTasks) create(r *task.CreateTaskRequest) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.created == nil {
+		t.created = map[string]taskState{}
+	}
+	t.created[r.ID] = taskState{bundle: r.Bundle, stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+}
+
+// start marks a created container running with its pid.
+func (t *runningTasks) start(id string, pid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st, ok := t.created[id]
+	if !ok {
+		return
+	}
+	delete(t.created, id)
+	st.pid = pid
+	if t.running == nil {
+		t.running = map[string]taskState{}
+	}
+	t.running[id] = st
+}
+
+// end forgets a container that exited or was deleted.
+func (t *runningTasks) end(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.created, id)
+	delete(t.running, id)
+}
+
+// state is the State of a running container, as gVisor's task service
+// would answer it, if it is one.
+func (t *runningTasks) state(id string) (*task.StateResponse, bool) {
+	t.mu.Lock()
+	st, ok := t.running[id]
+	t.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return &task.StateResponse{
+		ID:       id,
+		Bundle:   st.bundle,
+		Pid:      st.pid,
+		Status:   tasktypes.Status_RUNNING,
+		Stdin:    st.stdin,
+		Stdout:   st.stdout,
+		Stderr:   st.stderr,
+		Terminal: st.terminal,
+		// gVisor's answer for a process that has not exited.
+		ExitedAt: protobuf.ToTimestamp(time.Time{}),
+	}, true
+}

@@ -99,9 +99,8 @@ func (s *service) killMembers(ctx context.Context, sb *sandboxState) {
 // WallClockExitStatus, one its suspend stopped with 0, and one OOM-killed
 // under gVisor with SIGKILL's status.
 func (s *service) adjustExit(e *proc.Exit) {
-	// An exited container's stats are gVisor's task service's to answer
-	// (it says what a stopped container has).
-	s.stats.Ended(e.ID)
+	// An exited container's state and stats are gVisor's task service's
+	// to answer (it says what a stopped container has).
 	s.tasks.end(e.ID)
 	switch {
 	case e.Status == 128+int(unix.SIGKILL) && s.sandboxes.expiredContainer(e.ID):

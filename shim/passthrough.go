@@ -178,8 +178,12 @@ func (s *service) Stats(ctx context.Context, r *task.StatsRequest) (*task.StatsR
 // inShimStats is a running container's stats read from its sandbox (nil
 // when it is not read so, with the reason when there is one).
 func (s *service) inShimStats(ctx context.Context, id string) (*task.StatsResponse, error) {
-	stats, served, err := s.stats.Read(ctx, id)
-	if !served || err != nil {
+	sb, ok := s.tasks.statsOf(id)
+	if !ok {
+		return nil, nil
+	}
+	stats, err := sb.Read(ctx, id)
+	if err != nil {
 		return nil, err
 	}
 	return &task.StatsResponse{Stats: stats}, nil

@@ -81,10 +81,8 @@ type service struct {
 	// trim returns the heap a start left behind to the kernel once the
 	// shim has been quiet for trimDelay.
 	trim *idleTrim
-	// stats answers the Stats of running containers from their sandbox's
-	// control socket, not by running runsc (internal/sentrystats).
-	stats sentrystats.Live
-	// tasks answers the State of running containers (runningTasks).
+	// tasks answers the State and Stats of running containers
+	// (runningTasks).
 	tasks runningTasks
 }
 
@@ -273,7 +271,11 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 	}
 	if r.ExecID == "" {
 		s.exits.started(r.ID)
-		s.tasks.start(r.ID, resp.Pid)
+		var stats *sentrystats.Sandbox
+		if of, ok := s.sandboxes.of(r.ID); ok {
+			stats = of.stats
+		}
+		s.tasks.start(r.ID, resp.Pid, stats)
 		// runsc's gofer has its own copies of the container's mounts
 		// now: the staged ones in the host's mount namespace would only
 		// keep the pod's directories busy (a host directory with a mount
@@ -300,9 +302,6 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 			} else {
 				msg = fmt.Sprintf("sandbox started; wall-clock limit %v armed", d)
 			}
-		}
-		if of, ok := s.sandboxes.of(r.ID); ok && of.stats != nil {
-			s.stats.Started(r.ID, *of.stats)
 		}
 		s.record(r.ID, audit.TypeContainerStart.New("Success", msg, map[string]string{"pid": fmt.Sprint(resp.Pid)}), true)
 		ph.mark("release_and_record")
@@ -406,7 +405,6 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 	resp, err := s.next.Delete(ctx, r)
 	ph.mark("runsc_delete")
 	if err == nil && r.ExecID == "" {
-		s.stats.Ended(r.ID)
 		s.tasks.end(r.ID)
 		s.exits.forget(r.ID)
 		if st, ok := s.stagers.LoadAndDelete(r.ID); ok {

@@ -7,9 +7,12 @@ import (
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/protobuf"
+
+	"agentbox.dev/agentbox/internal/sentrystats"
 )
 
-// runningTasks answers the State of a running container without runsc.
+// runningTasks holds the containers started and not exited, and answers
+// their State and Stats without runsc.
 //
 // gVisor's task service answers every State by running `runsc state`
 // (about 30 ms of CPU), and containerd asks for it after every Start: two
@@ -19,7 +22,9 @@ import (
 // Create request), and that it runs (started, no exit seen, not deleted).
 // Only that case is answered here, and only while its sandbox runs (not
 // frozen, checkpointing or stopping): anything else, and every exec'd
-// process, is asked of gVisor's task service as before.
+// process, is asked of gVisor's task service as before. Their Stats are
+// read from their sandbox's control socket (internal/sentrystats), for the
+// same reason: containerd's CRI asks every container once a second.
 type runningTasks struct {
 	mu sync.Mutex
 	// created holds what a container's Create said, until it starts.
@@ -30,11 +35,14 @@ type runningTasks struct {
 	running map[string]taskState
 }
 
-// taskState is what a running container's State says.
+// taskState is what a running container's State says, and where its
+// stats are read.
 type taskState struct {
 	bundle, stdin, stdout, stderr string
 	terminal                      bool
 	pid                           uint32
+	// stats is its sandbox's, when the shim reads them (nil: gVisor's).
+	stats *sentrystats.Sandbox
 }
 
 // created remembers what a container's State will say of its bundle and
@@ -48,8 +56,9 @@ func (t *runningTasks) create(r *task.CreateTaskRequest) {
 	t.created[r.ID] = taskState{bundle: r.Bundle, stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
 }
 
-// start marks a created container running with its pid.
-func (t *runningTasks) start(id string, pid uint32) {
+// start marks a created container running with its pid, its stats read
+// from sb when that is set.
+func (t *runningTasks) start(id string, pid uint32, sb *sentrystats.Sandbox) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st, ok := t.created[id]
@@ -57,7 +66,7 @@ func (t *runningTasks) start(id string, pid uint32) {
 		return
 	}
 	delete(t.created, id)
-	st.pid = pid
+	st.pid, st.stats = pid, sb
 	if t.running == nil {
 		t.running = map[string]taskState{}
 	}
@@ -93,4 +102,16 @@ func (t *runningTasks) state(id string) (*task.StateResponse, bool) {
 		// gVisor's answer for a process that has not exited.
 		ExitedAt: protobuf.ToTimestamp(time.Time{}),
 	}, true
+}
+
+// statsOf is where a running container's stats are read, if it is one
+// whose stats the shim reads.
+func (t *runningTasks) statsOf(id string) (sentrystats.Sandbox, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st, ok := t.running[id]
+	if !ok || st.stats == nil {
+		return sentrystats.Sandbox{}, false
+	}
+	return *st.stats, true
 }

@@ -22,7 +22,6 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
@@ -109,50 +108,18 @@ func SandboxCgroup(spec *specs.Spec) string {
 	return path
 }
 
-// Live holds the containers whose stats are answered here: those started
-// and not yet ended (a created or exited container is left to gVisor's
-// task service, which says what its state allows).
-type Live struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	m map[string]Sandbox
-}
-
-// Started answers container id's stats from its sandbox sb from now on.
-func (l *Live) Started(id string, sb Sandbox) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.m == nil {
-		l.m = map[string]Sandbox{}
-	}
-	l.m[id] = sb
-}
-
-// Ended stops answering for id: its process exited, or it was deleted.
-func (l *Live) Ended(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.m, id)
-}
-
-// Read is container id's stats as gVisor's task service builds them.
-// served is false when id is not a live container here; err is set when
-// its sandbox did not answer as expected.
-func (l *Live) Read(ctx context.Context, id string) (stats *anypb.Any, served bool, err error) {
-	l.mu.Lock()
-	sb, ok := l.m[id]
-	l.mu.Unlock()
-	if !ok {
-		return nil, false, nil
-	}
+// Read is container id's stats, read from its sandbox sb, as gVisor's
+// task service builds them; err is set when the sandbox did not answer as
+// expected. Which containers are read so (those started and not ended) is
+// the caller's to say.
+func (sb Sandbox) Read(ctx context.Context, id string) (*anypb.Any, error) {
 	ev, err := query(ctx, sb.Socket, id)
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	cpu, ok := cgroups.ReadCPU(cgroups.Root, sb.Cgroup)
 	ev.Event.Stats.Cpu.Usage.Total = splitCPU(ev.ContainerUsage, id, uint64(cpu), ok)
-	a, err := metricsV1(ev.Event.Stats)
-	return a, true, err
+	return metricsV1(ev.Event.Stats)
 }
 
 // eventOut is the control server's reply to containerManager.Event

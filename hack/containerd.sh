@@ -11,6 +11,8 @@
 #   hack/containerd.sh stop    # stops it and removes every trace
 #   hack/containerd.sh env     # shell exports for ctr/crictl
 #
+# AGENTBOX_METRICS_ADDRESS=127.0.0.1:PORT serves containerd's metrics there
+# (the benchmarks read its CRI timers).
 # AGENTBOX_REGISTRY_MIRROR=http://HOST:PORT sends registry.k8s.io, gcr.io
 # and k8s.gcr.io pulls there and nowhere else (hack/critest.sh's loopback
 # registry).
@@ -115,6 +117,11 @@ EOT
   ]
 }
 EOT
+  local metrics=""
+  if [ -n "${AGENTBOX_METRICS_ADDRESS:-}" ]; then
+    # containerd's Prometheus metrics (its CRI timers), for hack/bench.sh.
+    metrics=$(printf '\n[metrics]\n  address = "%s"' "$AGENTBOX_METRICS_ADDRESS")
+  fi
   cat >"$DIR/config.toml" <<EOT
 version = 3
 root = "$DIR/root"
@@ -125,6 +132,7 @@ state = "$DIR/state"
 
 [ttrpc]
   address = "$SOCK.ttrpc"
+$metrics
 
 # Each private instance its own NRI socket: the default
 # /var/run/nri/nri.sock is one per machine, and a second instance would

@@ -46,7 +46,14 @@ func machineCPU(t *testing.T) time.Duration {
 type criSample struct {
 	p   *pod
 	cpu time.Duration
+	// timers is what containerd's CRI timers grew by for this pod (for 4
+	// at a time, its batch's growth over 4); nil when not read.
+	timers criTimers
 }
+
+// runtimeTypes are the CRI runtime types of the handlers the benchmarks
+// use, as containerd's timers label them.
+var runtimeTypes = map[string]string{"agentbox": runtimeType, "runc": "io.containerd.runc.v2"}
 
 // TestBenchmarkCRIPhases attributes a CRI pod's start, one pod at a time
 // and four at a time: each CRI call's wall time, split into the shim's
@@ -81,14 +88,16 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 	for i := -1; i < rounds; i++ { // round -1 warms up
 		for j := range variants {
 			v := variants[(i+1+j)%len(variants)]
+			m0 := readCRITimers(t)
 			cpu0 := machineCPU(t)
 			p, err := startPod(v, fmt.Sprintf("phase-%d", i))
 			cpu := machineCPU(t) - cpu0
+			timers := readCRITimers(t).since(m0)
 			if rerr := remove(v, p); err != nil || rerr != nil {
 				t.Fatalf("%s: %v %v", v.name, err, rerr)
 			}
 			if i >= 0 {
-				one[v.name] = append(one[v.name], criSample{p, cpu})
+				one[v.name] = append(one[v.name], criSample{p, cpu, timers})
 			}
 		}
 	}
@@ -99,6 +108,7 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 			pods := make([]*pod, workers)
 			errs := make([]error, workers)
 			var wg sync.WaitGroup
+			m0 := readCRITimers(t)
 			cpu0, start := machineCPU(t), time.Now()
 			for w := 0; w < workers; w++ {
 				wg.Add(1)
@@ -110,11 +120,15 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 			wg.Wait()
 			elapsed += time.Since(start)
 			cpu := (machineCPU(t) - cpu0) / workers
+			timers := readCRITimers(t).since(m0)
+			for k := range timers {
+				timers[k] /= workers
+			}
 			for w, p := range pods {
 				if rerr := remove(v, p); errs[w] != nil || rerr != nil {
 					t.Fatalf("%s, 4 at a time: %v %v", v.name, errs[w], rerr)
 				}
-				four[v.name] = append(four[v.name], criSample{p, cpu})
+				four[v.name] = append(four[v.name], criSample{p, cpu, timers})
 			}
 		}
 		rate[v.name] = float64(batches*workers) / elapsed.Seconds()
@@ -122,7 +136,8 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 	traces := readPhaseTraces(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "CRI pod start attributed (medians; 1 at a time over %d interleaved rounds, 4 at a time over %d pods; wall / the shim's CPU, with runsc's commands it waited for)\n", rounds, batches*workers)
-	b.WriteString(attribution(traces, one[variants[0].name], four[variants[0].name]))
+	b.WriteString(attribution(traces, one[variants[0].name], four[variants[0].name], runtimeTypes[variants[0].handler]))
+	b.WriteString(containerdTimers(variants, one, four))
 	fmt.Fprintf(&b, "%-44s %9s %9s %9s %9s   %9s %9s\n", "the same calls, by runtime", "runp", "create", "start", "pod", "CPU/pod", "4x pods/s")
 	for _, v := range variants {
 		for _, c := range []struct {
@@ -187,7 +202,7 @@ func cpuMedian(s []criSample) time.Duration {
 // attribution splits each CRI call of agentbox's pods into the shim's
 // phases and what is outside them, as two columns (1 and 4 at a time) of
 // medians, wall and CPU.
-func attribution(traces map[string]shim.PhaseTrace, one, four []criSample) string {
+func attribution(traces map[string]shim.PhaseTrace, one, four []criSample, runtime string) string {
 	type cell struct{ wall, cpu []time.Duration }
 	var rows []string
 	cols := []map[string]*cell{{}, {}}
@@ -247,8 +262,10 @@ func attribution(traces map[string]shim.PhaseTrace, one, four []criSample) strin
 					traced += tr.TotalMS
 				}
 				// containerd's CRI, the CNI plugins, the shim's own process
-				// start, crictl's.
-				add(col, call.name+"|  outside the shim's trace", msOf(s.p.calls[i])-traced, 0)
+				// start, crictl's: split by containerd's timers when read.
+				for _, o := range outsideShim(call.name, msOf(s.p.calls[i]), traced, s.timers, runtime) {
+					add(col, call.name+"|  "+o.label, o.ms, 0)
+				}
 			}
 		}
 	}

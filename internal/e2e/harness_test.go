@@ -106,6 +106,11 @@ func TestMain(m *testing.M) {
 		// The shims trace the phases of each Create and Start
 		// (TestBenchmarkStartToExit prints them).
 		os.Setenv(shim.PhaseTraceEnv, filepath.Join(dir, "phases.jsonl"))
+		// containerd's CRI timers (TestBenchmarkCRIPhases reads them).
+		if addr, err := freeLoopbackAddr(); err == nil {
+			os.Setenv("AGENTBOX_METRICS_ADDRESS", addr)
+			containerdMetrics = "http://" + addr + "/v1/metrics"
+		}
 	}
 	dev, err = startDaemon(dir)
 	if err == nil {

@@ -262,8 +262,9 @@ func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartR
 	}
 	ph.mark("runsc_start")
 	if err != nil {
-		if sb, root := s.sandboxes.sandbox(r.ID); root && r.ExecID == "" {
-			// No runsc wait will say when it ends: its sandbox's reaping will.
+		if sb, root := s.sandboxes.sandbox(r.ID); root && r.ExecID == "" && !restored {
+			// No runsc wait will say when it ends: its sandbox's reaping
+			// will (a failed restore is ended by abandonRestore).
 			s.exits.startFailed(r.ID)
 			sb.audit.trail.Emit(audit.TypeSandboxFailed.New("Failure", "runsc could not start the sandbox: "+err.Error(), nil), true)
 		}

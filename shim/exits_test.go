@@ -36,6 +36,24 @@ func (h *harness) next(t *testing.T) proc.Exit {
 	}
 }
 
+// want says the next exit forwarded is id's with status.
+func (h *harness) want(t *testing.T, id string, status int) {
+	t.Helper()
+	if e := h.next(t); e.ID != id || e.Status != status {
+		t.Fatalf("forwarded %+v, want %s with status %d", e, id, status)
+	}
+}
+
+// none says no exit is forwarded within a moment.
+func (h *harness) none(t *testing.T) {
+	t.Helper()
+	select {
+	case e := <-h.out:
+		t.Fatalf("forwarded %+v, want nothing more", e)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
 func TestExitRepair(t *testing.T) {
 	t.Run("failed wait after sandbox reaped gets the reaped status", func(t *testing.T) {
 		h := newHarness()
@@ -87,13 +105,9 @@ func TestExitRepair(t *testing.T) {
 		h.x.track("c1", 100)
 		h.in <- proc.Exit{ID: "c1", Status: runscWaitFailed}
 		h.in <- proc.Exit{ID: "exec1", Status: 4}
-		if e := h.next(t); e.ID != "exec1" || e.Status != 4 {
-			t.Fatalf("got %+v, want exec1 first", e)
-		}
+		h.want(t, "exec1", 4)
 		h.reaped <- runc.Exit{Pid: 100, Status: 5}
-		if e := h.next(t); e.ID != "c1" || e.Status != 5 {
-			t.Fatalf("got %+v", e)
-		}
+		h.want(t, "c1", 5)
 	})
 	t.Run("a root whose start failed is reported when its sandbox is reaped", func(t *testing.T) {
 		h := newHarness()
@@ -101,23 +115,15 @@ func TestExitRepair(t *testing.T) {
 		h.x.startFailed("c1")
 		h.x.startFailed("c1") // reported once however often it is said
 		h.reaped <- runc.Exit{Pid: 100, Status: 137}
-		if e := h.next(t); e.ID != "c1" || e.Status != 137 {
-			t.Fatalf("got %+v, want c1 with 137", e)
-		}
-		select {
-		case e := <-h.out:
-			t.Fatalf("reported twice: %+v", e)
-		case <-time.After(100 * time.Millisecond):
-		}
+		h.want(t, "c1", 137)
+		h.none(t)
 	})
 	t.Run("a root whose start failed after its sandbox was reaped", func(t *testing.T) {
 		h := newHarness()
 		h.x.track("c1", 100)
 		h.reaped <- runc.Exit{Pid: 100, Status: 1}
 		h.x.startFailed("c1")
-		if e := h.next(t); e.ID != "c1" || e.Status != 1 {
-			t.Fatalf("got %+v, want c1 with 1", e)
-		}
+		h.want(t, "c1", 1)
 	})
 	t.Run("a start retried with success leaves the report to runsc wait", func(t *testing.T) {
 		h := newHarness()
@@ -126,14 +132,8 @@ func TestExitRepair(t *testing.T) {
 		h.x.started("c1")
 		h.reaped <- runc.Exit{Pid: 100, Status: 0}
 		h.in <- proc.Exit{ID: "c1", Status: 0}
-		if e := h.next(t); e.ID != "c1" || e.Status != 0 {
-			t.Fatalf("got %+v", e)
-		}
-		select {
-		case e := <-h.out:
-			t.Fatalf("reported twice: %+v", e)
-		case <-time.After(100 * time.Millisecond):
-		}
+		h.want(t, "c1", 0)
+		h.none(t)
 	})
 	t.Run("a failed start of what is no sandbox root reports nothing", func(t *testing.T) {
 		h := newHarness()

@@ -23,21 +23,11 @@ import (
 func TestCancelledStartCanBeStopped(t *testing.T) {
 	requireEnv(t)
 	expectNoLeaks(t, dev)
-	dir := t.TempDir()
-	held := filepath.Join(dir, "held")
-	wrapper := filepath.Join(dir, "runsc")
-	real := filepath.Join(cacheDir(), "bin", "runsc")
+	held := filepath.Join(t.TempDir(), "held")
 	// Only the first start is held, and only while the marker's absence
-	// says so: the twin below starts unheld.
-	script := fmt.Sprintf("#!/bin/sh\ncase \" $* \" in *\" start \"*) if [ ! -e %[1]s ]; then : >%[1]s; sleep 8; fi;; esac\nexec %[2]s \"$@\"\n", held, real)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
-		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dev.dir, "audit"))), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// says so: the twin below starts unheld. The trail is the suite's
+	// (readTrail).
+	cfg := wrappedRunsc(t, fmt.Sprintf(`case " $* " in *" start "*) if [ ! -e %[1]s ]; then : >%[1]s; sleep 8; fi;; esac`, held), filepath.Join(dev.dir, "audit"))
 	id := uniqueID("startcancel")
 	defer dev.removeContainer(id)
 	r := dev.ctr(60*time.Second, "--timeout", "4s", "run", "-d", "--runtime", runtimeType, "--runtime-config-path", cfg, agentImage, id, "sleep", "600")

@@ -110,19 +110,31 @@ func TestStatsReadInShim(t *testing.T) {
 // command's arguments, a line each, to the returned file.
 func loggingRunsc(t *testing.T) (cfg, calls string) {
 	t.Helper()
+	calls = filepath.Join(t.TempDir(), "runsc-calls.log")
+	return wrappedRunsc(t, fmt.Sprintf("echo \"$*\" >>%s", calls), ""), calls
+}
+
+// wrappedRunsc writes a shim config (the suite's policies, the audit
+// trails in auditDir, or a directory of the test's own when "") whose
+// runsc is a shell script: pre, then the real runsc with the same
+// arguments.
+func wrappedRunsc(t *testing.T, pre, auditDir string) (cfg string) {
+	t.Helper()
 	dir := t.TempDir()
-	calls = filepath.Join(dir, "runsc-calls.log")
+	if auditDir == "" {
+		auditDir = filepath.Join(dir, "audit")
+	}
 	wrapper := filepath.Join(dir, "runsc")
 	real := filepath.Join(cacheDir(), "bin", "runsc")
-	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", calls, real)), 0o755); err != nil {
+	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\n%s\nexec %s \"$@\"\n", pre, real)), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cfg = filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
-		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), filepath.Join(dir, "audit"))), 0o644); err != nil {
+		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), auditDir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return cfg, calls
+	return cfg
 }
 
 // runscCommands are the runsc commands a logging wrapper saw (the word

@@ -111,12 +111,7 @@ func (x *exitRepair) startFailed(id string) {
 		return
 	}
 	x.unwaited[id] = true
-	w := make(chan int, 1)
-	if st, dead := x.reaped[pid]; dead {
-		w <- st
-	} else {
-		x.waiters[pid] = append(x.waiters[pid], w)
-	}
+	w := x.whenReapedLocked(pid)
 	go func() {
 		st := <-w
 		x.mu.Lock()
@@ -205,15 +200,24 @@ func (x *exitRepair) adjusted(e proc.Exit) proc.Exit {
 	return e
 }
 
+// whenReapedLocked is a channel that receives pid's reaped status: at once
+// if it was reaped already, else when it is.
+//
+// +checklocks:x.mu
+func (x *exitRepair) whenReapedLocked(pid int) chan int {
+	w := make(chan int, 1)
+	if st, ok := x.reaped[pid]; ok {
+		w <- st
+	} else {
+		x.waiters[pid] = append(x.waiters[pid], w)
+	}
+	return w
+}
+
 // waitReaped returns the reaped status of pid, waiting up to timeout.
 func (x *exitRepair) waitReaped(pid int, timeout time.Duration) (int, bool) {
 	x.mu.Lock()
-	if st, ok := x.reaped[pid]; ok {
-		x.mu.Unlock()
-		return st, true
-	}
-	w := make(chan int, 1)
-	x.waiters[pid] = append(x.waiters[pid], w)
+	w := x.whenReapedLocked(pid)
 	x.mu.Unlock()
 	select {
 	case st := <-w:

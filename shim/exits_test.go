@@ -139,11 +139,7 @@ func TestExitRepair(t *testing.T) {
 		h := newHarness()
 		h.x.startFailed("sub")
 		h.reaped <- runc.Exit{Pid: 100, Status: 0}
-		select {
-		case e := <-h.out:
-			t.Fatalf("reported %+v", e)
-		case <-time.After(100 * time.Millisecond):
-		}
+		h.none(t)
 	})
 	t.Run("forget drops the sandbox pid", func(t *testing.T) {
 		h := newHarness()

@@ -121,7 +121,6 @@ type outsidePart struct {
 // rest (the request's way through gRPC, crictl's own). Without timers it
 // is one part.
 func outsideShim(call string, callMS, tracedMS float64, timers criTimers, runtime string) []outsidePart {
-	msOf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	whole := []outsidePart{{"outside the shim's trace", callMS - tracedMS}}
 	if timers == nil {
 		return whole
@@ -135,10 +134,10 @@ func outsideShim(call string, callMS, tracedMS float64, timers criTimers, runtim
 			return whole
 		}
 		return []outsidePart{
-			{"containerd: the network but the CNI plugins (its namespace)", msOf(net - cni)},
-			{"containerd: the CNI plugins' ADD", msOf(cni)},
-			{"containerd: the rest of the sandbox's start", msOf(rt-net) - tracedMS},
-			{"before containerd's timer, gRPC, crictl", callMS - msOf(rt)},
+			{"containerd: the network but the CNI plugins (its namespace)", ms1(net - cni)},
+			{"containerd: the CNI plugins' ADD", ms1(cni)},
+			{"containerd: the rest of the sandbox's start", ms1(rt-net) - tracedMS},
+			{"before containerd's timer, gRPC, crictl", callMS - ms1(rt)},
 		}
 	case "CreateContainer", "StartContainer":
 		series := timerContainerCreate
@@ -150,8 +149,8 @@ func outsideShim(call string, callMS, tracedMS float64, timers criTimers, runtim
 			return whole
 		}
 		return []outsidePart{
-			{"containerd: the rest of the call", msOf(d) - tracedMS},
-			{"outside containerd's timer, gRPC, crictl", callMS - msOf(d)},
+			{"containerd: the rest of the call", ms1(d) - tracedMS},
+			{"outside containerd's timer, gRPC, crictl", callMS - ms1(d)},
 		}
 	}
 	return whole
@@ -178,11 +177,15 @@ func containerdTimers(variants []criVariant, one, four map[string][]criSample) s
 				if s.timers == nil {
 					continue
 				}
-				n, _ := s.timers.get(timerSandboxNetwork, rt)
-				a, _ := s.timers.get(timerCNIAdd, rt)
-				r, _ := s.timers.get(timerSandboxRuntime, rt)
-				cc, _ := s.timers.get(timerContainerCreate, rt)
-				cs, _ := s.timers.get(timerContainerStart, rt)
+				n, ok1 := s.timers.get(timerSandboxNetwork, rt)
+				a, ok2 := s.timers.get(timerCNIAdd, rt)
+				r, ok3 := s.timers.get(timerSandboxRuntime, rt)
+				cc, ok4 := s.timers.get(timerContainerCreate, rt)
+				cs, ok5 := s.timers.get(timerContainerStart, rt)
+				if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+					// A series containerd did not print: no figure, not 0.
+					continue
+				}
 				netns, cni, sandbox = append(netns, n-a), append(cni, a), append(sandbox, r-n)
 				create, start = append(create, cc), append(start, cs)
 			}

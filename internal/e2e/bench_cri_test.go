@@ -261,7 +261,7 @@ func podMemory(t *testing.T, n int, v criVariant, none time.Duration) string {
 		t.Fatal(err)
 	}
 	cpu := idleCPU(t) - none
-	var shim, sandbox, gofer, wait, shimRSS uint64
+	var shim, sandbox, gofer, wait, shimRSS, shimAnon uint64
 	counted := map[string]int{}
 	for _, p := range pods {
 		// The shim and the sandbox name the pod's id; each container has a
@@ -273,6 +273,7 @@ func podMemory(t *testing.T, n int, v criVariant, none time.Duration) string {
 			case strings.Contains(cmd, "containerd-shim-agentbox-v1"):
 				shim += kb
 				shimRSS += smapsRollup(pid, "Rss:")
+				shimAnon += smapsRollup(pid, "Anonymous:")
 				counted["shim"]++
 			case strings.Contains(cmd, " boot "):
 				sandbox += kb
@@ -289,9 +290,9 @@ func podMemory(t *testing.T, n int, v criVariant, none time.Duration) string {
 		}
 	}
 	per := func(kb uint64) float64 { return float64(kb) / 1024 / float64(n) }
-	return fmt.Sprintf("%d idle %s pods, started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); gVisor's runsc wait processes %.1f MiB more; processes found %v\n"+
+	return fmt.Sprintf("%d idle %s pods, started one after another in %s; per pod, PSS: shim %.1f MiB (RSS %.1f, anonymous %.1f), sandbox %.1f MiB, gofer %.1f MiB, whole pod %.1f MiB (goals: shim <= 10, pod <= 30); gVisor's runsc wait processes %.1f MiB more; processes found %v\n"+
 		"%d idle %s pods: machine CPU %.0f ms/s above no pods\n",
-		n, v.name, ms(elapsed), per(shim), per(shimRSS), per(sandbox), per(gofer), per(shim+sandbox+gofer), per(wait), counted, n, v.name, ms1(cpu))
+		n, v.name, ms(elapsed), per(shim), per(shimRSS), per(shimAnon), per(sandbox), per(gofer), per(shim+sandbox+gofer), per(wait), counted, n, v.name, ms1(cpu))
 }
 
 // pidsNaming lists the processes whose command line names one of ids.

@@ -231,14 +231,19 @@ func (r *Receiver) serve() {
 }
 
 func (r *Receiver) handle(c *net.UnixConn) {
-	buf := make([]byte, MaxMessageSize+1)
-	n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
+	sb, err := newSessionBuffer()
+	if err != nil {
+		r.anomaly(err.Error(), nil)
+		return
+	}
+	defer sb.free()
+	n, _, flags, _, err := c.ReadMsgUnix(sb.b, nil)
 	if err != nil {
 		r.anomaly(fmt.Sprintf("handshake: %v", err), nil)
 		return
 	}
 	var hs pb.Handshake
-	if flags&unix.MSG_TRUNC != 0 || proto.Unmarshal(buf[:n], &hs) != nil || hs.GetVersion() < 1 {
+	if flags&unix.MSG_TRUNC != 0 || proto.Unmarshal(sb.b[:n], &hs) != nil || hs.GetVersion() < 1 {
 		r.anomaly("handshake: not a gVisor handshake", nil)
 		return
 	}
@@ -254,7 +259,7 @@ func (r *Receiver) handle(c *net.UnixConn) {
 		return
 	}
 	defer unix.Close(fd)
-	r.readLoop(fd, buf)
+	r.readLoop(fd, sb)
 }
 
 // detach takes the session's descriptor out of Go's network poller: a
@@ -279,12 +284,12 @@ func detach(c *net.UnixConn) (int, error) {
 // readLoop reads the session until the sandbox closes its end, or Close
 // has drained it. It reads what is queued, pauses while more queues, and
 // blocks in poll(2) only once a read found nothing.
-func (r *Receiver) readLoop(fd int, buf []byte) {
+func (r *Receiver) readLoop(fd int, sb *sessionBuffer) {
 	var deadline time.Time // set once Close asked for the rest
 	var yielded time.Time  // when the reader last yielded its P
 	pause, paused := max(r.pauseLo, min(firstPause, r.pauseHi)), false
 	for {
-		n, end := r.readQueued(fd, buf)
+		n, end := r.readQueued(fd, sb)
 		if end {
 			return
 		}
@@ -335,9 +340,9 @@ func (r *Receiver) readLoop(fd int, buf []byte) {
 
 // readQueued processes the messages queued on fd, without waiting; n is
 // how many, end whether the session is over.
-func (r *Receiver) readQueued(fd int, buf []byte) (n int, end bool) {
+func (r *Receiver) readQueued(fd int, sb *sessionBuffer) (n int, end bool) {
 	for {
-		m, _, flags, _, err := unix.Recvmsg(fd, buf, nil, unix.MSG_DONTWAIT)
+		m, _, flags, _, err := unix.Recvmsg(fd, sb.b, nil, unix.MSG_DONTWAIT)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			return n, false
@@ -361,8 +366,9 @@ func (r *Receiver) readQueued(fd int, buf []byte) (n int, end bool) {
 		if flags&unix.MSG_TRUNC != 0 {
 			r.anomaly(fmt.Sprintf("oversized message (more than %d bytes) discarded", MaxMessageSize), nil)
 		} else {
-			r.Process(buf[:m])
+			r.Process(sb.b[:m])
 		}
+		sb.release(m)
 		if at := r.drainUntil.Load(); at != 0 && time.Now().UnixNano() > at {
 			return n, true // Close's drain is over, however much still comes
 		}

@@ -130,3 +130,9 @@ func (c *Client) WriteSandbox(ctx context.Context, w SandboxWrite) (*SandboxResp
 	var out SandboxResponse
 	return &out, c.call(ctx, http.MethodPost, PathSandbox, w, &out)
 }
+
+// Claim asks for a pod's SandboxClaim and its task's identity.
+func (c *Client) Claim(ctx context.Context, pod Ref) (*ClaimResponse, error) {
+	var out ClaimResponse
+	return &out, c.call(ctx, http.MethodPost, PathClaim, ClaimRequest{Pod: pod}, &out)
+}

@@ -31,6 +31,7 @@ var (
 	runtimeClassesGVR = schema.GroupVersionResource{Group: "node.k8s.io", Version: "v1", Resource: "runtimeclasses"}
 	tokenReviewsGVR   = schema.GroupVersionResource{Group: "authentication.k8s.io", Version: "v1", Resource: "tokenreviews"}
 	sandboxesGVR      = schema.GroupVersionResource{Group: SandboxGroup, Version: "v1beta1", Resource: "sandboxes"}
+	claimsGVR         = schema.GroupVersionResource{Group: SandboxExtensionsGroup, Version: "v1beta1", Resource: "sandboxclaims"}
 	rolesGVR          = schema.GroupVersionResource{Group: kubeapi.Group, Version: kubeapi.Version, Resource: kubeapi.RolesResource}
 	bindingsGVR       = schema.GroupVersionResource{Group: kubeapi.Group, Version: kubeapi.Version, Resource: kubeapi.BindingsResource}
 )
@@ -97,13 +98,18 @@ func podOf(u *unstructured.Unstructured) Pod {
 	phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
 	p.Done = phase == "Succeeded" || phase == "Failed"
 	p.Deleting = u.GetDeletionTimestamp() != nil
+	p.ControllerKind, p.ControllerGroup, p.ControllerName, p.ControllerUID = controllerOf(u)
+	return p
+}
+
+// controllerOf is an object's controlling owner: kind, group, name, UID.
+func controllerOf(u *unstructured.Unstructured) (kind, group, name, uid string) {
 	for _, r := range u.GetOwnerReferences() {
 		if r.Controller != nil && *r.Controller {
-			p.ControllerKind, p.ControllerName, p.ControllerUID = r.Kind, r.Name, string(r.UID)
-			p.ControllerGroup = schema.FromAPIVersionAndKind(r.APIVersion, r.Kind).Group
+			return r.Kind, schema.FromAPIVersionAndKind(r.APIVersion, r.Kind).Group, r.Name, string(r.UID)
 		}
 	}
-	return p
+	return "", "", "", ""
 }
 
 // handlers resolves each pod's RuntimeClass to its handler (a class that
@@ -236,7 +242,19 @@ func (c *Cluster) Sandbox(ctx context.Context, ns, name string) (Sandbox, error)
 	sb.PinnedTo = u.GetAnnotations()[PinnedAnnotation]
 	sb.RestoreFrom, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "metadata", "annotations", policy.RestoreAnnotation)
 	sb.Selector, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "spec", "nodeSelector", HostnameLabel)
+	sb.ControllerKind, sb.ControllerGroup, sb.ControllerName, sb.ControllerUID = controllerOf(u)
 	return sb, nil
+}
+
+// Claim reads an agent-sandbox SandboxClaim.
+func (c *Cluster) Claim(ctx context.Context, ns, name string) (Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	u, err := c.Client.Resource(claimsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{Ref: Ref{Namespace: ns, Name: name, UID: string(u.GetUID())}, Annotations: u.GetAnnotations()}, nil
 }
 
 // PatchSandbox applies a merge patch the broker made, only if the Sandbox

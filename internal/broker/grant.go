@@ -68,6 +68,9 @@ type Sandbox struct {
 	// PinnedTo is its agentbox.dev/pinned-to annotation; Selector its pod
 	// template's kubernetes.io/hostname node selector.
 	PinnedTo, Selector string
+	// Controller is its controlling owner: the SandboxClaim or
+	// SandboxWarmPool that holds it, if any.
+	ControllerKind, ControllerGroup, ControllerName, ControllerUID string
 }
 
 // SandboxGroup is agent-sandbox's API group.

@@ -32,6 +32,7 @@ type API interface {
 	Sandbox(ctx context.Context, ns, name string) (Sandbox, error)
 	PatchSandbox(ctx context.Context, sb Sandbox, patch []byte) error
 	Hostname(ctx context.Context, node string) string
+	Claim(ctx context.Context, ns, name string) (Claim, error)
 }
 
 // Paths of the API.
@@ -105,6 +106,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST "+PathUnwrap, s.serve(s.unwrap))
 	mux.HandleFunc("GET "+PathPublicKey, s.serve(s.publicKey))
 	mux.HandleFunc("POST "+PathSandbox, s.serve(s.sandbox))
+	mux.HandleFunc("POST "+PathClaim, s.serve(s.claim))
 	return mux
 }
 

@@ -31,6 +31,7 @@ type fakeAPI struct {
 	sandboxes map[string]Sandbox
 	patched   []string
 	rolesDown bool
+	claims    map[string]Claim
 }
 
 func (f *fakeAPI) Review(_ context.Context, token, audience string) (Caller, error) {
@@ -88,6 +89,14 @@ func (f *fakeAPI) PatchSandbox(_ context.Context, sb Sandbox, patch []byte) erro
 }
 
 func (f *fakeAPI) Hostname(_ context.Context, node string) string { return node }
+
+func (f *fakeAPI) Claim(_ context.Context, ns, name string) (Claim, error) {
+	c, ok := f.claims[ns+"/"+name]
+	if !ok {
+		return Claim{}, errors.New("not found")
+	}
+	return c, nil
+}
 
 func testServer(t *testing.T) (*fakeAPI, *httptest.Server, *checkpoint.PrivateKEK) {
 	k, err := rsa.GenerateKey(rand.Reader, 3072)

@@ -143,8 +143,11 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 		return "", errkind.InvalidArgument(fmt.Errorf("owner.sandbox.namespace: %q, and the pod is in %q", o.Sandbox.Namespace, ns))
 	}
 	prev := sb.owner.Load()
-	if prev != nil && prev.Sandbox == o.Sandbox && (prev.Holder == nil) == (o.Holder == nil) && (o.Holder == nil || *prev.Holder == *o.Holder) {
-		return "unchanged: " + ownerText(o), nil
+	if prev != nil && prev.Sandbox == o.Sandbox && (prev.Holder == nil) == (o.Holder == nil) && (o.Holder == nil || *prev.Holder == *o.Holder) &&
+		(claimRead(prev) || !claimRead(o)) {
+		// A claim's identity is bound once, when first read: the same
+		// holder never changes it.
+		return "unchanged: " + ownerText(prev), nil
 	}
 	if prev != nil && prev.Sandbox.UID != o.Sandbox.UID {
 		// A pod's controller does not change: the API said otherwise
@@ -159,9 +162,18 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 	if prev != nil && prev.Holder != nil {
 		detail["previous_holder"] = prev.Holder.Kind + " " + prev.Holder.Name
 	}
+	if o.ClaimRefused != "" {
+		detail["claim_refused"] = o.ClaimRefused
+	}
 	sb.owner.Store(o)
+	m := sb.audit.trail.Meta()
+	m.Claim, m.WarmPool = claimOf(o), ""
+	if h := o.Holder; h != nil && h.Kind == "SandboxWarmPool" {
+		m.WarmPool = h.Name
+	}
 	msg := ownerText(o)
-	sb.audit.trail.Emit(audit.TypeOwner.New("Success", msg, detail), true)
+	// This record on carries the claim, or the pool.
+	sb.audit.trail.Rejoin(m, audit.TypeOwner.New("Success", msg, detail))
 	return msg, nil
 }
 
@@ -178,7 +190,45 @@ func ownerText(o *control.Owner) string {
 		}
 		msg += fmt.Sprintf(", %s %s %s (uid %s)", verb, h.Kind, h.Name, h.UID)
 	}
+	switch {
+	case o.Claim != nil:
+		msg += ", for " + claimText(o.Claim)
+	case o.ClaimRefused != "":
+		msg += "; the claim's identity is not bound: " + o.ClaimRefused
+	}
 	return msg
+}
+
+// claimRead says whether o carries what its claim's identity is: bound,
+// or refused.
+func claimRead(o *control.Owner) bool { return o.Claim != nil || o.ClaimRefused != "" }
+
+// claimOf is the trail's claim for o: its SandboxClaim holder, with the
+// task's identity when the broker gave it.
+func claimOf(o *control.Owner) *audit.Claim {
+	h := o.Holder
+	if h == nil || h.Kind != "SandboxClaim" {
+		return nil
+	}
+	c := &audit.Claim{Name: h.Name, UID: h.UID}
+	if id := o.Claim; id != nil {
+		c.Subject, c.Tenant, c.Task = id.Subject, id.Tenant, id.Task
+	}
+	return c
+}
+
+// claimText says who a claim's task is for.
+func claimText(c *control.Claim) string {
+	var parts []string
+	for _, f := range []struct{ k, v string }{{"subject", c.Subject}, {"tenant", c.Tenant}, {"task", c.Task}} {
+		if f.v != "" {
+			parts = append(parts, fmt.Sprintf("%s %q", f.k, f.v))
+		}
+	}
+	if len(parts) == 0 {
+		return "a task the claim does not name"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // egressSummary says what the sandbox's egress is, for records.

@@ -130,6 +130,9 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	e.b = appendString(e.b, eventUID(r.Sandbox, r.Seq))
 	e.int("sequence", int64(r.Seq))
 	e.str("event_code", r.Event)
+	if r.Claim != nil {
+		e.optStr("tenant_uid", r.Claim.Tenant)
+	}
 	e.b = append(e.b, metadataTail...)
 	e.b = append(e.b, deviceBlock()...)
 
@@ -174,6 +177,16 @@ func (r *Record) appendOCSF(b []byte) []byte {
 	e.optStr("namespace", r.Namespace)
 	e.optStr("pod_namespace", r.PodNamespace)
 	e.optStr("pod_name", r.PodName)
+	if c := r.Claim; c != nil {
+		e.open("claim")
+		e.str("name", c.Name)
+		e.str("uid", c.UID)
+		e.optStr("subject", c.Subject)
+		e.optStr("tenant", c.Tenant)
+		e.optStr("task", c.Task)
+		e.close()
+	}
+	e.optStr("warm_pool", r.WarmPool)
 	if r.ClassUID == ClassDetectionFinding {
 		e.optStr("status", r.Status)
 	}

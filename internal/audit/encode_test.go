@@ -32,6 +32,15 @@ func sampleRecords() []*Record {
 				API: "anthropic", Requested: "claude-sonnet-4-5", Stream: true, StopReason: "tool_use", FirstByteMS: 12.5, Events: 10,
 				RequestDigest: "ab12", RequestBytes: 4096, ToolCalls: []ToolCall{{ID: "toolu_1", Name: "Bash", Input: `{"command":"go test ./..."}`, Truncated: true}}},
 			Sandbox: "sb", Seq: 3, PrevHash: "abc"},
+		// A claimed sandbox's record carries its claim and the task's
+		// identity (the tenant also as OCSF's metadata.tenant_uid); a warm
+		// one's, the pool holding it.
+		{at: at, ClassUID: ClassProcess, ClassName: "Process Activity", ActivityID: 1, ActivityName: "Launch", Event: "agentbox/exec", Process: &Process{Argv: []string{"ls"}}, Sandbox: "sb",
+			PodNamespace: "agents", PodName: "sb1", Claim: &Claim{Name: "task-1", UID: "c-uid", Subject: "alice@example.com", Tenant: "acme", Task: "T-42"}},
+		{at: at, ClassUID: ClassProcess, ClassName: "Process Activity", ActivityID: 1, ActivityName: "Launch", Event: "agentbox/exec", Process: &Process{Argv: []string{"ls"}}, Sandbox: "sb",
+			PodNamespace: "agents", PodName: "sb1", Claim: &Claim{Name: "task-2", UID: "c-uid2"}},
+		{at: at, ClassUID: ClassProcess, ClassName: "Process Activity", ActivityID: 1, ActivityName: "Launch", Event: "agentbox/exec", Process: &Process{Argv: []string{"ls"}}, Sandbox: "sb",
+			PodNamespace: "agents", PodName: "sb1", WarmPool: "agents"},
 		// One that got no answer: no tokens, no model named.
 		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "Model Call", Status: "Success", Event: "agentbox/model_call",
 			Detail: map[string]string{"host": "api.openai.com"}, Model: &ModelCall{API: "openai", Problem: "no response"}, Sandbox: "sb"},
@@ -93,6 +102,7 @@ func FuzzEncode(f *testing.F) {
 		r.Message, r.Process.Name, r.Process.Argv, r.File.Path = a, b, []string{c, d}, d
 		r.Detail = map[string]string{a: b, c: d}
 		r.Counts = map[string]uint64{b: 1}
+		r.Claim = &Claim{Name: "task", UID: "u", Subject: a, Tenant: b, Task: c}
 		got, line := roundTrip(t, r)
 		if bytes.Count(line, []byte("\n")) != 1 {
 			t.Fatalf("not one line: %q", line)

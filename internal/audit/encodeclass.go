@@ -137,10 +137,13 @@ func (r *Record) encodeClass(e *enc) {
 	case ClassHTTP:
 		e.open("http_request")
 		e.optStr("http_method", r.Detail["method"])
-		if h := r.Detail["host"]; h != "" {
+		if h, path := r.Detail["host"], r.Detail["path"]; h != "" && path != "" {
+			// OCSF's url needs a path or a whole URL: without the path
+			// (a request the gateway refused before reading it), the host
+			// stays in unmapped.detail alone.
 			e.open("url")
 			e.str("hostname", h)
-			e.optStr("path", r.Detail["path"])
+			e.str("path", path)
 			e.close()
 		}
 		e.close()

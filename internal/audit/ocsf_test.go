@@ -87,3 +87,19 @@ func TestLegacyTrailVerifies(t *testing.T) {
 		t.Fatalf("mixed trail: %+v", res)
 	}
 }
+
+// Every kind of sample record conforms to the schema: the claim's
+// tenant_uid in metadata, the rest of the claim and the warm pool under
+// unmapped.
+func TestSampleRecordsConform(t *testing.T) {
+	s := schema(t)
+	for i, r := range sampleRecords() {
+		_, line := roundTrip(t, r)
+		if probs := s.ValidateJSON(bytes.TrimRight(line, "\n")); len(probs) != 0 {
+			t.Errorf("sample %d (%s): %v\n%s", i, r.Event, probs, line)
+		}
+		if r.Claim != nil && r.Claim.Tenant != "" && !bytes.Contains(line, []byte(`"tenant_uid":"`+r.Claim.Tenant+`"`)) {
+			t.Errorf("sample %d: no metadata.tenant_uid:\n%s", i, line)
+		}
+	}
+}

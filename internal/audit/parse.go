@@ -53,6 +53,8 @@ type wireRecord struct {
 		Namespace    string            `json:"namespace"`
 		PodNamespace string            `json:"pod_namespace"`
 		PodName      string            `json:"pod_name"`
+		Claim        *Claim            `json:"claim"`
+		WarmPool     string            `json:"warm_pool"`
 		Role         string            `json:"role"`
 		PolicyDigest string            `json:"policy_digest"`
 		Errno        int64             `json:"errno"`
@@ -140,7 +142,7 @@ func ParseLine(line []byte) (*Record, error) {
 		Status: w.Status, Errno: u.Errno, Result: u.Result, Message: w.Message, Event: w.Metadata.EventCode,
 		Counts: u.Counts, Detail: u.Detail, Container: u.Container, Namespace: u.Namespace,
 		PodNamespace: u.PodNamespace, PodName: u.PodName, Role: w.Policy.Name, PolicyDigest: w.Policy.UID, Seq: w.Metadata.Sequence,
-		Dst: u.Dst, Src: u.Src,
+		Dst: u.Dst, Src: u.Src, Claim: u.Claim, WarmPool: u.WarmPool,
 	}
 	if w.ClassUID == ClassDetectionFinding {
 		r.Status = u.Status

@@ -112,6 +112,10 @@ type Record struct {
 	PodName      string `json:"pod_name,omitempty"`
 	Role         string `json:"role,omitempty"`
 	PolicyDigest string `json:"policy_digest,omitempty"`
+	// Claim and WarmPool: the task the sandbox works for, or the warm pool
+	// holding it (Meta's).
+	Claim    *Claim `json:"claim,omitempty"`
+	WarmPool string `json:"warm_pool,omitempty"`
 
 	Seq      uint64 `json:"seq"`
 	PrevHash string `json:"prev_hash"`
@@ -121,6 +125,17 @@ type Record struct {
 	// joined: Process, on a record of the shim's own, is the sandbox
 	// process it is about (ConnectIndex.Emit), and so its actor.
 	joined bool
+}
+
+// Claim is the agent-sandbox SandboxClaim a sandbox works for, in its
+// pod's namespace, and the task's identity the claim names. Never changed
+// once made: a new claim is a new Claim.
+type Claim struct {
+	Name    string `json:"name"`
+	UID     string `json:"uid"`
+	Subject string `json:"subject,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Task    string `json:"task,omitempty"`
 }
 
 // Process is the actor.

@@ -16,6 +16,10 @@ type Meta struct {
 	PodName      string
 	Role         string
 	PolicyDigest string
+	// Claim is the task the sandbox works for since its claim; WarmPool
+	// the agent-sandbox warm pool holding it until then.
+	Claim    *Claim
+	WarmPool string
 }
 
 // Forwarder receives committed batches of lines (a network sink). It must
@@ -165,6 +169,18 @@ func (t *Trail) Emit(r *Record, urgent bool) {
 	}
 }
 
+// Rejoin changes what records are joined with to m, beginning with r, a
+// record of the trail's own written at once: no record comes between r and
+// the change on either side.
+func (t *Trail) Rejoin(m Meta, r *Record) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.meta = m
+	t.emitLocked(r)
+	t.pendingOwn = true
+	t.flushLocked()
+}
+
 // Mark emits r as a record of the trail's own and writes it at once. It
 // returns r's sequence number and hash, which another trail may name (a
 // restored sandbox's names its checkpoint's record), or an error when r
@@ -230,6 +246,7 @@ func (t *Trail) emitLocked(r *Record) {
 	r.Sandbox = t.meta.Sandbox
 	r.Namespace, r.PodNamespace, r.PodName = t.meta.Namespace, t.meta.PodNamespace, t.meta.PodName
 	r.Role, r.PolicyDigest = t.meta.Role, t.meta.PolicyDigest
+	r.Claim, r.WarmPool = t.meta.Claim, t.meta.WarmPool
 	if t.pendingN == 0 {
 		t.pendingHead = t.chain
 	}

@@ -11,10 +11,10 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/sirupsen/logrus"
+
+	"agentbox.dev/agentbox/internal/control"
 )
 
 // PathClaim answers a pod's claim and its task's identity.
@@ -30,10 +30,6 @@ const (
 	TenantAnnotation  = "agentbox.dev/tenant"
 	TaskAnnotation    = "agentbox.dev/task"
 )
-
-// MaxIdentityValue bounds each identity annotation's value (it goes into
-// every record of the trail).
-const MaxIdentityValue = 256
 
 // Identity is who a claimed sandbox works for.
 type Identity struct {
@@ -86,29 +82,12 @@ func IdentityOf(annotations map[string]string) (Identity, error) {
 		default:
 			return Identity{}, fmt.Errorf("annotation %s: not understood on a SandboxClaim (known: %s, %s, %s); nothing of the claim is bound", k, SubjectAnnotation, TenantAnnotation, TaskAnnotation)
 		}
-		if err := identityValue(v); err != nil {
+		if err := control.CheckClaimValue(v); err != nil {
 			return Identity{}, fmt.Errorf("annotation %s: %v; nothing of the claim is bound", k, err)
 		}
 		*field = v
 	}
 	return id, nil
-}
-
-func identityValue(v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("empty")
-	case len(v) > MaxIdentityValue:
-		return fmt.Errorf("%d bytes, more than %d", len(v), MaxIdentityValue)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("not UTF-8")
-	}
-	for _, r := range v {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("holds a character that is not printable (%U)", r)
-		}
-	}
-	return nil
 }
 
 // ClaimOf decides whether node may learn pod's claim: the pod (of the

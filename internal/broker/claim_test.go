@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"agentbox.dev/agentbox/internal/control"
 )
 
 func TestIdentityOf(t *testing.T) {
@@ -22,7 +24,7 @@ func TestIdentityOf(t *testing.T) {
 		{"unknown agentbox annotation", map[string]string{TaskAnnotation: "t1", "agentbox.dev/role": "admin"}, Identity{}, "agentbox.dev/role: not understood"},
 		{"a typo", map[string]string{"agentbox.dev/tenat": "acme"}, Identity{}, "agentbox.dev/tenat: not understood"},
 		{"empty", map[string]string{SubjectAnnotation: ""}, Identity{}, "agentbox.dev/subject: empty"},
-		{"too long", map[string]string{TenantAnnotation: strings.Repeat("a", MaxIdentityValue+1)}, Identity{}, "more than 256"},
+		{"too long", map[string]string{TenantAnnotation: strings.Repeat("a", control.MaxClaimValue+1)}, Identity{}, "more than 256"},
 		{"a newline forges a line", map[string]string{SubjectAnnotation: "alice\nrole: admin"}, Identity{}, "not printable (U+000A)"},
 		{"an escape", map[string]string{TaskAnnotation: "t\x1b[31m"}, Identity{}, "not printable"},
 		{"not UTF-8", map[string]string{TaskAnnotation: "t\xff"}, Identity{}, "not UTF-8"},

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/control"
 )
 
 // FuzzSandboxWrite: whatever a node sends, the broker's patch (when it
@@ -57,4 +58,46 @@ func FuzzSandboxWrite(f *testing.F) {
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
+}
+
+// FuzzClaim: whatever a node asks and a claim's annotations say, a claim
+// is given only to the node its pod is on, for that pod, and an identity
+// given is printable text within bounds, never half of what was named.
+func FuzzClaim(f *testing.F) {
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n2", "agentbox.dev/task", "t1")
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n1", "agentbox.dev/role", "admin")
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"x"}}`), "n2", "agentbox.dev/subject", "a\nb")
+	f.Fuzz(func(t *testing.T, body []byte, node, key, value string) {
+		var req ClaimRequest
+		if decode(body, &req) != nil {
+			return
+		}
+		c := testClaim()
+		c.Annotations[key] = value
+		resp, err := ClaimOf(node, req.Pod, ownPod("n2"), claimedSandbox(), c)
+		if err != nil {
+			return
+		}
+		if node != "n2" || req.Pod.UID != "pod-uid" {
+			t.Fatalf("node %q asking for %+v got the claim", node, req.Pod)
+		}
+		id := resp.Identity
+		for _, v := range []string{id.Subject, id.Tenant, id.Task} {
+			if v != "" && control.CheckClaimValue(v) != nil {
+				t.Fatalf("an identity value that is not one: %q", v)
+			}
+		}
+		want := Identity{Tenant: "acme", Task: "t1"}
+		switch key {
+		case SubjectAnnotation:
+			want.Subject = value
+		case TenantAnnotation:
+			want.Tenant = value
+		case TaskAnnotation:
+			want.Task = value
+		}
+		if id != want {
+			t.Fatalf("identity %+v from %q=%q, want %+v", id, key, value, want)
+		}
+	})
 }

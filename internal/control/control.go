@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"agentbox.dev/agentbox/internal/checkpoint"
 )
@@ -67,6 +68,54 @@ type Owner struct {
 	// Holder is the Sandbox's own controller: the SandboxClaim that
 	// claimed it, or the SandboxWarmPool keeping it warm (nil: none).
 	Holder *ObjectRef `json:"holder,omitempty"`
+	// Claim is the task a SandboxClaim holder names (the broker read it);
+	// ClaimRefused says why the claim's identity was not bound. Both only
+	// with a SandboxClaim holder.
+	Claim        *Claim `json:"claim,omitempty"`
+	ClaimRefused string `json:"claimRefused,omitempty"`
+}
+
+// Claim is who a claimed sandbox works for, from its SandboxClaim.
+type Claim struct {
+	Subject string `json:"subject,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Task    string `json:"task,omitempty"`
+}
+
+// MaxClaimValue bounds each of a Claim's values (they go into every record
+// of the trail).
+const MaxClaimValue = 256
+
+// CheckClaimValue says what is wrong with a claim's identity value: empty,
+// too long, or not printable UTF-8 text (a newline would forge a line of
+// a report).
+func CheckClaimValue(v string) error {
+	switch {
+	case v == "":
+		return errors.New("empty")
+	case len(v) > MaxClaimValue:
+		return fmt.Errorf("%d bytes, more than %d", len(v), MaxClaimValue)
+	case !utf8.ValidString(v):
+		return errors.New("not UTF-8")
+	}
+	for _, r := range v {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("holds a character that is not printable (%U)", r)
+		}
+	}
+	return nil
+}
+
+func (c *Claim) validate() error {
+	for _, f := range []struct{ name, v string }{{"subject", c.Subject}, {"tenant", c.Tenant}, {"task", c.Task}} {
+		if f.v == "" {
+			continue
+		}
+		if err := CheckClaimValue(f.v); err != nil {
+			return fmt.Errorf("owner.claim.%s: %v", f.name, err)
+		}
+	}
+	return nil
 }
 
 // ObjectRef names a Kubernetes object.
@@ -115,6 +164,22 @@ func (r Request) Validate() error {
 			}
 			if h.Namespace != r.Owner.Sandbox.Namespace {
 				return fmt.Errorf("owner.holder.namespace: %q, not the Sandbox's %q", h.Namespace, r.Owner.Sandbox.Namespace)
+			}
+		}
+		if c := r.Owner.Claim; c != nil || r.Owner.ClaimRefused != "" {
+			if h := r.Owner.Holder; h == nil || h.Kind != "SandboxClaim" {
+				return errors.New("owner.claim: only with a SandboxClaim holder")
+			}
+			if c != nil && r.Owner.ClaimRefused != "" {
+				return errors.New("owner.claim: both a claim and why it was refused")
+			}
+			if c != nil {
+				if err := c.validate(); err != nil {
+					return err
+				}
+			}
+			if len(r.Owner.ClaimRefused) > MaxReason {
+				return fmt.Errorf("owner.claimRefused: more than %d bytes", MaxReason)
 			}
 		}
 	case OpQuarantine, OpFreeze, OpStop, OpSuspend:

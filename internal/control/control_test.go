@@ -86,6 +86,10 @@ func TestBadRequests(t *testing.T) {
 		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":""}}}` + "\n", "owner.sandbox.uid: 0 bytes"},
 		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"holder":{"kind":"SandboxClaim","namespace":"other","name":"c","uid":"v"}}}` + "\n", `owner.holder.namespace: "other", not the Sandbox's "a"`},
 		{`{"op":"info","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"}}}` + "\n", "owner: only owner takes one, not info"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"holder":{"kind":"SandboxWarmPool","namespace":"a","name":"p","uid":"v"},"claim":{"task":"t"}}}` + "\n", "owner.claim: only with a SandboxClaim holder"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"claimRefused":"x"}}` + "\n", "owner.claim: only with a SandboxClaim holder"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"holder":{"kind":"SandboxClaim","namespace":"a","name":"c","uid":"v"},"claim":{"subject":"a\nb"}}}` + "\n", "owner.claim.subject: holds a character that is not printable (U+000A)"},
+		{`{"op":"owner","owner":{"sandbox":{"kind":"Sandbox","namespace":"a","name":"b","uid":"u"},"holder":{"kind":"SandboxClaim","namespace":"a","name":"c","uid":"v"},"claim":{"task":"t"},"claimRefused":"x"}}` + "\n", "owner.claim: both a claim and why it was refused"},
 	} {
 		c, err := net.Dial("unix", s.Path())
 		if err != nil {

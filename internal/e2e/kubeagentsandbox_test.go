@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
 )
 
 // asbSandbox is an agent-sandbox Sandbox whose pod template runs under the
@@ -155,6 +157,8 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 			clip(k.kubectl("-n", ns, "get", "events").stdout), clip(string(b)))
 	}
 
+	// Each warm pod's trail says it is warm before any claim.
+	k.waitWarm(t, ns)
 	k.applyExample(t, "claim.yaml", ns)
 	var name string
 	if !eventually(t, 2*time.Minute, func() bool {
@@ -195,10 +199,20 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 			t.Errorf("the role record: %+v", r)
 		}
 	}
+	// The claim's task, from its annotations through the broker: on the
+	// claim's record and every record after it; the warm pool's before.
+	want := audit.Claim{Name: "task-1", UID: claimUID, Subject: "alice@example.com", Tenant: "acme", Task: "fix-build-42"}
+	if claimed.Claim == nil || *claimed.Claim != want || claimed.WarmPool != "" {
+		t.Errorf("the claim's record carries %+v (pool %q), want %+v", claimed.Claim, claimed.WarmPool, want)
+	}
+	if warm := owners[0]; warm.Claim != nil || warm.WarmPool != "agents" {
+		t.Errorf("the warm Sandbox's record carries claim %+v, pool %q", warm.Claim, warm.WarmPool)
+	}
 	// The agent answers an exec under its role's limits.
 	if out := k.mustKubectl(t, "-n", ns, "exec", name, "--", "sh", "-c", "id -u; touch /etc/x 2>&1 || echo read-only"); !strings.Contains(out, "65532") || !strings.Contains(out, "read-only") {
 		t.Errorf("exec in the claimed agent: %q", out)
 	}
+	k.claimedRecords(t, sandbox, want)
 	// The pool refills.
 	if !eventually(t, 3*time.Minute, func() bool {
 		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "agents", "-o", "jsonpath={.status.readyReplicas}")
@@ -206,6 +220,7 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 	}) {
 		t.Errorf("the warm pool did not refill:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods").stdout))
 	}
+	k.claimRefused(t, ns)
 }
 
 // agentSandbox installs kubernetes-sigs/agent-sandbox's CRDs and controller

@@ -57,6 +57,10 @@ type record struct {
 	} `json:"src_endpoint"`
 	Counts map[string]int    `json:"counts"`
 	Detail map[string]string `json:"detail"`
+	// Claim and WarmPool: the task a claimed sandbox works for, or the
+	// warm pool holding it.
+	Claim    *audit.Claim `json:"claim"`
+	WarmPool string       `json:"warm_pool"`
 	// Model is a model call's record, as far as the budget tests read it.
 	Model *struct {
 		Requested string `json:"requested_model"`

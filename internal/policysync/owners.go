@@ -94,10 +94,10 @@ func sameOwner(a, b *control.Owner) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	if a.Sandbox != b.Sandbox || (a.Holder == nil) != (b.Holder == nil) {
+	if a.Sandbox != b.Sandbox || (a.Holder == nil) != (b.Holder == nil) || (a.Claim == nil) != (b.Claim == nil) || a.ClaimRefused != b.ClaimRefused {
 		return false
 	}
-	return a.Holder == nil || *a.Holder == *b.Holder
+	return (a.Holder == nil || *a.Holder == *b.Holder) && (a.Claim == nil || *a.Claim == *b.Claim)
 }
 
 // sandboxCRDPoll is how often the node agent looks for agent-sandbox's
@@ -207,6 +207,9 @@ func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 		}
 		if o == nil {
 			continue
+		}
+		if !a.bindClaim(ctx, o, sb.Owner, broker.Ref{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: string(pod.GetUID())}) {
+			continue // the broker did not answer: the next round asks again
 		}
 		if !sameOwner(o, sb.Owner) {
 			resp, err := control.Call(l.Socket, control.Request{Op: control.OpOwner, Owner: o}, controlTimeout)

@@ -1,0 +1,107 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox.dev/agentbox/internal/audit"
+)
+
+// claimedRecords checks a claimed sandbox's trail: from the warm pool's
+// record on, each record names the pool, until the claim's record, from
+// which each names the claim and its task (want); at least one of the
+// agent's own records (an exec's processes) is among the latter.
+func (k *kubeNode) claimedRecords(t *testing.T, sandbox string, want audit.Claim) {
+	t.Helper()
+	var recs []record
+	var claimedAt, agentRecords int
+	eventually(t, 30*time.Second, func() bool {
+		recs = k.trail(t, sandbox)
+		claimedAt, agentRecords = -1, 0
+		for i, r := range recs {
+			if r.Event == "agentbox/owner" && r.Detail["holder_kind"] == "SandboxClaim" && claimedAt < 0 {
+				claimedAt = i
+			}
+			if claimedAt >= 0 && i > claimedAt && r.Process != nil && len(r.Process.Argv) > 0 && r.Process.Argv[0] == "sh" {
+				agentRecords++
+			}
+		}
+		return claimedAt >= 0 && agentRecords > 0
+	})
+	if claimedAt < 0 || agentRecords == 0 {
+		t.Fatalf("no record of the exec after the claim (claim's record at %d) in %d records", claimedAt, len(recs))
+	}
+	warm := false
+	for i, r := range recs {
+		switch {
+		case i >= claimedAt:
+			if r.Claim == nil || *r.Claim != want || r.WarmPool != "" {
+				t.Fatalf("record %d (%s) after the claim carries claim %+v, pool %q; want %+v", i, r.Event, r.Claim, r.WarmPool, want)
+			}
+		case r.Event == "agentbox/owner" || warm:
+			warm = true
+			if r.Claim != nil || r.WarmPool != "agents" {
+				t.Fatalf("record %d (%s) of the warm Sandbox carries claim %+v, pool %q", i, r.Event, r.Claim, r.WarmPool)
+			}
+		}
+	}
+	t.Logf("%d records after the claim carry its task, %d of them the exec's", len(recs)-claimedAt, agentRecords)
+}
+
+// claimRefused: a claim with an agentbox.dev/ annotation the broker does
+// not understand (a role, which a claim cannot set yet) binds none of its
+// identity: the claim's record says why, and no record carries the tenant
+// it also named.
+func (k *kubeNode) claimRefused(t *testing.T, ns string) {
+	t.Helper()
+	k.apply(t, obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+		"metadata": obj{"name": "task-2", "namespace": ns, "annotations": obj{"agentbox.dev/tenant": "acme", "agentbox.dev/role": "admin"}},
+		"spec":     obj{"warmPoolRef": obj{"name": "agents"}}})
+	var name string
+	if !eventually(t, 2*time.Minute, func() bool {
+		name = strings.TrimSpace(k.kubectl("-n", ns, "get", "sandboxclaim", "task-2", "-o", "jsonpath={.status.sandbox.name}").stdout)
+		return name != ""
+	}) {
+		t.Fatalf("the second claim names no Sandbox")
+	}
+	p := k.waitPod(t, ns, name, time.Minute, "Running", running)
+	sandbox := k.sandboxOf(t, p.Metadata.UID)
+	var owners []record
+	if !eventually(t, time.Minute, func() bool {
+		owners = k.ownerRecords(t, sandbox)
+		return len(owners) > 0 && owners[len(owners)-1].Detail["holder"] == "task-2"
+	}) {
+		t.Fatalf("the trail names no second claim: %+v", owners)
+	}
+	rec := owners[len(owners)-1]
+	if !strings.Contains(rec.Detail["claim_refused"], "agentbox.dev/role: not understood") || rec.Claim == nil || rec.Claim.Name != "task-2" ||
+		rec.Claim.Tenant != "" || rec.Claim.Subject != "" || rec.Claim.Task != "" {
+		t.Fatalf("the refused claim's record: claim %+v, detail %v", rec.Claim, rec.Detail)
+	}
+	t.Logf("refused: %s", rec.Message)
+	for _, r := range k.trail(t, sandbox) {
+		if r.Claim != nil && r.Claim.Tenant != "" {
+			t.Fatalf("a record of the refused claim carries a tenant: %+v", r)
+		}
+	}
+}
+
+// waitWarm waits until the trail of each of ns's pods has the warm pool's
+// owner record: the node agent links a pod to its Sandbox every few
+// seconds, and a claim made before that would leave no warm record.
+func (k *kubeNode) waitWarm(t *testing.T, ns string) {
+	t.Helper()
+	uids := strings.Fields(k.mustKubectl(t, "-n", ns, "get", "pods", "-o", "jsonpath={.items[*].metadata.uid}"))
+	for _, uid := range uids {
+		sandbox := k.sandboxOf(t, uid)
+		if !eventually(t, time.Minute, func() bool {
+			owners := k.ownerRecords(t, sandbox)
+			return len(owners) > 0 && owners[0].WarmPool != ""
+		}) {
+			t.Fatalf("the warm pod %s's trail has no warm pool's record: %+v", uid, k.ownerRecords(t, sandbox))
+		}
+	}
+}

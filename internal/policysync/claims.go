@@ -1,0 +1,56 @@
+package policysync
+
+// A claimed Sandbox's task identity (issue 50): the node agent asks the
+// broker, which reads the SandboxClaim for the node the pod runs on and no
+// other; the node agent itself may not read claims.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"agentbox.dev/agentbox/internal/broker"
+	"agentbox.dev/agentbox/internal/control"
+)
+
+// bindClaim fills in o's claim identity when a SandboxClaim holds the
+// Sandbox: what the shim already holds for that same claim (bound once),
+// else the broker's answer, or why it refused. false: the broker could not
+// be asked now, and o is not to be sent yet (the trail would otherwise say
+// the claim came with no identity).
+func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker.Ref) bool {
+	h := o.Holder
+	if h == nil || h.Kind != "SandboxClaim" {
+		return true
+	}
+	if had != nil && had.Holder != nil && *had.Holder == *h && (had.Claim != nil || had.ClaimRefused != "") {
+		o.Claim, o.ClaimRefused = had.Claim, had.ClaimRefused
+		return true
+	}
+	if a.Broker == nil {
+		o.ClaimRefused = "the node agent has no broker to read the claim from (--broker-url)"
+		return true
+	}
+	resp, err := a.Broker.Claim(ctx, pod)
+	var be *broker.Error
+	switch {
+	case err == nil && resp.Claim.UID != h.UID:
+		err = fmt.Errorf("the broker answered for SandboxClaim %s (uid %s), not uid %s", resp.Claim, resp.Claim.UID, h.UID)
+	case err == nil:
+		o.Claim = &control.Claim{Subject: resp.Identity.Subject, Tenant: resp.Identity.Tenant, Task: resp.Identity.Task}
+		return true
+	case errors.As(err, &be) && be.Refused():
+		o.ClaimRefused = clip(be.Msg, control.MaxReason)
+		return true
+	}
+	a.Log.WithError(err).WithField("pod", pod.String()).Warn("reading the pod's SandboxClaim from the broker")
+	return false
+}
+
+// clip bounds s to n bytes.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

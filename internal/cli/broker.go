@@ -18,6 +18,14 @@ import (
 	"agentbox.dev/agentbox/internal/checkpoint"
 )
 
+// The broker's rate of API calls: it answers every node (a key sync, a
+// claim: four or five calls each), so client-go's default of 5 a second
+// queued a claim's identity for 1.5 s behind the keys of a pool's refill.
+const (
+	brokerQPS   = 50
+	brokerBurst = 100
+)
+
 func brokerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "broker",
@@ -57,7 +65,7 @@ no node writes another's.`,
 }
 
 func runBroker(c *cli.Context) error {
-	client, err := kubeClient(c, "agentbox-broker")
+	client, err := kubeClient(c, "agentbox-broker", brokerQPS, brokerBurst)
 	if err != nil {
 		return err
 	}

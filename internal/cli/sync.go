@@ -85,7 +85,7 @@ func runSync(c *cli.Context) error {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return cli.Exit(fmt.Sprintf("policy directory %s: not a directory (%v)", dir, err), 1)
 	}
-	client, err := kubeClient(c, "agentbox-sync/"+node)
+	client, err := kubeClient(c, "agentbox-sync/"+node, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -127,8 +127,9 @@ func runSync(c *cli.Context) error {
 }
 
 // kubeClient is a client of the API server as --kubeconfig names it, else
-// as the pod's service account.
-func kubeClient(c *cli.Context, userAgent string) (dynamic.Interface, error) {
+// as the pod's service account. qps and burst bound its rate (0: client-go's
+// 5 and 10).
+func kubeClient(c *cli.Context, userAgent string, qps float32, burst int) (dynamic.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kc := c.String("kubeconfig"); kc != "" {
@@ -140,6 +141,7 @@ func kubeClient(c *cli.Context, userAgent string) (dynamic.Interface, error) {
 		return nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)
 	}
 	rc.UserAgent = userAgent
+	rc.QPS, rc.Burst = qps, burst
 	client, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("kubernetes client: %v", err), 1)

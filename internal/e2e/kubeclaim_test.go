@@ -82,6 +82,12 @@ func (k *kubeNode) claimRefused(t *testing.T, ns string) {
 		t.Fatalf("the refused claim's record: claim %+v, detail %v", rec.Claim, rec.Detail)
 	}
 	t.Logf("refused: %s", rec.Message)
+	if !eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(k.kubectl("-n", ns, "get", "events", "--field-selector", "involvedObject.kind=SandboxClaim,involvedObject.name=task-2",
+			"-o", "jsonpath={.items[*].reason} {.items[*].message}").stdout, "AgentboxClaimNotBound")
+	}) {
+		t.Errorf("no AgentboxClaimNotBound event on the claim:\n%s", clip(k.kubectl("-n", ns, "get", "events").stdout))
+	}
 	for _, r := range k.trail(t, sandbox) {
 		if r.Claim != nil && r.Claim.Tenant != "" {
 			t.Fatalf("a record of the refused claim carries a tenant: %+v", r)
@@ -104,4 +110,24 @@ func (k *kubeNode) waitWarm(t *testing.T, ns string) {
 			t.Fatalf("the warm pod %s's trail has no warm pool's record: %+v", uid, k.ownerRecords(t, sandbox))
 		}
 	}
+}
+
+// claimBound is how long after start the trail of pod's sandbox named
+// claim with its task: the time its owner record carries.
+func (k *kubeNode) claimBound(t *testing.T, ns, pod, claim string, start time.Time) time.Duration {
+	t.Helper()
+	sandbox := k.sandboxOf(t, k.mustKubectl(t, "-n", ns, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"))
+	var at time.Time
+	if !eventually(t, 30*time.Second, func() bool {
+		for _, r := range k.ownerRecords(t, sandbox) {
+			if r.Claim != nil && r.Claim.Name == claim && r.Claim.Task == claim {
+				at, _ = time.Parse(time.RFC3339Nano, r.Time)
+				return true
+			}
+		}
+		return false
+	}) || at.IsZero() {
+		t.Fatalf("the trail of %s never named claim %s with its task", pod, claim)
+	}
+	return at.Sub(start)
 }

@@ -17,6 +17,7 @@ import (
 )
 
 type record struct {
+	Time      string `json:"time"`
 	Event     string `json:"event"`
 	ClassUID  int    `json:"class_uid"`
 	Status    string `json:"status"`

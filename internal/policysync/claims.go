@@ -9,6 +9,9 @@ import (
 	"errors"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
 	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/control"
 )
@@ -41,6 +44,14 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 		return true
 	case errors.As(err, &be) && be.Refused():
 		o.ClaimRefused = clip(be.Msg, control.MaxReason)
+		// The claim's author sees it where they look: on the claim.
+		claim := &unstructured.Unstructured{}
+		claim.SetAPIVersion(broker.SandboxExtensionsGroup + "/v1beta1")
+		claim.SetKind("SandboxClaim")
+		claim.SetNamespace(h.Namespace)
+		claim.SetName(h.Name)
+		claim.SetUID(types.UID(h.UID))
+		a.event(ctx, claim, "Warning", "AgentboxClaimNotBound", "agentbox bound none of this claim's task identity to its sandbox: "+o.ClaimRefused)
 		return true
 	}
 	a.Log.WithError(err).WithField("pod", pod.String()).Warn("reading the pod's SandboxClaim from the broker")

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/sirupsen/logrus"
+
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/checkpoint"
@@ -208,16 +210,18 @@ func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 		if o == nil {
 			continue
 		}
+		t0 := time.Now()
 		if !a.bindClaim(ctx, o, sb.Owner, broker.Ref{Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: string(pod.GetUID())}) {
 			continue // the broker did not answer: the next round asks again
 		}
 		if !sameOwner(o, sb.Owner) {
+			t1 := time.Now()
 			resp, err := control.Call(l.Socket, control.Request{Op: control.OpOwner, Owner: o}, controlTimeout)
 			if err != nil {
 				a.Log.WithError(err).WithField("sandbox", sb.ID).Warn("linking a pod to its Sandbox")
 				continue
 			}
-			a.Log.WithField("sandbox", sb.ID).Info(resp.Message)
+			a.Log.WithFields(logrus.Fields{"sandbox": sb.ID, "claim_ms": t1.Sub(t0).Milliseconds(), "shim_ms": time.Since(t1).Milliseconds()}).Info(resp.Message)
 			sb.Owner = o
 		}
 		a.suspendAndResume(ctx, l, o, a.sandboxByKey(o.Sandbox.Namespace+"/"+o.Sandbox.Name))

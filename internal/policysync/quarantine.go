@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sirupsen/logrus"
+
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/kubeapi"
 )
@@ -248,14 +250,24 @@ func (a *Agent) reportQuarantine(ctx context.Context, u *unstructured.Unstructur
 // runQuarantines applies the objects whenever one or a pod of this node
 // changes, and every second (a sandbox appears on the node a moment after
 // its pod does).
+// slowRound is how long a round over the node's sandboxes may take before
+// the node agent says so (what it links and quarantines waits for it).
+const slowRound = 250 * time.Millisecond
+
 func (a *Agent) runQuarantines(ctx context.Context, kick <-chan struct{}) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
+		start := time.Now()
 		if err := a.Quarantine(ctx); err != nil {
 			a.Log.WithError(err).Warn("quarantine")
 		}
+		mid := time.Now()
 		a.placeDataKeys(ctx)
+		if d := time.Since(start); d > slowRound {
+			a.Log.WithFields(logrus.Fields{"sandboxes_ms": mid.Sub(start).Milliseconds(), "data_keys_ms": time.Since(mid).Milliseconds()}).
+				Warnf("a round over this node's sandboxes took %s: quarantines, owners and claims wait for it", d.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -178,13 +178,7 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 
 	// The trail: the role, then the Sandbox kept warm by the pool, then
 	// claimed by the claim.
-	var owners []record
-	if !eventually(t, time.Minute, func() bool {
-		owners = k.ownerRecords(t, sandbox)
-		return len(owners) > 0 && owners[len(owners)-1].Detail["holder_kind"] == "SandboxClaim"
-	}) {
-		t.Fatalf("the trail names no claim: %+v", owners)
-	}
+	owners := k.waitOwners(t, sandbox, "a claim", func(last record) bool { return last.Detail["holder_kind"] == "SandboxClaim" })
 	claimed := owners[len(owners)-1]
 	if claimed.Detail["sandbox_object"] != ns+"/"+name || claimed.Detail["sandbox_uid"] != sbUID ||
 		claimed.Detail["holder"] != "task-1" || claimed.Detail["holder_uid"] != claimUID || claimed.Detail["previous_holder"] != "SandboxWarmPool agents" {

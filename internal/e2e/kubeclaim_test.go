@@ -69,13 +69,7 @@ func (k *kubeNode) claimRefused(t *testing.T, ns string) {
 	}
 	p := k.waitPod(t, ns, name, time.Minute, "Running", running)
 	sandbox := k.sandboxOf(t, p.Metadata.UID)
-	var owners []record
-	if !eventually(t, time.Minute, func() bool {
-		owners = k.ownerRecords(t, sandbox)
-		return len(owners) > 0 && owners[len(owners)-1].Detail["holder"] == "task-2"
-	}) {
-		t.Fatalf("the trail names no second claim: %+v", owners)
-	}
+	owners := k.waitOwners(t, sandbox, "the second claim", func(last record) bool { return last.Detail["holder"] == "task-2" })
 	rec := owners[len(owners)-1]
 	if !strings.Contains(rec.Detail["claim_refused"], "agentbox.dev/role: not understood") || rec.Claim == nil || rec.Claim.Name != "task-2" ||
 		rec.Claim.Tenant != "" || rec.Claim.Subject != "" || rec.Claim.Task != "" {
@@ -102,13 +96,7 @@ func (k *kubeNode) waitWarm(t *testing.T, ns string) {
 	t.Helper()
 	uids := strings.Fields(k.mustKubectl(t, "-n", ns, "get", "pods", "-o", "jsonpath={.items[*].metadata.uid}"))
 	for _, uid := range uids {
-		sandbox := k.sandboxOf(t, uid)
-		if !eventually(t, time.Minute, func() bool {
-			owners := k.ownerRecords(t, sandbox)
-			return len(owners) > 0 && owners[0].WarmPool != ""
-		}) {
-			t.Fatalf("the warm pod %s's trail has no warm pool's record: %+v", uid, k.ownerRecords(t, sandbox))
-		}
+		k.waitOwners(t, k.sandboxOf(t, uid), "the warm pool", func(last record) bool { return last.WarmPool != "" })
 	}
 }
 
@@ -130,4 +118,18 @@ func (k *kubeNode) claimBound(t *testing.T, ns, pod, claim string, start time.Ti
 		t.Fatalf("the trail of %s never named claim %s with its task", pod, claim)
 	}
 	return at.Sub(start)
+}
+
+// waitOwners waits up to a minute for sandbox's trail to have owner
+// records, the last of which is what (ok), and returns them.
+func (k *kubeNode) waitOwners(t *testing.T, sandbox, what string, ok func(last record) bool) []record {
+	t.Helper()
+	var owners []record
+	if !eventually(t, time.Minute, func() bool {
+		owners = k.ownerRecords(t, sandbox)
+		return len(owners) > 0 && ok(owners[len(owners)-1])
+	}) {
+		t.Fatalf("the trail of %s names no %s: %+v", sandbox, what, owners)
+	}
+	return owners
 }

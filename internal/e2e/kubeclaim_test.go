@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/broker"
 )
 
 // claimedRecords checks a claimed sandbox's trail: from the warm pool's
@@ -132,4 +133,33 @@ func (k *kubeNode) waitOwners(t *testing.T, sandbox, what string, ok func(last r
 		t.Fatalf("the trail of %s names no %s: %+v", sandbox, what, owners)
 	}
 	return owners
+}
+
+// claimOn claims a cold Sandbox (a pool of none) whose template runs its
+// pod on node under role, the claim naming tenant, and returns its pod.
+func (k *kubeNode) claimOn(t *testing.T, ns, node, role, tenant string) broker.Ref {
+	t.Helper()
+	name := "on-" + node
+	pod := podSpec(ns, name, "agentbox", role, "sh", "-c", "echo ready; exec sleep 3600")
+	onNode(pod["spec"].(obj), node)
+	k.apply(t,
+		obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate", "metadata": obj{"name": name, "namespace": ns},
+			"spec": obj{"networkPolicyManagement": "Unmanaged", "podTemplate": obj{"metadata": obj{"annotations": pod["metadata"].(obj)["annotations"]}, "spec": pod["spec"]}}},
+		obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool", "metadata": obj{"name": name, "namespace": ns},
+			"spec": obj{"replicas": 0, "sandboxTemplateRef": obj{"name": name}}},
+		obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+			"metadata": obj{"name": name, "namespace": ns, "annotations": obj{"agentbox.dev/tenant": tenant}},
+			"spec":     obj{"warmPoolRef": obj{"name": name}}})
+	var sb string
+	if !eventually(t, 2*time.Minute, func() bool {
+		sb = strings.TrimSpace(k.kubectl("-n", ns, "get", "sandboxclaim", name, "-o", "jsonpath={.status.sandbox.name}").stdout)
+		return sb != ""
+	}) {
+		t.Fatalf("claim %s names no Sandbox", name)
+	}
+	p := k.waitPod(t, ns, sb, 3*time.Minute, "Running", running)
+	if p.Spec.NodeName != node {
+		t.Fatalf("the claimed pod %s is on %q, not %s", sb, p.Spec.NodeName, node)
+	}
+	return broker.Ref{Namespace: ns, Name: sb, UID: p.Metadata.UID}
 }

@@ -124,6 +124,17 @@ func TestKubeNodeRestriction(t *testing.T) {
 		t.Errorf("node 1 asking for node 2's pod's data key: %v", err)
 	}
 
+	// A claim's task: node 2's claimed pod's identity is node 2's to learn
+	// from the broker, not node 1's; node 1 reads no claim itself.
+	claimed := k.claimOn(t, ns, node2Name, "e2e-two-plain", "tenant-of-node2")
+	if _, err := b1.Claim(context.Background(), claimed); brokerStatus(err) != 403 || !strings.Contains(err.Error(), node2Name) {
+		t.Errorf("node 1 asking for node 2's pod's claim: %v", err)
+	}
+	if got, err := b2.Claim(context.Background(), claimed); err != nil || got.Identity.Tenant != "tenant-of-node2" {
+		t.Errorf("the twin, node 2 asking for its own pod's claim: %+v %v", got, err)
+	}
+	refused("reading SandboxClaims", k.as(api, nil, "-n", ns, "get", "sandboxclaims"), "forbidden")
+
 	// Keys: node 1 holds none of a role whose pod runs only on node 2, and
 	// cannot read the Secret; node 2 holds it.
 	refused("reading the Secret", k.as(api, nil, "-n", keys, "get", "secret", "vendor"), "forbidden")

@@ -143,8 +143,7 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 		return "", errkind.InvalidArgument(fmt.Errorf("owner.sandbox.namespace: %q, and the pod is in %q", o.Sandbox.Namespace, ns))
 	}
 	prev := sb.owner.Load()
-	if prev != nil && prev.Sandbox == o.Sandbox && (prev.Holder == nil) == (o.Holder == nil) && (o.Holder == nil || *prev.Holder == *o.Holder) &&
-		(claimRead(prev) || !claimRead(o)) {
+	if prev != nil && prev.SameHolder(o) && (prev.ClaimRead() || !o.ClaimRead()) {
 		// A claim's identity is bound once, when first read: the same
 		// holder never changes it.
 		return "unchanged: " + ownerText(prev), nil
@@ -198,10 +197,6 @@ func ownerText(o *control.Owner) string {
 	}
 	return msg
 }
-
-// claimRead says whether o carries what its claim's identity is: bound,
-// or refused.
-func claimRead(o *control.Owner) bool { return o.Claim != nil || o.ClaimRefused != "" }
 
 // claimOf is the trail's claim for o: its SandboxClaim holder, with the
 // task's identity when the broker gave it.

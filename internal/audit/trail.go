@@ -176,6 +176,11 @@ func (t *Trail) Rejoin(m Meta, r *Record) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.meta = m
+	t.emitOwnLocked(r)
+}
+
+// emitOwnLocked emits r, a record of the trail's own, and writes it at once.
+func (t *Trail) emitOwnLocked(r *Record) {
 	t.emitLocked(r)
 	t.pendingOwn = true
 	t.flushLocked()
@@ -191,9 +196,7 @@ func (t *Trail) Mark(r *Record) (uint64, string, error) {
 	if t.closed {
 		return 0, "", errors.New("the trail is closed")
 	}
-	t.emitLocked(r)
-	t.pendingOwn = true
-	t.flushLocked()
+	t.emitOwnLocked(r)
 	if t.pendingN > 0 || r.Seq == 0 || t.chain.seq < r.Seq {
 		return 0, "", fmt.Errorf("the record could not be written to the trail (%d pending)", t.pendingN)
 	}

@@ -31,12 +31,9 @@ const (
 	TaskAnnotation    = "agentbox.dev/task"
 )
 
-// Identity is who a claimed sandbox works for.
-type Identity struct {
-	Subject string `json:"subject,omitempty"`
-	Tenant  string `json:"tenant,omitempty"`
-	Task    string `json:"task,omitempty"`
-}
+// Identity is who a claimed sandbox works for: what the node agent hands
+// the shim as it is.
+type Identity = control.Claim
 
 // Claim is what the broker reads of a SandboxClaim.
 type Claim struct {

@@ -75,6 +75,21 @@ type Owner struct {
 	ClaimRefused string `json:"claimRefused,omitempty"`
 }
 
+// SameHolder says whether o and p name the same Sandbox, held by the same
+// object (or neither by any).
+func (o *Owner) SameHolder(p *Owner) bool {
+	return o.Sandbox == p.Sandbox && (o.Holder == nil) == (p.Holder == nil) && (o.Holder == nil || *o.Holder == *p.Holder)
+}
+
+// ClaimRead says whether o carries what its claim's identity is: bound,
+// or refused.
+func (o *Owner) ClaimRead() bool { return o.Claim != nil || o.ClaimRefused != "" }
+
+// Same says whether o and p say the same in every field.
+func (o *Owner) Same(p *Owner) bool {
+	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || *o.Claim == *p.Claim) && o.ClaimRefused == p.ClaimRefused
+}
+
 // Claim is who a claimed sandbox works for, from its SandboxClaim.
 type Claim struct {
 	Subject string `json:"subject,omitempty"`

@@ -201,3 +201,38 @@ func TestRequestsReachTheHandlerAtOnce(t *testing.T) {
 		t.Fatalf("at most %d request reached the handler at once: the server serializes them", most.Load())
 	}
 }
+
+// Owners compare by holder (the shim's once-bound claim) and in full (what
+// the node agent resends).
+func TestOwnerSame(t *testing.T) {
+	sb := ObjectRef{Kind: "Sandbox", Namespace: "a", Name: "s", UID: "u"}
+	pool := &ObjectRef{Kind: "SandboxWarmPool", Namespace: "a", Name: "p", UID: "v"}
+	claim := &ObjectRef{Kind: "SandboxClaim", Namespace: "a", Name: "c", UID: "w"}
+	warm := &Owner{Sandbox: sb, Holder: pool}
+	claimed := &Owner{Sandbox: sb, Holder: claim}
+	bound := &Owner{Sandbox: sb, Holder: claim, Claim: &Claim{Tenant: "acme"}}
+	other := &Owner{Sandbox: sb, Holder: claim, Claim: &Claim{Tenant: "other"}}
+	refused := &Owner{Sandbox: sb, Holder: claim, ClaimRefused: "no"}
+	for _, tc := range []struct {
+		a, b             *Owner
+		sameHolder, same bool
+	}{
+		{warm, warm, true, true},
+		{warm, claimed, false, false},
+		{&Owner{Sandbox: sb}, warm, false, false},
+		{claimed, bound, true, false},
+		{bound, &Owner{Sandbox: sb, Holder: claim, Claim: &Claim{Tenant: "acme"}}, true, true},
+		{bound, other, true, false},
+		{bound, refused, true, false},
+	} {
+		if got := tc.a.SameHolder(tc.b); got != tc.sameHolder {
+			t.Errorf("%+v SameHolder %+v: %v", tc.a, tc.b, got)
+		}
+		if got := tc.a.Same(tc.b); got != tc.same {
+			t.Errorf("%+v Same %+v: %v", tc.a, tc.b, got)
+		}
+	}
+	if claimed.ClaimRead() || !bound.ClaimRead() || !refused.ClaimRead() {
+		t.Error("ClaimRead")
+	}
+}

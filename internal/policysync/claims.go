@@ -26,7 +26,7 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 	if h == nil || h.Kind != "SandboxClaim" {
 		return true
 	}
-	if had != nil && had.Holder != nil && *had.Holder == *h && (had.Claim != nil || had.ClaimRefused != "") {
+	if had != nil && had.SameHolder(o) && had.ClaimRead() {
 		o.Claim, o.ClaimRefused = had.Claim, had.ClaimRefused
 		return true
 	}
@@ -40,13 +40,13 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 	case err == nil && resp.Claim.UID != h.UID:
 		err = fmt.Errorf("the broker answered for SandboxClaim %s (uid %s), not uid %s", resp.Claim, resp.Claim.UID, h.UID)
 	case err == nil:
-		o.Claim = &control.Claim{Subject: resp.Identity.Subject, Tenant: resp.Identity.Tenant, Task: resp.Identity.Task}
+		o.Claim = &resp.Identity
 		return true
 	case errors.As(err, &be) && be.Refused():
 		o.ClaimRefused = clip(be.Msg, control.MaxReason)
 		// The claim's author sees it where they look: on the claim.
 		claim := &unstructured.Unstructured{}
-		claim.SetAPIVersion(broker.SandboxExtensionsGroup + "/v1beta1")
+		claim.SetAPIVersion(SandboxExtensionsGroup + "/v1beta1")
 		claim.SetKind("SandboxClaim")
 		claim.SetNamespace(h.Namespace)
 		claim.SetName(h.Name)

@@ -28,10 +28,11 @@ import (
 	"agentbox.dev/agentbox/internal/control"
 )
 
-// agent-sandbox's API: its Sandbox, and what holds one.
+// agent-sandbox's API: its Sandbox, and what holds one (the broker's
+// names for them).
 const (
-	SandboxGroup           = "agents.x-k8s.io"
-	SandboxExtensionsGroup = "extensions.agents.x-k8s.io"
+	SandboxGroup           = broker.SandboxGroup
+	SandboxExtensionsGroup = broker.SandboxExtensionsGroup
 	// SandboxPodNameAnnotation names a Sandbox's pod when it is not the
 	// Sandbox's own name (a pod adopted by older versions).
 	SandboxPodNameAnnotation = "agents.x-k8s.io/pod-name"
@@ -96,10 +97,7 @@ func sameOwner(a, b *control.Owner) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	if a.Sandbox != b.Sandbox || (a.Holder == nil) != (b.Holder == nil) || (a.Claim == nil) != (b.Claim == nil) || a.ClaimRefused != b.ClaimRefused {
-		return false
-	}
-	return (a.Holder == nil || *a.Holder == *b.Holder) && (a.Claim == nil || *a.Claim == *b.Claim)
+	return a.Same(b)
 }
 
 // sandboxCRDPoll is how often the node agent looks for agent-sandbox's

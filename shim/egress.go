@@ -214,7 +214,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		gw.SetModelUsage(egressgw.ModelUsage{Tokens: r.image.Manifest.ModelTokens, Requests: r.image.Manifest.ModelRequests})
 	}
 	sb.egressMu.Lock()
-	sb.gateway, sb.ca = gw, ca
+	sb.gateway, sb.ca, sb.gatewayPlan = gw, ca, pl
 	sb.egressMu.Unlock()
 	go watchSecrets(sb, pl, gw)
 	return nil

@@ -45,7 +45,7 @@ func inspection(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan) (*egre
 		return nil, nil, nil, err
 	}
 	awaitSecretRefs(sb, pl, secretRefWait)
-	secrets, err := injectedSecrets(sb, pl)
+	secrets, err := injectedSecrets(sb, sb.injectsNow(pl))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -162,9 +162,9 @@ func readSecret(file string) (string, error) {
 // injectedSecrets reads the secrets the gateway injects. A secret that
 // cannot be a header value (a control character) refuses the sandbox,
 // naming its file, never its content.
-func injectedSecrets(sb *sandboxState, pl *netpolicy.Plan) ([]egressgw.Secret, error) {
+func injectedSecrets(sb *sandboxState, injects []netpolicy.Inject) ([]egressgw.Secret, error) {
 	var out []egressgw.Secret
-	for _, in := range pl.Injects {
+	for _, in := range injects {
 		v, err := readSecret(in.Path(sb.cfg.Policy.SecretsDir))
 		if err != nil {
 			if in.Ref != nil {

@@ -153,6 +153,20 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 		// before, and the first stays.
 		return "", errkind.FailedPrecondition(fmt.Errorf("the pod belongs to %s (uid %s), not %s (uid %s)", prev.Sandbox, prev.Sandbox.UID, o.Sandbox, o.Sandbox.UID))
 	}
+	bind, err := prepareClaimKeys(sb, o.Claim)
+	if err != nil {
+		// Nothing of the claim binds, its identity neither; a claim's
+		// keys bound before are unbound.
+		refused := *o
+		refused.Claim, refused.ClaimRefused = nil, control.ClipReason("the shim bound none of the claim: "+err.Error())
+		o = &refused
+		if bind, err = prepareClaimKeys(sb, nil); err != nil {
+			return "", err
+		}
+	}
+	if bind != nil {
+		detail["claim_keys"] = bind.text
+	}
 	detail["sandbox_object"] = o.Sandbox.Namespace + "/" + o.Sandbox.Name
 	detail["sandbox_uid"] = o.Sandbox.UID
 	if h := o.Holder; h != nil {
@@ -173,6 +187,8 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 	msg := ownerText(o)
 	// This record on carries the claim, or the pool.
 	sb.audit.trail.Rejoin(m, audit.TypeOwner.New("Success", msg, detail))
+	// The claim's keys from its record on.
+	bind.commit(sb)
 	return msg, nil
 }
 

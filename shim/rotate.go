@@ -42,15 +42,16 @@ func stampOf(path string) fileStamp {
 // watchSecrets re-reads the injected secrets when a file of theirs
 // changes, until the gateway closes. A file that cannot be read (a Secret
 // deleted, a file half-written) is recorded once, and the gateway keeps
-// the values it has.
+// the values it has. The files are those of the secrets injected now: a
+// claim's keys from its binding on (claimkeys.go).
 func watchSecrets(sb *sandboxState, pl *netpolicy.Plan, gw *egressgw.Gateway) {
 	if len(pl.Injects) == 0 {
 		return
 	}
 	dir := sb.cfg.Policy.SecretsDir
-	stamps := make([]fileStamp, len(pl.Injects))
-	for i, in := range pl.Injects {
-		stamps[i] = stampOf(in.Path(dir))
+	stamps := map[string]fileStamp{}
+	for _, in := range sb.injectsNow(pl) {
+		stamps[in.Path(dir)] = stampOf(in.Path(dir))
 	}
 	failing := ""
 	t := time.NewTicker(rotateEvery)
@@ -61,29 +62,41 @@ func watchSecrets(sb *sandboxState, pl *netpolicy.Plan, gw *egressgw.Gateway) {
 			return
 		case <-t.C:
 		}
-		var changed []netpolicy.Inject
-		for i, in := range pl.Injects {
-			if st := stampOf(in.Path(dir)); st != stamps[i] {
-				stamps[i] = st
-				changed = append(changed, in)
-			}
-		}
-		if len(changed) == 0 {
-			continue
-		}
-		secrets, err := injectedSecrets(sb, pl)
-		if err != nil {
-			if err.Error() != failing {
-				failing = err.Error()
-				sb.audit.trail.Emit(audit.TypeSecretRotated.New("Failure", fmt.Sprintf("an injected secret's source changed and cannot be read (%v): the gateway keeps the value it had", err), nil), true)
-			}
-			continue
-		}
-		failing = ""
-		gw.SetSecrets(secrets)
-		for _, in := range changed {
-			sb.audit.trail.Emit(audit.TypeSecretRotated.New("Success", fmt.Sprintf("the secret injected as %s toward %s changed (%s): the gateway's next requests carry the new value", in.Header, in.Host, in.Source()),
-				map[string]string{"host": in.Host, "header": in.Header, "source": in.Source()}), true)
+		failing = rotateOnce(sb, pl, gw, stamps, failing)
+	}
+}
+
+// rotateOnce hands the gateway the secrets whose files changed since
+// stamps, and says what fails now ("" nothing).
+func rotateOnce(sb *sandboxState, pl *netpolicy.Plan, gw *egressgw.Gateway, stamps map[string]fileStamp, failing string) string {
+	dir := sb.cfg.Policy.SecretsDir
+	// Held from reading the sources to handing them over: a claim's
+	// binding does not interleave.
+	sb.secretsMu.Lock()
+	defer sb.secretsMu.Unlock()
+	injects := sb.injectsNow(pl)
+	var changed []netpolicy.Inject
+	for _, in := range injects {
+		path := in.Path(dir)
+		if st := stampOf(path); st != stamps[path] {
+			stamps[path] = st
+			changed = append(changed, in)
 		}
 	}
+	if len(changed) == 0 {
+		return failing
+	}
+	secrets, err := injectedSecrets(sb, injects)
+	if err != nil {
+		if err.Error() != failing {
+			sb.audit.trail.Emit(audit.TypeSecretRotated.New("Failure", fmt.Sprintf("an injected secret's source changed and cannot be read (%v): the gateway keeps the value it had", err), nil), true)
+		}
+		return err.Error()
+	}
+	gw.SetSecrets(secrets)
+	for _, in := range changed {
+		sb.audit.trail.Emit(audit.TypeSecretRotated.New("Success", fmt.Sprintf("the secret injected as %s toward %s changed (%s): the gateway's next requests carry the new value", in.Header, in.Host, in.Source()),
+			map[string]string{"host": in.Host, "header": in.Header, "source": in.Source()}), true)
+	}
+	return ""
 }

@@ -124,6 +124,17 @@ type sandboxState struct {
 	ca *egressgw.CA
 	// +checklocks:egressMu
 	placeholders map[string]string
+	// gatewayPlan is the plan the gateway started with (its injected
+	// secrets); claimRefs the sources of the claim keys bound since
+	// (claimkeys.go). Guarded by egressMu.
+	// +checklocks:egressMu
+	gatewayPlan *netpolicy.Plan
+	// +checklocks:egressMu
+	claimRefs map[string]policy.SecretRef
+	// secretsMu is held from reading the injected secrets' sources to
+	// handing them to the gateway (a rotation, a claim's binding). Taken
+	// before egressMu.
+	secretsMu sync.Mutex
 	// denials reads the drop rules' log. Guarded by egressMu.
 	// +checklocks:egressMu
 	denials *netenforce.DenialLog

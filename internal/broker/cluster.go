@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -199,6 +200,11 @@ func (c *Cluster) Roles(ctx context.Context) (Roles, error) {
 	return rs, errors.Join(errs...)
 }
 
+// ErrNoValue is a Secret's key that is not there to give (no such Secret
+// or key, or one the broker may not read), as against an API that did
+// not answer now.
+var ErrNoValue = errors.New("no value")
+
 // maxSecret bounds a key's value (the shim reads at most 64 KiB).
 const maxSecret = 64 << 10
 
@@ -207,22 +213,25 @@ func (c *Cluster) SecretValue(ctx context.Context, r policy.SecretRef) ([]byte, 
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	u, err := c.Client.Resource(secretsGVR).Namespace(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		return nil, fmt.Errorf("%w: the Secret %s: %v (may the broker get it?)", ErrNoValue, r, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the Secret %s: %w (may the broker get it?)", r, err)
 	}
 	data, _, _ := unstructured.NestedStringMap(u.Object, "data")
 	enc, ok := data[r.Key]
 	if !ok {
-		return nil, fmt.Errorf("the Secret %s has no key %q", r, r.Key)
+		return nil, fmt.Errorf("%w: the Secret %s has no key %q", ErrNoValue, r, r.Key)
 	}
 	v, err := base64.StdEncoding.DecodeString(enc)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("the Secret %s: %w", r, err)
+		return nil, fmt.Errorf("%w: the Secret %s: %v", ErrNoValue, r, err)
 	case len(v) == 0:
-		return nil, fmt.Errorf("the Secret %s: key %q is empty", r, r.Key)
+		return nil, fmt.Errorf("%w: the Secret %s: key %q is empty", ErrNoValue, r, r.Key)
 	case len(v) > maxSecret:
-		return nil, fmt.Errorf("the Secret %s: key %q holds %d bytes, more than %d", r, r.Key, len(v), maxSecret)
+		return nil, fmt.Errorf("%w: the Secret %s: key %q holds %d bytes, more than %d", ErrNoValue, r, r.Key, len(v), maxSecret)
 	}
 	return v, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // FuzzSandboxWrite: whatever a node sends, the broker's patch (when it
@@ -67,6 +68,8 @@ func FuzzClaim(f *testing.F) {
 	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n2", "agentbox.dev/task", "t1")
 	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n1", "agentbox.dev/role", "admin")
 	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"x"}}`), "n2", "agentbox.dev/subject", "a\nb")
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n2", "agentbox.dev/key.vendor", "task-keys/token")
+	f.Add([]byte(`{"pod":{"namespace":"agents","name":"sb1","uid":"pod-uid"}}`), "n2", "agentbox.dev/key.other", "../../etc/k")
 	f.Fuzz(func(t *testing.T, body []byte, node, key, value string) {
 		var req ClaimRequest
 		if decode(body, &req) != nil {
@@ -74,7 +77,9 @@ func FuzzClaim(f *testing.F) {
 		}
 		c := testClaim()
 		c.Annotations[key] = value
-		resp, err := ClaimOf(node, req.Pod, ownPod("n2"), claimedSandbox(), c)
+		p := ownPod("n2")
+		p.Role = "warm-agent"
+		resp, err := ClaimOf(node, req.Pod, p, claimedSandbox(), c, testRoles())
 		if err != nil {
 			return
 		}
@@ -96,7 +101,14 @@ func FuzzClaim(f *testing.F) {
 		case TaskAnnotation:
 			want.Task = value
 		}
-		if id != want {
+		for _, k := range id.Keys {
+			// A key given is one the role takes, of the claim's namespace.
+			if k.Name != "vendor" || k.Secret.Namespace != "agents" || policy.ValidateSecretRef(k.Secret) != nil || key != KeyAnnotationPrefix+"vendor" {
+				t.Fatalf("key %+v given from %q=%q", k, key, value)
+			}
+			want.Keys = id.Keys
+		}
+		if !id.Equal(&want) {
 			t.Fatalf("identity %+v from %q=%q, want %+v", id, key, value, want)
 		}
 	})

@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -113,6 +114,30 @@ func strictJSON(b []byte, v any) error {
 // replace, as inheritance does). A parent that is not a cluster role
 // (a node's file) ends the walk: its secrets are never the cluster's.
 func (rs Roles) SecretRefs(role string) []policy.SecretRef {
+	var out []policy.SecretRef
+	for _, s := range rs.secrets(role) {
+		if s.SecretRef != nil && s.Inject != nil && s.FromClaim == "" {
+			out = append(out, *s.SecretRef)
+		}
+	}
+	return out
+}
+
+// ClaimKeys are the names of the keys role takes from a claim (its
+// fromClaim secrets), found as SecretRefs are.
+func (rs Roles) ClaimKeys(role string) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range rs.secrets(role) {
+		if s.FromClaim != "" && s.Inject != nil {
+			out[s.FromClaim] = true
+		}
+	}
+	return out
+}
+
+// secrets are role's credentials' secrets or its nearest cluster
+// ancestor's.
+func (rs Roles) secrets(role string) []policy.Secret {
 	seen := map[string]bool{}
 	for n := role; n != "" && !seen[n]; {
 		seen[n] = true
@@ -121,13 +146,7 @@ func (rs Roles) SecretRefs(role string) []policy.SecretRef {
 			return nil
 		}
 		if c := spec.Credentials; c != nil && c.Secrets != nil {
-			var out []policy.SecretRef
-			for _, s := range c.Secrets {
-				if s.SecretRef != nil && s.Inject != nil {
-					out = append(out, *s.SecretRef)
-				}
-			}
-			return out
+			return c.Secrets
 		}
 		n = spec.Inherits
 	}
@@ -162,8 +181,10 @@ type Grant struct {
 
 // KeysFor are the Secret keys node may hold now: those the cluster roles of
 // the pods bound to it inject, for each pod that still runs and whose
-// namespace (or runtime handler) a cluster binding binds to its role.
-func KeysFor(node string, pods []Pod, rs Roles) []Grant {
+// namespace (or runtime handler) a cluster binding binds to its role, and
+// the keys each such pod's claim gives its task (claimed, by pod, as
+// ClaimOf gave them).
+func KeysFor(node string, pods []Pod, rs Roles, claimed map[string][]control.ClaimKey) []Grant {
 	by := map[policy.SecretRef][]string{}
 	for _, p := range pods {
 		if node == "" || p.Node != node || p.Done || p.Role == "" || !rs.Bound(p.Role, p) {
@@ -171,6 +192,9 @@ func KeysFor(node string, pods []Pod, rs Roles) []Grant {
 		}
 		for _, r := range rs.SecretRefs(p.Role) {
 			by[r] = append(by[r], p.String())
+		}
+		for _, k := range claimed[p.String()] {
+			by[k.Secret] = append(by[k.Secret], p.String())
 		}
 	}
 	out := make([]Grant, 0, len(by))

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -17,9 +18,13 @@ func injected(r policy.SecretRef) policy.Secret {
 	return policy.Secret{SecretRef: &r, Inject: &policy.Inject{Host: "api.example", Header: "x-api-key"}}
 }
 
+func fromClaim(name string) policy.Secret {
+	return policy.Secret{FromClaim: name, Inject: &policy.Inject{Host: "vendor.example", Header: "x-api-key"}}
+}
+
 // Cluster roles: coding-agent injects two keys; child inherits them;
 // override names its own; fromnode inherits a node file's role; unbound
-// is bound to nobody.
+// is bound to nobody; warm-agent takes a claim's vendor key.
 func testRoles() Roles {
 	k1, k2, k3 := ref("agent-keys", "vendor", "a"), ref("agent-keys", "vendor", "b"), ref("other", "s", "k")
 	return Roles{
@@ -30,6 +35,7 @@ func testRoles() Roles {
 			"fromnode":     {Inherits: "coder"},
 			"unbound":      {Credentials: &policy.Credentials{Secrets: []policy.Secret{injected(k3)}}},
 			"loop":         {Inherits: "loop"},
+			"warm-agent":   {Credentials: &policy.Credentials{Secrets: []policy.Secret{fromClaim("vendor"), injected(k1)}}},
 		},
 		Bindings: []policy.RoleBindingSpec{
 			{Role: "coding-agent", Subjects: []policy.Subject{{Namespace: "agents"}}},
@@ -37,6 +43,7 @@ func testRoles() Roles {
 			{Role: "override", Subjects: []policy.Subject{{RuntimeHandler: "agentbox-coder"}}},
 			{Role: "fromnode", Subjects: []policy.Subject{{Namespace: "*"}}},
 			{Role: "loop", Subjects: []policy.Subject{{Namespace: "*"}}},
+			{Role: "warm-agent", Subjects: []policy.Subject{{Namespace: "agents"}}},
 		},
 	}
 }
@@ -52,6 +59,8 @@ func TestKeysFor(t *testing.T) {
 	other.Namespace = "elsewhere"
 	coder := pod("coder", "n1", "override")
 	coder.Handler = "agentbox-coder"
+	endedW := pod("w", "n1", "warm-agent")
+	endedW.Done = true
 	for _, tc := range []struct {
 		name string
 		pods []Pod
@@ -72,16 +81,19 @@ func TestKeysFor(t *testing.T) {
 		{"an inheritance loop", []Pod{pod("l", "n1", "loop")}, ""},
 		{"two pods share a key", []Pod{pod("a", "n1", "coding-agent"), pod("c", "n1", "child")},
 			"agent-keys/vendor[a]:agents/a,agents/c agent-keys/vendor[b]:agents/a,agents/c"},
+		{"a claimed pod", []Pod{pod("w", "n1", "warm-agent"), pod("v", "n1", "warm-agent")}, "agent-keys/vendor[a]:agents/v,agents/w agents/task-keys[token]:agents/w"},
+		{"a claimed pod that ended", []Pod{endedW}, ""},
 	} {
 		var got []string
-		for _, g := range KeysFor("n1", tc.pods, rs) {
+		claimed := map[string][]control.ClaimKey{"agents/w": {{Name: "vendor", Secret: ref("agents", "task-keys", "token")}}}
+		for _, g := range KeysFor("n1", tc.pods, rs, claimed) {
 			got = append(got, g.Ref.String()+":"+strings.Join(g.Pods, ","))
 		}
 		if s := strings.Join(got, " "); s != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, s, tc.want)
 		}
 	}
-	if g := KeysFor("", []Pod{pod("a", "", "coding-agent")}, rs); len(g) != 0 {
+	if g := KeysFor("", []Pod{pod("a", "", "coding-agent")}, rs, nil); len(g) != 0 {
 		t.Errorf("no node name: %v", g)
 	}
 }

@@ -187,7 +187,7 @@ func (s *Server) keys(ctx context.Context, c Caller, _ []byte) (any, error) {
 	if rerr != nil {
 		out.Errors = append(out.Errors, rerr.Error())
 	}
-	for _, g := range KeysFor(c.Node, pods, rs) {
+	for _, g := range KeysFor(c.Node, pods, rs, s.claimedKeys(ctx, c.Node, pods, rs)) {
 		v, err := s.API.SecretValue(ctx, g.Ref)
 		if err != nil {
 			out.Errors = append(out.Errors, err.Error())

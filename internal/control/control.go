@@ -16,12 +16,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"agentbox.dev/agentbox/internal/checkpoint"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // The operations a request names.
@@ -43,6 +45,18 @@ const (
 
 // MaxReason bounds a request's reason (it goes into the trail).
 const MaxReason = 1024
+
+// ClipReason bounds a reason to MaxReason bytes, on a character's edge.
+func ClipReason(s string) string {
+	if len(s) <= MaxReason {
+		return s
+	}
+	n := MaxReason
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
 
 // maxRequest bounds what a server reads of a request.
 const maxRequest = 16 << 10
@@ -87,7 +101,7 @@ func (o *Owner) ClaimRead() bool { return o.Claim != nil || o.ClaimRefused != ""
 
 // Same says whether o and p say the same in every field.
 func (o *Owner) Same(p *Owner) bool {
-	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || *o.Claim == *p.Claim) && o.ClaimRefused == p.ClaimRefused
+	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || o.Claim.Equal(p.Claim)) && o.ClaimRefused == p.ClaimRefused
 }
 
 // Claim is who a claimed sandbox works for, from its SandboxClaim.
@@ -95,6 +109,24 @@ type Claim struct {
 	Subject string `json:"subject,omitempty"`
 	Tenant  string `json:"tenant,omitempty"`
 	Task    string `json:"task,omitempty"`
+	// Keys are the keys the claim gives its task, for the role's
+	// fromClaim secrets: the gateway injects them from the claim on.
+	Keys []ClaimKey `json:"keys,omitempty"`
+}
+
+// ClaimKey is one key a claim gives: the role's fromClaim name, and the
+// Secret's key (in the claim's namespace) the node agent keeps on the node.
+type ClaimKey struct {
+	Name   string           `json:"name"`
+	Secret policy.SecretRef `json:"secret"`
+}
+
+// MaxClaimKeys bounds the keys one claim gives.
+const MaxClaimKeys = 16
+
+// Equal says whether c and d bind the same task and keys.
+func (c *Claim) Equal(d *Claim) bool {
+	return c.Subject == d.Subject && c.Tenant == d.Tenant && c.Task == d.Task && slices.Equal(c.Keys, d.Keys)
 }
 
 // MaxClaimValue bounds each of a Claim's values (they go into every record
@@ -128,6 +160,22 @@ func (c *Claim) validate() error {
 		}
 		if err := CheckClaimValue(f.v); err != nil {
 			return fmt.Errorf("owner.claim.%s: %v", f.name, err)
+		}
+	}
+	if len(c.Keys) > MaxClaimKeys {
+		return fmt.Errorf("owner.claim.keys: %d, at most %d", len(c.Keys), MaxClaimKeys)
+	}
+	seen := map[string]bool{}
+	for i, k := range c.Keys {
+		if err := policy.ValidClaimKey(k.Name); err != nil {
+			return fmt.Errorf("owner.claim.keys[%d].name: %v", i, err)
+		}
+		if seen[k.Name] {
+			return fmt.Errorf("owner.claim.keys[%d].name: %q twice", i, k.Name)
+		}
+		seen[k.Name] = true
+		if err := policy.ValidateSecretRef(k.Secret); err != nil {
+			return fmt.Errorf("owner.claim.keys[%d].%v", i, err)
 		}
 	}
 	return nil

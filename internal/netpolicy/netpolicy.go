@@ -74,13 +74,18 @@ type Inject struct {
 	Format string
 	// Env is the variable holding the placeholder ("" for none); File is
 	// the node file of the secret, or Ref the Kubernetes Secret's key the
-	// node agent keeps on the node.
+	// node agent keeps on the node, or FromClaim the name of the key a
+	// SandboxClaim gives the sandbox's task (Ref is set when it is bound).
 	Env, File string
 	Ref       *policy.SecretRef
+	FromClaim string
 }
 
 // Source says where an injected secret's value comes from.
 func (in Inject) Source() string {
+	if in.FromClaim != "" && in.Ref == nil {
+		return "the claim's key " + in.FromClaim + " (not bound)"
+	}
 	if in.Ref != nil {
 		return "Secret " + in.Ref.String()
 	}
@@ -88,13 +93,17 @@ func (in Inject) Source() string {
 }
 
 // Path is the node file holding the secret's value (secretsDir: where the
-// node agent keeps Kubernetes Secrets).
+// node agent keeps Kubernetes Secrets); "" for a claim's key not bound.
 func (in Inject) Path(secretsDir string) string {
 	if in.Ref != nil {
 		return in.Ref.Path(secretsDir)
 	}
 	return in.File
 }
+
+// Bound says whether the secret has a source now: a claim's key has none
+// until its claim.
+func (in Inject) Bound() bool { return in.FromClaim == "" || in.Ref != nil }
 
 // Plan is a role's egress policy, compiled.
 type Plan struct {
@@ -174,7 +183,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			continue
 		}
 		in := Inject{Host: strings.TrimSuffix(strings.ToLower(sec.Inject.Host), "."), Header: http.CanonicalHeaderKey(sec.Inject.Header),
-			Format: sec.Inject.Format, Env: sec.Env, File: sec.File, Ref: sec.SecretRef}
+			Format: sec.Inject.Format, Env: sec.Env, File: sec.File, Ref: sec.SecretRef, FromClaim: sec.FromClaim}
 		if in.Format == "" {
 			in.Format = policy.SecretToken
 		}

@@ -93,6 +93,20 @@ func TestParseProblems(t *testing.T) {
 			`secrets[1]: names both file and secretRef`,
 			`secrets[2].secretRef.namespace: "Keys" is not a namespace's name`, `secrets[2].secretRef.name: "a/b" is not a Secret's name`, `secrets[2].secretRef.key: ".." is not a Secret's key`,
 			`secrets[3].file`}},
+		{"fromClaim errors", roleHead + `spec:
+  network: {egress: allowlist, allow: [{host: a.example, ports: [443]}, {host: b.example, ports: [443]}]}
+  credentials:
+    secrets:
+    - {env: T, fromClaim: vendor}
+    - {file: /s, fromClaim: vendor, inject: {host: a.example, header: X-Key}}
+    - {fromClaim: Vendor_Key, inject: {host: b.example, header: X-Key}}
+    - {fromClaim: twice, inject: {host: a.example, header: X-A}}
+    - {fromClaim: twice, inject: {host: b.example, header: X-B}}
+`, []string{
+			`secrets[0].fromClaim: only a secret the gateway injects may come from a claim`,
+			`secrets[1]: names fromClaim and a file or secretRef`,
+			`secrets[2].fromClaim: "Vendor_Key" is not a claim key's name`,
+			`secrets[4].fromClaim: "twice" is named twice`}},
 		{"binding to missing role", "apiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec:\n  role: ghost\n  subjects: [{namespace: x}]\n", []string{"p.yaml:5: spec.role: role \"ghost\" is not defined"}},
 		{"binding without subjects", roleHead + "spec: {}\n---\napiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec: {role: r}\n", []string{"spec.subjects: missing"}},
 		{"empty subject", roleHead + "spec: {}\n---\napiVersion: agentbox.dev/v1\nkind: RoleBinding\nmetadata: {name: b}\nspec: {role: r, subjects: [{}]}\n", []string{"spec.subjects[0]: sets none of"}},

@@ -255,6 +255,15 @@ type Secret struct {
 	// rotated value reaches the gateway's next requests. Only for a secret
 	// the gateway injects.
 	SecretRef *SecretRef `yaml:"secretRef,omitempty" json:"secretRef,omitempty"`
+	// FromClaim names a key a SandboxClaim of an agent-sandbox warm pool
+	// gives its task, instead of a file or a secretRef: the claim's
+	// agentbox.dev/key.NAME annotation names a Secret's key in the claim's
+	// own namespace ("SECRET/KEY"). Before its claim the sandbox's
+	// requests to the host carry no key; from the claim on, the gateway
+	// injects that key. Only for a secret the gateway injects, in a
+	// cluster AgentRole (the broker gives the key).
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`
+	FromClaim string `yaml:"fromClaim,omitempty" json:"fromClaim,omitempty"`
 	// Inject has the gateway set a header to the secret on every request
 	// to one host (over TLS, which it then terminates).
 	Inject *Inject `yaml:"inject,omitempty" json:"inject,omitempty"`
@@ -275,6 +284,9 @@ func (r SecretRef) Path(dir string) string { return filepath.Join(dir, r.Namespa
 
 // Source says where a secret's value comes from.
 func (s Secret) Source() string {
+	if s.FromClaim != "" {
+		return "the claim's key " + s.FromClaim
+	}
 	if s.SecretRef != nil {
 		return "Secret " + s.SecretRef.String()
 	}

@@ -8,12 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"agentbox.dev/agentbox/internal/broker"
 	"agentbox.dev/agentbox/internal/control"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // bindClaim fills in o's claim identity when a SandboxClaim holds the
@@ -40,10 +42,15 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 	case err == nil && resp.Claim.UID != h.UID:
 		err = fmt.Errorf("the broker answered for SandboxClaim %s (uid %s), not uid %s", resp.Claim, resp.Claim.UID, h.UID)
 	case err == nil:
+		if err := a.keepClaimKeys(resp); err != nil {
+			// The shim would bind a key the node does not hold: not yet.
+			a.Log.WithError(err).WithField("pod", pod.String()).Warn("keeping the claim's keys on the node")
+			return false
+		}
 		o.Claim = &resp.Identity
 		return true
 	case errors.As(err, &be) && be.Refused():
-		o.ClaimRefused = clip(be.Msg, control.MaxReason)
+		o.ClaimRefused = control.ClipReason(be.Msg)
 		// The claim's author sees it where they look: on the claim.
 		claim := &unstructured.Unstructured{}
 		claim.SetAPIVersion(SandboxExtensionsGroup + "/v1beta1")
@@ -58,10 +65,37 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 	return false
 }
 
-// clip bounds s to n bytes.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
+// keepClaimKeys writes the values of the keys a claim gives into the
+// secrets directory before the shim is told to bind them, and asks for a
+// keys round, which from then on keeps them (and removes them once no pod
+// here needs them).
+func (a *Agent) keepClaimKeys(resp *broker.ClaimResponse) error {
+	if len(resp.Values) == 0 {
+		return nil
 	}
-	return s[:n]
+	if a.SecretsDir == "" {
+		return errors.New("this node keeps no Secrets (agentbox sync --secrets-dir none)")
+	}
+	if err := ensurePrivateDir(a.SecretsDir); err != nil {
+		return err
+	}
+	for _, k := range resp.Values {
+		if err := policy.ValidateSecretRef(k.SecretRef); err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(resp.Identity.Keys, func(c control.ClaimKey) bool { return c.Secret == k.SecretRef }) {
+			return fmt.Errorf("the broker gave Secret %s, which the claim does not name", k.SecretRef)
+		}
+		changed, err := writeSecretFile(k.SecretRef.Path(a.SecretsDir), k.Value)
+		if err != nil {
+			return fmt.Errorf("writing Secret %s: %w", k.SecretRef, err)
+		}
+		if changed {
+			a.recordSecret("Success", fmt.Sprintf("Secret %s: its value written to the node (%s), for SandboxClaim %s's task", k.SecretRef, k.SecretRef.Path(a.SecretsDir), resp.Claim), k.SecretRef.String())
+		}
+	}
+	if a.podsKick != nil {
+		pokeChan(a.podsKick)
+	}
+	return nil
 }

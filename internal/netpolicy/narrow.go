@@ -147,7 +147,7 @@ func narrowRules(cur, next *Plan) (live *Plan, applied, pending []string) {
 		}
 	}
 	for _, in := range next.Injects {
-		if !slices.ContainsFunc(cur.Injects, func(c Inject) bool { return c == in }) {
+		if !slices.ContainsFunc(cur.Injects, in.Same) {
 			pending = append(pending, "a secret injected toward "+in.Host)
 		}
 	}

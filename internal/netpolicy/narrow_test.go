@@ -140,3 +140,26 @@ func TestNarrowBudget(t *testing.T) {
 		t.Errorf("cap removed: %q", p)
 	}
 }
+
+// A role compiled twice injects the same Kubernetes Secret's key: its new
+// version (unchanged) injects nothing new, whatever the pointers.
+func TestNarrowSameSecretRef(t *testing.T) {
+	compile := func() *Plan {
+		r := policy.SecretRef{Namespace: "keys", Name: "vendor", Key: "token"}
+		pl, err := Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{{Host: "api.test", Ports: []int{443}}}},
+			Credentials: policy.CredentialsProfile{Secrets: []policy.Secret{{SecretRef: &r, Inject: &policy.Inject{Host: "api.test", Header: "authorization"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pl
+	}
+	cur, next := compile(), compile()
+	if _, _, pending := Narrow(cur, next); len(pending) != 0 {
+		t.Fatalf("the same role, compiled again, is pending: %q", pending)
+	}
+	other := compile()
+	other.Injects[0].Ref = &policy.SecretRef{Namespace: "keys", Name: "vendor", Key: "other"}
+	if _, _, pending := Narrow(cur, other); len(pending) != 1 {
+		t.Fatalf("another Secret's key injected: pending %q", pending)
+	}
+}

@@ -101,6 +101,15 @@ func (in Inject) Path(secretsDir string) string {
 	return in.File
 }
 
+// Same says whether in and o inject the same source the same way (a
+// Kubernetes Secret's key compared by name, not by pointer: two compiles
+// of one role are the same).
+func (in Inject) Same(o Inject) bool {
+	a, b := in, o
+	a.Ref, b.Ref = nil, nil
+	return a == b && (in.Ref == nil) == (o.Ref == nil) && (in.Ref == nil || *in.Ref == *o.Ref)
+}
+
 // Bound says whether the secret has a source now: a claim's key has none
 // until its claim.
 func (in Inject) Bound() bool { return in.FromClaim == "" || in.Ref != nil }

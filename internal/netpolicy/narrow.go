@@ -179,6 +179,13 @@ func intersect(c, n Rule) (Rule, bool) {
 	r.Ports, r.Name = ports, n.Name
 	r.AllowPrivate = c.AllowPrivate && n.AllowPrivate
 	r.WebSocket = c.WebSocket && n.WebSocket
+	if r.Methods, r.Paths, ok = intersectHTTP(c, n); !ok {
+		return Rule{}, false
+	}
+	// Methods and paths are seen only inspected: a rule that passed TLS
+	// through is inspected from now on (its name then needs the
+	// sandbox's CA: without one, the gateway refuses it, closed).
+	r.Inspect = c.Inspect || len(r.Methods) > 0 || len(r.Paths) > 0
 	switch {
 	case c.Host != "" && n.Host != "":
 		switch {
@@ -209,7 +216,7 @@ func within(n, c Rule) bool {
 		return false
 	}
 	return r.Host == n.Host && r.Prefix == n.Prefix && slices.Equal(r.Ports, n.Ports) && (r.AllowPrivate || !n.AllowPrivate) &&
-		(r.WebSocket || !n.WebSocket)
+		(r.WebSocket || !n.WebSocket) && sameHTTP(r, n)
 }
 
 // intersectPorts intersects two sorted port lists (empty: any port).
@@ -233,7 +240,7 @@ func isPattern(host string) bool { return len(host) > 1 && host[0] == '*' }
 
 func sameRule(a, b Rule) bool {
 	return a.Host == b.Host && a.Prefix == b.Prefix && slices.Equal(a.Ports, b.Ports) && a.AllowPrivate == b.AllowPrivate &&
-		a.WebSocket == b.WebSocket && a.API == b.API
+		a.WebSocket == b.WebSocket && a.API == b.API && sameHTTP(a, b)
 }
 
 func describeRule(r Rule) string {
@@ -249,6 +256,12 @@ func describeRule(r Rule) string {
 	}
 	if r.API != "" {
 		what += " api " + r.API
+	}
+	if len(r.Methods) > 0 {
+		what += fmt.Sprintf(" methods %v", r.Methods)
+	}
+	if len(r.Paths) > 0 {
+		what += fmt.Sprintf(" paths %v", r.Paths)
 	}
 	return what
 }

@@ -65,6 +65,20 @@ func TestNarrow(t *testing.T) {
 			pending: []string{"no network interface"}},
 		{name: "metadata named by the role: the new version denies it", cur: plan(t, allow, policy.EgressRule{CIDR: "169.254.169.254/32"}), next: plan(t, allow),
 			applied: []string{"metadata address 169.254.169.254 denied", "removed"}},
+		{name: "paths narrowed", cur: plan(t, allow, b), next: plan(t, allow, withHTTP(b, nil, "/task/*")),
+			hosts: []string{"b.test [443]"}, applied: []string{"narrowed to b.test ports [443] paths [/task/*]"}},
+		{name: "paths narrowed further", cur: plan(t, allow, withHTTP(b, nil, "/repos/*")), next: plan(t, allow, withHTTP(b, nil, "/repos/org/*", "/other")),
+			hosts: []string{"b.test [443]"}, applied: []string{"narrowed to b.test ports [443] paths [/repos/org/*]"}, pending: []string{"(loosens)"}},
+		{name: "paths taken away: pending", cur: plan(t, allow, withHTTP(b, nil, "/task/*")), next: plan(t, allow, b), same: true,
+			hosts: []string{"b.test [443]"}, pending: []string{"allow[0] host b.test ports [443] (loosens)"}},
+		{name: "a path widened: pending", cur: plan(t, allow, withHTTP(b, nil, "/task/1")), next: plan(t, allow, withHTTP(b, nil, "/task/*")), same: true,
+			hosts: []string{"b.test [443]"}, pending: []string{"(loosens)"}},
+		{name: "no path in common", cur: plan(t, allow, withHTTP(b, nil, "/a/*")), next: plan(t, allow, withHTTP(b, nil, "/b/*")),
+			applied: []string{"b.test ports [443] removed"}, pending: []string{"(loosens)"}},
+		{name: "methods narrowed, in the new order", cur: plan(t, allow, withHTTP(b, []string{"GET", "POST"})), next: plan(t, allow, withHTTP(b, []string{"POST"})),
+			hosts: []string{"b.test [443]"}, applied: []string{"methods [POST]"}},
+		{name: "the same methods in another order", cur: plan(t, allow, withHTTP(b, []string{"GET", "POST"})), next: plan(t, allow, withHTTP(b, []string{"POST", "GET"})), same: true,
+			hosts: []string{"b.test [443]"}},
 		{name: "unchanged", cur: plan(t, allow, a, net8), next: plan(t, allow, a, net8), same: true,
 			hosts: []string{"a.test [80 443]"}, cidrs: []string{"10.0.0.0/8 [443]"}},
 	} {
@@ -162,4 +176,10 @@ func TestNarrowSameSecretRef(t *testing.T) {
 	if _, _, pending := Narrow(cur, other); len(pending) != 1 {
 		t.Fatalf("another Secret's key injected: pending %q", pending)
 	}
+}
+
+// withHTTP is r restricted to methods and paths.
+func withHTTP(r policy.EgressRule, methods []string, paths ...string) policy.EgressRule {
+	r.HTTP = &policy.HTTPRule{Methods: methods, Paths: paths}
+	return r
 }

@@ -41,6 +41,8 @@ func TestLooserThan(t *testing.T) {
 			p.Filesystem.Rootfs = "writable"
 			return p
 		}(), looser: []string{"filesystem differs"}},
+		{name: "paths narrowed", was: profile(allow, 1<<30, a), now: profile(allow, 1<<30, paths(a, "/v1/*"))},
+		{name: "paths taken away", was: profile(allow, 1<<30, paths(a, "/v1/*")), now: profile(allow, 1<<30, a), looser: []string{"egress: ", "a.test", "(loosens)"}},
 		{name: "the role as it was, but the sandbox ran narrowed", was: profile(allow, 1<<30, a, b), narrowed: profile(allow, 1<<30, a),
 			now: profile(allow, 1<<30, a, b), looser: []string{"b.test"}},
 	} {
@@ -173,4 +175,10 @@ func TestDiff(t *testing.T) {
 	if _, err := Diff(Running{Profile: cur}, next); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// paths is r restricted to paths.
+func paths(r policy.EgressRule, p ...string) policy.EgressRule {
+	r.HTTP = &policy.HTTPRule{Paths: p}
+	return r
 }

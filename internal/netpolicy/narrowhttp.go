@@ -1,0 +1,84 @@
+package netpolicy
+
+// What two host rules' HTTP restrictions (methods, paths) both allow: a
+// live tightening narrows a rule's paths and methods, and a rule that
+// lists fewer restricts less (it loosens). A list that is empty allows
+// any.
+
+import (
+	"slices"
+	"strings"
+)
+
+// intersectHTTP is what both rules' methods and paths allow; false when
+// nothing is left.
+func intersectHTTP(c, n Rule) (methods, paths []string, ok bool) {
+	if methods, ok = intersectMethods(c.Methods, n.Methods); !ok {
+		return nil, nil, false
+	}
+	paths, ok = intersectPaths(c.Paths, n.Paths)
+	return methods, paths, ok
+}
+
+func intersectMethods(a, b []string) ([]string, bool) {
+	switch {
+	case len(a) == 0:
+		return slices.Clone(b), true
+	case len(b) == 0:
+		return slices.Clone(a), true
+	}
+	var out []string
+	for _, m := range b {
+		if slices.Contains(a, m) {
+			out = append(out, m)
+		}
+	}
+	return out, len(out) > 0
+}
+
+// pathWithin says whether every path pattern p allows, q allows too (a
+// pattern is an exact path, or a prefix ending in '*').
+func pathWithin(p, q string) bool {
+	if prefix, ok := strings.CutSuffix(q, "*"); ok {
+		return strings.HasPrefix(strings.TrimSuffix(p, "*"), prefix)
+	}
+	return p == q
+}
+
+// intersectPaths is the patterns of each list that the other allows
+// whole.
+func intersectPaths(a, b []string) ([]string, bool) {
+	switch {
+	case len(a) == 0:
+		return slices.Clone(b), true
+	case len(b) == 0:
+		return slices.Clone(a), true
+	}
+	var out []string
+	for _, pair := range [][2][]string{{b, a}, {a, b}} {
+		for _, p := range pair[0] {
+			for _, q := range pair[1] {
+				if pathWithin(p, q) && !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, len(out) > 0
+}
+
+// sorted is a sorted copy of l (nil for none).
+func sorted(l []string) []string {
+	if len(l) == 0 {
+		return nil
+	}
+	out := slices.Clone(l)
+	slices.Sort(out)
+	return out
+}
+
+// sameHTTP says whether two rules restrict the same methods and paths.
+func sameHTTP(a, b Rule) bool {
+	return slices.Equal(a.Methods, b.Methods) && slices.Equal(a.Paths, b.Paths)
+}

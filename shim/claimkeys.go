@@ -132,3 +132,30 @@ func (sb *sandboxState) injectsNow(pl *netpolicy.Plan) []netpolicy.Inject {
 	sb.egressMu.Unlock()
 	return boundInjects(pl, refs)
 }
+
+// claimHosts are the hosts whose key a claim gives: until the sandbox's
+// claim is decided, the gateway holds their requests for it.
+func claimHosts(pl *netpolicy.Plan) []string {
+	var out []string
+	for _, in := range pl.Injects {
+		if in.FromClaim != "" {
+			out = append(out, in.Host)
+		}
+	}
+	return out
+}
+
+// settleClaimKeys ends the wait for a claim's keys once the pod's claim is
+// decided (its keys bound, or none, or refused): no request waits any
+// more. Call it after commit.
+func settleClaimKeys(sb *sandboxState, o *control.Owner) {
+	if o.Holder == nil || o.Holder.Kind != "SandboxClaim" {
+		return
+	}
+	sb.egressMu.Lock()
+	gw := sb.gateway
+	sb.egressMu.Unlock()
+	if gw != nil {
+		gw.HoldFor(nil)
+	}
+}

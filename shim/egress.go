@@ -200,6 +200,8 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			}
 		},
 	})
+	// A key its claim gives: requests for it wait for the claim.
+	gw.HoldFor(claimHosts(pl))
 	for _, p := range ports {
 		ln, err := res.ListenTCP(p)
 		if err == nil {

@@ -50,6 +50,9 @@ func stopControl(sb *sandboxState) {
 }
 
 // respond applies one request (the control server serializes them).
+//
+// +checklocksignore: sb.ops is held for every op but info, taken
+// conditionally (checklocks follows no lock taken under a condition).
 func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxState, peer control.Peer, req control.Request) control.Response {
 	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
 	who := map[string]string{"requested_by_uid": fmt.Sprint(peer.UID), "requested_by_pid": fmt.Sprint(peer.PID)}
@@ -81,7 +84,7 @@ func (s *service) respond(ctx context.Context, cfg *config.Config, sb *sandboxSt
 	case control.OpCheckpoint, control.OpSuspend:
 		msg, cp, err = s.checkpointByAdmin(ctx, sb, req, who)
 	case control.OpOwner:
-		msg, err = setOwner(sb, req.Owner, who)
+		msg, err = s.setOwner(ctx, sb, req.Owner, who)
 	}
 	if req.Op != control.OpInfo {
 		l := log.G(ctx).WithFields(log.Fields{"op": req.Op, "uid": peer.UID, "pid": peer.PID})
@@ -135,7 +138,8 @@ func (s *service) info(cfg *config.Config, sb *sandboxState) *control.Sandbox {
 // warm Sandbox claimed). A Sandbox of another namespace than the pod's is
 // refused: the node agent would not send one, and nothing may link a pod
 // to another namespace's Sandbox.
-func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (string, error) {
+// +checklocks:sb.ops
+func (s *service) setOwner(ctx context.Context, sb *sandboxState, o *control.Owner, detail map[string]string) (string, error) {
 	if !sb.inCRI {
 		return "", errkind.FailedPrecondition(errors.New("not a Kubernetes pod: it has no Sandbox"))
 	}
@@ -153,13 +157,15 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 		// before, and the first stays.
 		return "", errkind.FailedPrecondition(fmt.Errorf("the pod belongs to %s (uid %s), not %s (uid %s)", prev.Sandbox, prev.Sandbox.UID, o.Sandbox, o.Sandbox.UID))
 	}
-	bind, err := prepareClaimKeys(sb, o.Claim)
+	rc, bind, err := s.prepareClaim(sb, o.Claim)
+	if err == nil {
+		err = s.applyClaimRole(ctx, sb, rc, detail)
+	}
 	if err != nil {
 		// Nothing of the claim binds, its identity neither; a claim's
 		// keys bound before are unbound.
-		refused := *o
-		refused.Claim, refused.ClaimRefused = nil, control.ClipReason("the shim bound none of the claim: "+err.Error())
-		o = &refused
+		o = refusedClaim(o, err)
+		rc = nil
 		if bind, err = prepareClaimKeys(sb, nil); err != nil {
 			return "", err
 		}
@@ -181,6 +187,9 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 	sb.owner.Store(o)
 	m := sb.audit.trail.Meta()
 	m.Claim, m.WarmPool = claimOf(o), ""
+	if rc != nil {
+		m.Role, m.PolicyDigest = rc.next.Role, rc.next.Digest
+	}
 	if h := o.Holder; h != nil && h.Kind == "SandboxWarmPool" {
 		m.WarmPool = h.Name
 	}
@@ -189,6 +198,7 @@ func setOwner(sb *sandboxState, o *control.Owner, detail map[string]string) (str
 	sb.audit.trail.Rejoin(m, audit.TypeOwner.New("Success", msg, detail))
 	// The claim's keys from its record on.
 	bind.commit(sb)
+	settleClaimKeys(sb, o)
 	return msg, nil
 }
 

@@ -72,6 +72,10 @@ type sandboxState struct {
 	liveDigest atomic.Pointer[string]
 	// +checklocks:ops
 	seen string
+	// claimRole is what selects the role the sandbox's claim named, once
+	// it took it (nil: its own request selects). claimrole.go.
+	// +checklocks:ops
+	claimRole *policy.Request
 	// commands numbers the admin requests applied.
 	commands atomic.Int64
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node

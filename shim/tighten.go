@@ -71,7 +71,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	ctx = log.WithLogger(ctx, log.L.WithField("sandbox_id", sb.id))
 	sb.ops.Lock()
 	defer sb.ops.Unlock()
-	next, err := set.Select(sb.request)
+	next, err := set.Select(sb.roleRequest())
 	seen, live := sb.seen, sb.liveDigestNow()
 	if err != nil {
 		// The role no longer selects for this sandbox: what it runs under

@@ -90,10 +90,15 @@ func IdentityOf(ns string, annotations map[string]string) (Identity, error) {
 			field = &id.Tenant
 		case TaskAnnotation:
 			field = &id.Task
+		case policy.RoleAnnotation:
+			if !policy.ValidRoleName(v) {
+				return Identity{}, fmt.Errorf("annotation %s: %q is not a role's name; nothing of the claim is bound", k, v)
+			}
+			field = &id.Role
 		default:
 			name, ok := strings.CutPrefix(k, KeyAnnotationPrefix)
 			if !ok {
-				return Identity{}, fmt.Errorf("annotation %s: not understood on a SandboxClaim (known: %s, %s, %s, %sNAME); nothing of the claim is bound", k, SubjectAnnotation, TenantAnnotation, TaskAnnotation, KeyAnnotationPrefix)
+				return Identity{}, fmt.Errorf("annotation %s: not understood on a SandboxClaim (known: %s, %s, %s, %s, %sNAME); nothing of the claim is bound", k, SubjectAnnotation, TenantAnnotation, TaskAnnotation, policy.RoleAnnotation, KeyAnnotationPrefix)
 			}
 			key, err := claimKey(ns, name, v)
 			if err != nil {

@@ -100,6 +100,8 @@ func FuzzClaim(f *testing.F) {
 			want.Tenant = value
 		case TaskAnnotation:
 			want.Task = value
+		case policy.RoleAnnotation:
+			want.Role = value
 		}
 		for _, k := range id.Keys {
 			// A key given is one the role takes, of the claim's namespace.

@@ -109,6 +109,10 @@ type Claim struct {
 	Subject string `json:"subject,omitempty"`
 	Tenant  string `json:"tenant,omitempty"`
 	Task    string `json:"task,omitempty"`
+	// Role is the role the claim's task runs under from the claim on
+	// (agentbox.dev/role on the claim): the shim takes it only when it is
+	// bound to the pod and no looser than what the sandbox runs under.
+	Role string `json:"role,omitempty"`
 	// Keys are the keys the claim gives its task, for the role's
 	// fromClaim secrets: the gateway injects them from the claim on.
 	Keys []ClaimKey `json:"keys,omitempty"`
@@ -126,7 +130,7 @@ const MaxClaimKeys = 16
 
 // Equal says whether c and d bind the same task and keys.
 func (c *Claim) Equal(d *Claim) bool {
-	return c.Subject == d.Subject && c.Tenant == d.Tenant && c.Task == d.Task && slices.Equal(c.Keys, d.Keys)
+	return c.Subject == d.Subject && c.Tenant == d.Tenant && c.Task == d.Task && c.Role == d.Role && slices.Equal(c.Keys, d.Keys)
 }
 
 // MaxClaimValue bounds each of a Claim's values (they go into every record
@@ -161,6 +165,9 @@ func (c *Claim) validate() error {
 		if err := CheckClaimValue(f.v); err != nil {
 			return fmt.Errorf("owner.claim.%s: %v", f.name, err)
 		}
+	}
+	if c.Role != "" && !policy.ValidRoleName(c.Role) {
+		return fmt.Errorf("owner.claim.role: %q is not a role's name", c.Role)
 	}
 	if len(c.Keys) > MaxClaimKeys {
 		return fmt.Errorf("owner.claim.keys: %d, at most %d", len(c.Keys), MaxClaimKeys)

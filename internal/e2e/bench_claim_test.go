@@ -81,6 +81,14 @@ spec:
 	}
 	k.apply(t, template("abx", "agentbox"), template("runc", "runc"),
 		pool("warm", "abx", 2), pool("cold-abx", "abx", 0), pool("cold-runc", "runc", 0))
+	// A warm pool whose role takes a vendor's key from its claim, and a
+	// narrower role the claim names (docs/agent-sandbox.md, A claim's
+	// keys): its claims bind both.
+	vendorURL, vendorKey := k.benchClaimBinding(t, ns)
+	bind := template("abx-bind", "agentbox")
+	bind["spec"].(obj)["podTemplate"].(obj)["metadata"].(obj)["annotations"].(obj)["agentbox.dev/role"] = "bench-claim-pool"
+	bind["spec"].(obj)["podTemplate"].(obj)["spec"].(obj)["containers"].([]obj)[0]["image"] = probeImage
+	k.apply(t, bind, pool("warm-bind", "abx-bind", 2))
 	// A role whose template is a checkpoint of the agent, taken on the
 	// node: its Sandboxes restore instead of booting.
 	k.apply(t, podSpec(ns, "seed", "agentbox", "bench-claim", "sh", "-c", "exec sleep infinity"))
@@ -117,11 +125,13 @@ spec:
 	// no variant runs beside another's refill or teardown (on 2 cores a
 	// gVisor sandbox booting next to a measurement doubles it).
 	settled := func() bool {
-		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "warm", "-o", "jsonpath={.status.readyReplicas}")
-		if strings.TrimSpace(r.stdout) != "2" {
-			return false
+		for _, p := range []string{"warm", "warm-bind"} {
+			r := k.kubectl("-n", ns, "get", "sandboxwarmpool", p, "-o", "jsonpath={.status.readyReplicas}")
+			if strings.TrimSpace(r.stdout) != "2" {
+				return false
+			}
 		}
-		r = k.kubectl("-n", ns, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.phase}{"\n"}{end}`)
+		r := k.kubectl("-n", ns, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.phase}{"\n"}{end}`)
 		n := 0
 		for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 			if f := strings.Fields(l); len(f) != 2 || f[1] != "Running" {
@@ -129,11 +139,12 @@ spec:
 			}
 			n++
 		}
-		return n == 2
+		return n == 4
 	}
 	rounds := benchRounds("AGENTBOX_BENCH_CLAIM_ROUNDS", 7)
-	variants := []struct{ name, pool string }{{"warm pool (agentbox)", "warm"}, {"cold (agentbox)", "cold-abx"},
+	variants := []struct{ name, pool string }{{"warm pool (agentbox)", "warm"}, {"warm, binds role+key", "warm-bind"}, {"cold (agentbox)", "cold-abx"},
 		{"role template (agentbox)", "cold-tmpl"}, {"cold (runc)", "cold-runc"}}
+	vendorCall := map[string][]time.Duration{}
 	ready := map[string][]time.Duration{}
 	answered := map[string][]time.Duration{}
 	kubectlExec := map[string][]time.Duration{}
@@ -148,7 +159,7 @@ spec:
 			start := time.Now()
 			if _, err := client.Resource(claimsGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: obj{
 				"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
-				"metadata": obj{"name": claim, "namespace": ns, "annotations": obj{"agentbox.dev/tenant": "bench", "agentbox.dev/task": claim}},
+				"metadata": obj{"name": claim, "namespace": ns, "annotations": claimAnnotations(v.pool, claim)},
 				"spec":     obj{"warmPoolRef": obj{"name": v.pool}}}}, metav1.CreateOptions{}); err != nil {
 				cancel()
 				t.Fatal(err)
@@ -166,6 +177,16 @@ spec:
 				t.Fatalf("%s: exec in %s: %q, %v", v.name, sb, out, err)
 			}
 			answered[v.name] = append(answered[v.name], time.Since(start))
+			if v.pool == "warm-bind" {
+				// The agent's first call to the vendor carries the claim's key.
+				ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+				out, err := apiExec(ctx, rc, ns, sb, "abx-fetch", vendorURL+"/"+claim)
+				cancel()
+				if err != nil || !strings.Contains(out, "status=200") || vendorKey(claim) != "Bearer "+claim+"-key" {
+					t.Fatalf("%s: the first vendor call from %s: %q %v, the vendor saw %q", v.name, sb, out, err, vendorKey(claim))
+				}
+				vendorCall[v.name] = append(vendorCall[v.name], time.Since(start))
+			}
 			// kubectl exec into the same pod, for comparison: its own
 			// start (a process, its kubeconfig, discovery) is in it.
 			s := time.Now()
@@ -185,6 +206,10 @@ spec:
 	for _, v := range variants {
 		r, a := stats(ready[v.name]), stats(answered[v.name])
 		fmt.Fprintf(&b, "  %-25s claim Ready %s (p90 %s); exec answered %s (p90 %s); %.2fx runc's cold; then kubectl exec %s\n", v.name, ms(r.median), ms(r.p90), ms(a.median), ms(a.p90), float64(a.median)/float64(ref), ms(stats(kubectlExec[v.name]).median))
+		if d := vendorCall[v.name]; len(d) > 0 {
+			vd := stats(d)
+			fmt.Fprintf(&b, "  %-25s then its first vendor call, with the claim's key, answered %s after the claim (p90 %s)\n", "", ms(vd.median), ms(vd.p90))
+		}
 		if d := bound[v.name]; len(d) > 0 {
 			bd := stats(d)
 			fmt.Fprintf(&b, "  %-25s the claim's task bound on the trail (its owner record's time) %s after the claim (p90 %s): %s after the exec answered\n", "", ms(bd.median), ms(bd.p90), ms(bd.median-a.median))
@@ -192,4 +217,46 @@ spec:
 	}
 	t.Log(b.String())
 	benchOut(t, b.String())
+}
+
+// claimAnnotations are a benchmark claim's: its task, and for the
+// warm-bind pool a narrower role and the vendor key its own Secret holds.
+func claimAnnotations(pool, claim string) obj {
+	a := obj{"agentbox.dev/tenant": "bench", "agentbox.dev/task": claim}
+	if pool == "warm-bind" {
+		a["agentbox.dev/role"] = "bench-claim-task"
+		a["agentbox.dev/key.vendor"] = claim + "/token"
+	}
+	return a
+}
+
+// benchClaimBinding makes the warm-bind pool's cluster roles, a stand-in
+// vendor on the node's bridge, and a Secret per claim the broker may read;
+// it gives the vendor's URL and what it saw of a claim's call.
+func (k *kubeNode) benchClaimBinding(t *testing.T, ns string) (string, func(claim string) string) {
+	t.Helper()
+	const nodeIP = "10.97.0.1"
+	origin, caPEM := newAuthOrigin(t, nodeIP, "vendor.kube.test")
+	k.inspectedOnBridge(t, nodeIP, caPEM, "vendor.kube.test")
+	var names []string
+	for i := 0; i < benchRounds("AGENTBOX_BENCH_CLAIM_ROUNDS", 7); i++ {
+		claim := fmt.Sprintf("warm-bind-%d", i)
+		names = append(names, claim)
+		k.apply(t, secretObj(ns, claim, "token", claim+"-key"))
+	}
+	k.brokerMayGet(t, ns, names...)
+	t.Cleanup(func() {
+		k.kubectl("delete", "agentrolebinding", "bench-claim-pool", "bench-claim-task", "--ignore-not-found")
+		k.kubectl("delete", "agentrole", "bench-claim-pool", "bench-claim-task", "--ignore-not-found")
+	})
+	vendor := obj{"host": "vendor.kube.test", "ports": []int{origin.port}, "allowPrivate": true}
+	narrow := obj{"host": "vendor.kube.test", "ports": []int{origin.port}, "allowPrivate": true, "http": obj{"paths": []string{"/warm-bind-*"}}}
+	k.apply(t, agentRole("bench-claim-pool", obj{"inherits": "baseline", "limits": obj{"wallClock": "2h"},
+		"network": obj{"egress": "allowlist", "allow": []obj{vendor}},
+		"credentials": obj{"secrets": []obj{{"env": "VENDOR_KEY", "fromClaim": "vendor",
+			"inject": obj{"host": "vendor.kube.test", "header": "authorization", "format": "Bearer {secret}"}}}}}),
+		agentRole("bench-claim-task", obj{"inherits": "bench-claim-pool", "network": obj{"egress": "allowlist", "allow": []obj{narrow}}}),
+		agentBinding("bench-claim-pool", "bench-claim-pool", ns), agentBinding("bench-claim-task", "bench-claim-task", ns))
+	k.waitPolicy(t, "agentrole", "bench-claim-task", "enforced", enforced)
+	return fmt.Sprintf("https://vendor.kube.test:%d", origin.port), func(claim string) string { return origin.auth("/" + claim) }
 }

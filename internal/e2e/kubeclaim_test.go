@@ -72,7 +72,7 @@ func (k *kubeNode) claimRefused(t *testing.T, ns string) {
 	sandbox := k.sandboxOf(t, p.Metadata.UID)
 	owners := k.waitOwners(t, sandbox, "the second claim", func(last record) bool { return last.Detail["holder"] == "task-2" })
 	rec := owners[len(owners)-1]
-	if !strings.Contains(rec.Detail["claim_refused"], "agentbox.dev/role: not understood") || rec.Claim == nil || rec.Claim.Name != "task-2" ||
+	if !strings.Contains(rec.Detail["claim_refused"], `role "admin" is not defined`) || rec.Claim == nil || rec.Claim.Name != "task-2" ||
 		rec.Claim.Tenant != "" || rec.Claim.Subject != "" || rec.Claim.Task != "" {
 		t.Fatalf("the refused claim's record: claim %+v, detail %v", rec.Claim, rec.Detail)
 	}

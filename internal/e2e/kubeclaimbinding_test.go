@@ -104,7 +104,7 @@ func TestKubeClaimBinding(t *testing.T) {
 		}
 	}
 
-	// Warm: the twin request waits for a claim (10 s), then goes with no
+	// Warm: the twin request waits for a claim (3 s), then goes with no
 	// key, on any path, and says so; the node holds no key.
 	for _, w := range warm {
 		k.waitLogs(t, ns, w, "agent ready", time.Minute)

@@ -58,6 +58,11 @@ type Event struct {
 	Reason string
 	// Injected names the headers the gateway set to a secret.
 	Injected []string
+	// KeyWait is how long the request waited for a key its sandbox's
+	// claim gives; KeyNotGiven: the claim gave none within the bound (the
+	// request went without it).
+	KeyWait     time.Duration
+	KeyNotGiven bool
 	// Reflected are the injected secrets the response carried back,
 	// replaced before the agent read them.
 	Reflected []Reflection

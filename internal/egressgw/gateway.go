@@ -127,8 +127,10 @@ type Gateway struct {
 	// suspended, when set, is why every connection is refused
 	// (Suspend).
 	suspended string
-	// secrets are what the gateway injects now (SetSecrets).
+	// secrets are what the gateway injects now (SetSecrets); hold the
+	// hosts whose key is awaited (HoldFor, hold.go).
 	secrets atomic.Pointer[[]Secret]
+	hold    atomic.Pointer[holdState]
 	// usage counts the model calls against the plan's budget.
 	usage usage
 }

@@ -313,6 +313,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		refuse(why)
 		return
 	}
+	if r.TLS != nil {
+		ev.KeyWait, ev.KeyNotGiven = g.awaitKey(r.Context(), name)
+	}
 	x = &exchange{websocket: websocket, secrets: g.secretsNow()}
 	if r.TLS != nil {
 		for _, sec := range x.secrets {

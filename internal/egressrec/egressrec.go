@@ -45,6 +45,12 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 		if e.Proto == "https" {
 			scheme = "https"
 		}
+		if e.KeyWait > 0 {
+			detail["claim_key_wait"] = e.KeyWait.Round(time.Millisecond).String()
+			if e.KeyNotGiven {
+				detail["claim_key"] = "none: the sandbox's claim gave no key for this host in time (a warm sandbox's request), sent without it"
+			}
+		}
 		if len(e.Injected) > 0 {
 			detail["injected"] = strings.Join(e.Injected, ", ")
 		}

@@ -51,18 +51,25 @@ func (a *Agent) bindClaim(ctx context.Context, o, had *control.Owner, pod broker
 		return true
 	case errors.As(err, &be) && be.Refused():
 		o.ClaimRefused = control.ClipReason(be.Msg)
-		// The claim's author sees it where they look: on the claim.
-		claim := &unstructured.Unstructured{}
-		claim.SetAPIVersion(SandboxExtensionsGroup + "/v1beta1")
-		claim.SetKind("SandboxClaim")
-		claim.SetNamespace(h.Namespace)
-		claim.SetName(h.Name)
-		claim.SetUID(types.UID(h.UID))
-		a.event(ctx, claim, "Warning", "AgentboxClaimNotBound", "agentbox bound none of this claim's task identity to its sandbox: "+o.ClaimRefused)
+		a.claimNotBound(ctx, h, o.ClaimRefused)
 		return true
 	}
 	a.Log.WithError(err).WithField("pod", pod.String()).Warn("reading the pod's SandboxClaim from the broker")
 	return false
+}
+
+// claimNotBound tells the claim's author, where they look (an Event on
+// the claim), that nothing of the claim was bound, and why: the broker's
+// refusal, or the shim's (a role looser than the pool's, a key its role
+// does not take).
+func (a *Agent) claimNotBound(ctx context.Context, h *control.ObjectRef, reason string) {
+	claim := &unstructured.Unstructured{}
+	claim.SetAPIVersion(SandboxExtensionsGroup + "/v1beta1")
+	claim.SetKind("SandboxClaim")
+	claim.SetNamespace(h.Namespace)
+	claim.SetName(h.Name)
+	claim.SetUID(types.UID(h.UID))
+	a.event(ctx, claim, "Warning", "AgentboxClaimNotBound", "agentbox bound none of this claim (task identity, role, keys) to its sandbox: "+reason)
 }
 
 // keepClaimKeys writes the values of the keys a claim gives into the

@@ -220,6 +220,13 @@ func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 				continue
 			}
 			a.Log.WithFields(logrus.Fields{"sandbox": sb.ID, "claim_ms": t1.Sub(t0).Milliseconds(), "shim_ms": time.Since(t1).Milliseconds()}).Info(resp.Message)
+			if now := resp.Sandbox; now != nil && now.Owner != nil {
+				if o.Claim != nil && now.Owner.ClaimRefused != "" && now.Owner.SameHolder(o) {
+					// The shim refused what the broker gave (its role, its keys).
+					a.claimNotBound(ctx, o.Holder, now.Owner.ClaimRefused)
+				}
+				o = now.Owner
+			}
 			sb.Owner = o
 		}
 		a.suspendAndResume(ctx, l, o, a.sandboxByKey(o.Sandbox.Namespace+"/"+o.Sandbox.Name))

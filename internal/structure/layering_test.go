@@ -14,7 +14,7 @@ const mod = "agentbox.dev/agentbox/"
 // files.
 var pure = []string{
 	"internal/policy", "internal/compile", "internal/tighten", "internal/netpolicy",
-	"internal/egressrec", "internal/egressev", "internal/modelapi", "internal/ocsf",
+	"internal/egressrec", "internal/egressev", "internal/modelapi", "internal/mcp", "internal/ocsf",
 	"internal/ocispec", "internal/errkind", "internal/report", "internal/checkpoint/naming",
 	"shim/sandbox",
 }

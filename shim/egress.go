@@ -27,6 +27,7 @@ import (
 	"agentbox.dev/agentbox/internal/egressrec"
 	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 	"agentbox.dev/agentbox/internal/toollink"
 )
 
@@ -159,7 +160,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	connects := audit.NewConnectIndex(sb.dnsAddr, maxGatewayConnects)
 	sb.connects = connects
 	for _, r := range pl.Allow {
-		if r.API != "" {
+		if policy.IsModelAPI(r.API) {
 			sb.links = toollink.New()
 			break
 		}

@@ -204,7 +204,7 @@ var evidencePages = map[string]bool{
 	"docs/benchmarks-history.md": true,
 }
 
-var testName = regexp.MustCompile("`(?:go test [^`]*-run )?'?(Test|Benchmark|Fuzz)[A-Z][A-Za-z0-9_*|]*")
+var testName = regexp.MustCompile("`(?:go test [^`]*-run )?'?\\^?(Test|Benchmark|Fuzz)[A-Z][A-Za-z0-9_*|]*")
 
 // TestHowToPagesNameNoTests: a test's name in a how-to page is evidence in
 // the middle of the steps; it belongs in docs/testing.md or the benchmark

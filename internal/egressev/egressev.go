@@ -69,10 +69,23 @@ type Event struct {
 	// Model is what a model host's request and response said (its rule
 	// names an API); nil otherwise.
 	Model *ModelCall
+	// MCP is what the gateway read of a request to an MCP server (its
+	// rule has api: mcp); nil otherwise.
+	MCP *MCPEvent
 	// Limit names the bound of the model budget that refused the
 	// request (model_tokens, model_requests, model_requests_per_minute),
 	// or that it could not account for (model_unaccounted).
 	Limit string
+}
+
+// MCPEvent is what the gateway read of one request to an MCP server.
+type MCPEvent struct {
+	// Calls are the tools/call it let through, by tool; Refused those it
+	// answered itself (a tool the rule does not allow).
+	Calls, Refused []string
+	// Hidden are the tools a tools/list result named that the agent did
+	// not see.
+	Hidden []string
 }
 
 // Reflection counts the replacements of one spelling in one place.

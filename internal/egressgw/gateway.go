@@ -23,6 +23,7 @@ type (
 	Event      = egressev.Event
 	Reflection = egressev.Reflection
 	ModelCall  = egressev.ModelCall
+	MCPEvent   = egressev.MCPEvent
 )
 
 const (

@@ -55,8 +55,10 @@ type exchange struct {
 	found reflections
 	// opened is set when a WebSocket's 101 was let through.
 	opened func()
-	// model reads a model host's call (nil: the rule names no API).
+	// model reads a model host's call (nil: the rule names no API); mcp
+	// an MCP server's exchange (nil: the rule is not api: mcp).
 	model *modelTap
+	mcp   *mcpTap
 	// readErr is the error that cut the site's response short, if one did.
 	readErr error
 }
@@ -179,7 +181,7 @@ func (g *Gateway) newHTTPFront(port int, terminated bool) *httpFront {
 				pr.Out.Host = net.JoinHostPort(name, p)
 			}
 			x, _ := pr.In.Context().Value(exchangeKey).(*exchange)
-			if x != nil && x.model != nil {
+			if x != nil && (x.model != nil || x.mcp != nil) {
 				// Its response is read on the way: not compressed.
 				pr.Out.Header.Del("Accept-Encoding")
 			}
@@ -262,6 +264,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			ev.Sent = body.n
 		}
 		if x != nil {
+			if x.mcp != nil {
+				ev.MCP.Hidden = x.mcp.hiddenNow()
+			}
 			if ev.Kind == Request && ev.Reason == "" {
 				ev.Reason = cutReason(x.readErr, cw.err)
 				if len(x.forms) > 0 {
@@ -351,7 +356,12 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = body
 	}
-	if api := modelapi.API(rule.API); api != "" {
+	if rule.Tools != nil && !websocket {
+		if !g.admitMCP(cw, r, rule, ev, x) {
+			return
+		}
+	}
+	if api := modelapi.API(rule.API); api.Valid() {
 		settle, ok := g.admitModel(cw, r, api, pl.Budget, pl.ModelAudit, x, ev, websocket, start)
 		if !ok {
 			return

@@ -65,6 +65,21 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		m.res = modelapi.NewResponseTap(m.call.API, res.Header.Get("Content-Type"))
 		res.Body = modelBody{body, m}
 	}
+	if m := x.mcp; m != nil && res.Body != nil && res.Body != http.NoBody {
+		// Filtered after the scrub, as the agent would read it.
+		body := res.Body
+		if len(x.forms) == 0 {
+			dec, err := decoded(res)
+			if err != nil {
+				return err
+			}
+			body = readCloser{dec, res.Body}
+		}
+		var err error
+		if res.Body, err = mcpResponse(res, body, m); err != nil {
+			return err
+		}
+	}
 	if res.Body != nil && res.Body != http.NoBody {
 		// Outermost: a body the gateway cannot decode is cut too.
 		res.Body = cutBody{res.Body, x}

@@ -45,6 +45,13 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 		if e.Proto == "https" {
 			scheme = "https"
 		}
+		if m := e.MCP; m != nil {
+			for k, v := range map[string][]string{"mcp_calls": m.Calls, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
+				if len(v) > 0 {
+					detail[k] = clean(clipList(v, 2048))
+				}
+			}
+		}
 		if e.KeyWait > 0 {
 			detail["claim_key_wait"] = e.KeyWait.Round(time.Millisecond).String()
 			if e.KeyNotGiven {
@@ -308,4 +315,14 @@ func ConnectDecision(start *netpolicy.Plan, live *atomic.Pointer[netpolicy.Plan]
 		r.Detail["egress"] = map[bool]string{true: "allow", false: "deny"}[allow]
 		r.Detail["egress_rule"] = rule
 	}
+}
+
+// clipList joins names, bounded to n bytes, saying how many there were
+// when it cut.
+func clipList(names []string, n int) string {
+	s := strings.Join(names, ", ")
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d in all)", strings.ToValidUTF8(s[:n], ""), len(names))
 }

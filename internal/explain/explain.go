@@ -274,7 +274,7 @@ func writeProfileExplanation(w io.Writer, ex Explanation) {
 		fmt.Fprintf(w, "             model budget %s (each call reserves its input's size and its output cap at the gateway; past it, the vendor's 429)\n", strings.Join(bounds, ", "))
 	}
 	for _, r := range p.Network.Allow {
-		if r.API != "" {
+		if policy.IsModelAPI(r.API) {
 			fmt.Fprintf(w, "audit:       model calls keep %s (audit.model)\n", p.Audit.Model)
 			break
 		}
@@ -351,7 +351,10 @@ func egressRules(rules []policy.EgressRule) string {
 		if r.WebSocket {
 			dst += " (websocket)"
 		}
-		if r.API != "" {
+		switch {
+		case r.API == policy.APIMCP:
+			dst += fmt.Sprintf(" (MCP server: TLS terminated, tools/call only of %v%s, other tools hidden from tools/list)", r.Tools.Allow, denied(r.Tools.Deny))
+		case r.API != "":
 			dst += fmt.Sprintf(" (model host, %s API: TLS terminated, each call recorded)", r.API)
 		}
 		parts = append(parts, dst)
@@ -365,3 +368,11 @@ const (
 	SampleSandboxDir      = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/ID"
 	SampleSandboxStateDir = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/ID"
 )
+
+// denied says what an MCP rule denies among the tools it allows.
+func denied(deny []string) string {
+	if len(deny) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" but %v", deny)
+}

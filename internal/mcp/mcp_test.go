@@ -3,6 +3,7 @@ package mcp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -156,7 +157,7 @@ func TestSSE(t *testing.T) {
 		t.Fatalf("a member twice: %v", err)
 	}
 	big := "data: " + strings.Repeat("a", MaxMessage) + "\n\n"
-	if _, err := io.ReadAll(NewSSE(strings.NewReader(big), filter)); err != ErrEventTooLarge {
+	if _, err := io.ReadAll(NewSSE(strings.NewReader(big), filter)); !errors.Is(err, ErrEventTooLarge) {
 		t.Fatalf("too large: %v", err)
 	}
 	// An event cut short at the end is still read through fn.

@@ -132,7 +132,11 @@ func narrowRules(cur, next *Plan) (live *Plan, applied, pending []string) {
 				break
 			}
 		}
-		if !covered {
+		switch {
+		case covered:
+		case toolsDiffer(n, cur.Allow):
+			pending = append(pending, n.Name+": its MCP tools differ from the running sandbox's; applies to new sandboxes")
+		default:
 			pending = append(pending, n.Name+" (loosens)")
 		}
 	}
@@ -282,3 +286,13 @@ func (pl *Plan) Equal(o *Plan) bool {
 
 // modelAuditRank orders audit.model's levels by what they keep.
 var modelAuditRank = map[string]int{policy.ModelCalls: 1, policy.ModelDigests: 2, policy.ModelContent: 3}
+
+// toolsDiffer says whether n matches a current rule but for its MCP tools.
+func toolsDiffer(n Rule, cur []Rule) bool {
+	for _, c := range cur {
+		if r, ok := intersect(c, n); ok && r.Host == n.Host && !sameTools(c.Tools, n.Tools) {
+			return true
+		}
+	}
+	return false
+}

@@ -79,6 +79,10 @@ func TestNarrow(t *testing.T) {
 			hosts: []string{"b.test [443]"}, applied: []string{"methods [POST]"}},
 		{name: "the same methods in another order", cur: plan(t, allow, withHTTP(b, []string{"GET", "POST"})), next: plan(t, allow, withHTTP(b, []string{"POST", "GET"})), same: true,
 			hosts: []string{"b.test [443]"}},
+		{name: "an MCP rule's tools changed: for new sandboxes", cur: plan(t, allow, mcpRule(b, "get_*")), next: plan(t, allow, mcpRule(b, "get_issue")), same: true,
+			hosts: []string{"b.test [443]"}, pending: []string{"its MCP tools differ from the running sandbox's"}},
+		{name: "an MCP rule unchanged", cur: plan(t, allow, mcpRule(b, "get_*")), next: plan(t, allow, mcpRule(b, "get_*")), same: true,
+			hosts: []string{"b.test [443]"}},
 		{name: "unchanged", cur: plan(t, allow, a, net8), next: plan(t, allow, a, net8), same: true,
 			hosts: []string{"a.test [80 443]"}, cidrs: []string{"10.0.0.0/8 [443]"}},
 	} {
@@ -181,5 +185,11 @@ func TestNarrowSameSecretRef(t *testing.T) {
 // withHTTP is r restricted to methods and paths.
 func withHTTP(r policy.EgressRule, methods []string, paths ...string) policy.EgressRule {
 	r.HTTP = &policy.HTTPRule{Methods: methods, Paths: paths}
+	return r
+}
+
+// mcpRule is r naming an MCP server whose tools allow are allowed.
+func mcpRule(r policy.EgressRule, allow ...string) policy.EgressRule {
+	r.API, r.Tools = policy.APIMCP, &policy.ToolsRule{Allow: allow}
 	return r
 }

@@ -8,6 +8,8 @@ package netpolicy
 import (
 	"slices"
 	"strings"
+
+	"agentbox.dev/agentbox/internal/mcp"
 )
 
 // intersectHTTP is what both rules' methods and paths allow; false when
@@ -78,7 +80,15 @@ func sorted(l []string) []string {
 	return out
 }
 
-// sameHTTP says whether two rules restrict the same methods and paths.
+// sameHTTP says whether two rules restrict the same methods and paths,
+// and the same MCP tools.
 func sameHTTP(a, b Rule) bool {
-	return slices.Equal(a.Methods, b.Methods) && slices.Equal(a.Paths, b.Paths)
+	return slices.Equal(a.Methods, b.Methods) && slices.Equal(a.Paths, b.Paths) && sameTools(a.Tools, b.Tools)
+}
+
+// sameTools says whether two MCP rules allow the same tools. A running
+// sandbox keeps its rule's tools: a version that changes them applies to
+// new sandboxes (tool patterns do not narrow by parts).
+func sameTools(a, b *mcp.Tools) bool {
+	return (a == nil) == (b == nil) && (a == nil || slices.Equal(a.Allow, b.Allow) && slices.Equal(a.Deny, b.Deny))
 }

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	"agentbox.dev/agentbox/internal/mcp"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -58,8 +59,11 @@ type Rule struct {
 	Inspect bool
 	// WebSocket: the rule's requests may upgrade to a WebSocket.
 	WebSocket bool
+	// Tools are what an api: mcp rule's MCP server may be asked (nil for
+	// any other rule).
+	Tools *mcp.Tools
 	// API is the model API the host serves ("": none): its rule is
-	// inspected and each model call recorded.
+	// inspected and each model call recorded (mcp: an MCP server's).
 	API string
 }
 
@@ -120,6 +124,9 @@ func Compile(p *policy.Profile) (*Plan, error) {
 			}
 			rule := Rule{Host: host, Ports: ports, AllowPrivate: r.AllowPrivate, WebSocket: r.WebSocket, API: r.API,
 				Name: fmt.Sprintf("allow[%d] host %s%s", i, host, suffix), Inspect: r.API != ""}
+			if r.Tools != nil {
+				rule.Tools = &mcp.Tools{Allow: sorted(r.Tools.Allow), Deny: sorted(r.Tools.Deny)}
+			}
 			if r.HTTP != nil {
 				// Sorted: two versions of a role compare by content.
 				rule.Methods, rule.Paths, rule.Inspect = sorted(r.HTTP.Methods), sorted(r.HTTP.Paths), true

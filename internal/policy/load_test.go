@@ -93,6 +93,21 @@ func TestParseProblems(t *testing.T) {
 			`secrets[1]: names both file and secretRef`,
 			`secrets[2].secretRef.namespace: "Keys" is not a namespace's name`, `secrets[2].secretRef.name: "a/b" is not a Secret's name`, `secrets[2].secretRef.key: ".." is not a Secret's key`,
 			`secrets[3].file`}},
+		{"mcp rule errors", roleHead + `spec:
+  network:
+    egress: allowlist
+    allow:
+    - {host: a.example, ports: [443], api: mcp}
+    - {host: b.example, ports: [443], api: mcp, tools: {allow: ["get issue", "a*b", ""], deny: ["x**"]}}
+    - {host: c.example, ports: [443], tools: {allow: [x]}}
+    - {host: d.example, ports: [443], api: mcp, tools: {allow: [x]}, http: {paths: [/mcp]}}
+    - {cidr: 10.0.0.0/8, tools: {allow: [x]}}
+    - {host: e.example, ports: [443], api: mcpx}
+`, []string{
+			`allow[0].tools.allow: an api: mcp rule lists the tools it allows`,
+			`allow[1].tools.allow[0]: "get issue" is not a tool's name`, `allow[1].tools.allow[1]: "a*b"`, `allow[1].tools.allow[2]: ""`, `allow[1].tools.deny[0]: "x**"`,
+			`allow[2].tools: only an api: mcp rule takes it`, `allow[3]: an api: mcp rule takes no http`, `allow[4].tools: only a host rule with api: mcp takes it`,
+			`allow[5].api: "mcpx" is not a model API this gateway reads`}},
 		{"fromClaim errors", roleHead + `spec:
   network: {egress: allowlist, allow: [{host: a.example, ports: [443]}, {host: b.example, ports: [443]}]}
   credentials:

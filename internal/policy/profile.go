@@ -350,7 +350,7 @@ func (p *Profile) compileLimits(li Limits) []error {
 		}
 		apis := false
 		for _, r := range p.Network.Allow {
-			apis = apis || r.API != ""
+			apis = apis || IsModelAPI(r.API)
 		}
 		if !apis {
 			errs = append(errs, ferr("limits.model", "no host rule names a model API (api:): the gateway would count no call"))

@@ -177,8 +177,26 @@ type EgressRule struct {
 	// them) or gemini. The gateway then inspects the rule and records each
 	// model call: the model, its tokens, why it stopped and the tool calls
 	// it asked for.
-	// +kubebuilder:validation:Enum=anthropic;openai;gemini
+	//
+	// api: mcp names a remote MCP server (the streamable HTTP transport,
+	// and the older SSE one) instead: the gateway inspects the rule and
+	// passes tools/call only of the tools it allows (tools), answering
+	// any other with a JSON-RPC error, and lists only those.
+	// +kubebuilder:validation:Enum=anthropic;openai;gemini;mcp
 	API string `yaml:"api,omitempty" json:"api,omitempty"`
+	// Tools are the tools an api: mcp rule allows (required there, and
+	// only there).
+	Tools *ToolsRule `yaml:"tools,omitempty" json:"tools,omitempty"`
+}
+
+// APIMCP is the api of a rule that names a remote MCP server.
+const APIMCP = "mcp"
+
+// ToolsRule is what tools of an MCP server a rule allows: names, or
+// prefixes ending in '*'. Deny wins over allow.
+type ToolsRule struct {
+	Allow []string `yaml:"allow" json:"allow"`
+	Deny  []string `yaml:"deny,omitempty" json:"deny,omitempty"`
 }
 
 // HTTPRule is what requests a host rule lets through. Empty lists allow

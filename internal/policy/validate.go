@@ -133,9 +133,10 @@ func checkEgressRule(field string, r EgressRule) []error {
 		if r.HTTP != nil {
 			errs = append(errs, checkHTTP(field+".http", *r.HTTP)...)
 		}
-		if r.API != "" && !modelapi.API(r.API).Valid() {
-			errs = append(errs, ferr(field+".api", "%q is not a model API this gateway reads (%v)", r.API, modelapi.APIs))
+		if r.API != "" && r.API != APIMCP && !modelapi.API(r.API).Valid() {
+			errs = append(errs, ferr(field+".api", "%q is not a model API this gateway reads (%v), nor mcp", r.API, modelapi.APIs))
 		}
+		errs = append(errs, checkTools(field, r)...)
 	default:
 		if r.HTTP != nil {
 			errs = append(errs, ferr(field+".http", "only a host rule takes it: the gateway decides requests by name"))
@@ -145,6 +146,9 @@ func checkEgressRule(field string, r EgressRule) []error {
 		}
 		if r.API != "" {
 			errs = append(errs, ferr(field+".api", "only a host rule takes it: model calls are read at the gateway, which a CIDR rule's connections do not pass"))
+		}
+		if r.Tools != nil {
+			errs = append(errs, ferr(field+".tools", "only a host rule with api: mcp takes it"))
 		}
 		if r.WebSocket {
 			errs = append(errs, ferr(field+".websocket", "only a host rule takes it: the gateway decides upgrades by name, and a CIDR rule's connections do not pass it"))
@@ -246,3 +250,37 @@ var knownCapabilities = func() map[string]bool {
 	}
 	return m
 }()
+
+// toolRE is a tool's name or a prefix of one ending in '*': printable,
+// no space, '*' only at the end.
+var toolRE = regexp.MustCompile(`^[^\s*\x00-\x1f\x7f]{1,128}\*?$|^\*$`)
+
+// checkTools names what is wrong with a host rule's tools: an api: mcp
+// rule lists the tools it allows, and only such a rule has tools.
+func checkTools(field string, r EgressRule) []error {
+	switch {
+	case r.API == APIMCP && (r.Tools == nil || len(r.Tools.Allow) == 0):
+		return []error{ferr(field+".tools.allow", "an api: mcp rule lists the tools it allows (\"*\" for every tool): with none, every tools/call would be refused")}
+	case r.API != APIMCP && r.Tools != nil:
+		return []error{ferr(field+".tools", "only an api: mcp rule takes it")}
+	case r.Tools == nil:
+		return nil
+	case r.HTTP != nil || r.WebSocket:
+		return []error{ferr(field, "an api: mcp rule takes no http or websocket: the gateway reads its JSON-RPC")}
+	}
+	var errs []error
+	for _, l := range []struct {
+		name string
+		pats []string
+	}{{"allow", r.Tools.Allow}, {"deny", r.Tools.Deny}} {
+		for i, p := range l.pats {
+			if !toolRE.MatchString(p) {
+				errs = append(errs, ferr(fmt.Sprintf("%s.tools.%s[%d]", field, l.name, i), "%q is not a tool's name or a prefix ending in '*'", p))
+			}
+		}
+	}
+	return errs
+}
+
+// IsModelAPI says whether a host rule's api names a model API (not mcp).
+func IsModelAPI(api string) bool { return modelapi.API(api).Valid() }

@@ -1,0 +1,181 @@
+package egressgw
+
+// A remote MCP server's requests (a host rule with api: mcp): the
+// client's JSON-RPC is read whole before it goes, and a tools/call of a
+// tool the rule does not allow, or a method beyond the protocol's own, is
+// answered by the gateway with a JSON-RPC error the client shows: it never
+// reaches the server. The server's answers (JSON, or server-sent events as
+// they pass) keep only the allowed tools in a tools/list result.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"agentbox.dev/agentbox/internal/mcp"
+	"agentbox.dev/agentbox/internal/netpolicy"
+)
+
+// mcpTap is what the gateway read of one exchange with an MCP server.
+type mcpTap struct {
+	tools mcp.Tools
+	mu    sync.Mutex
+	// hidden are the tools a response's tools/list named and the agent
+	// did not see.
+	hidden []string
+}
+
+func (m *mcpTap) hide(names []string) {
+	m.mu.Lock()
+	m.hidden = append(m.hidden, names...)
+	m.mu.Unlock()
+}
+
+// hiddenNow are the tools hidden so far.
+func (m *mcpTap) hiddenNow() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hidden
+}
+
+// admitMCP reads a request to an MCP server and decides it by the rule's
+// tools (who: the role's rule, for the refusal). Refused, the agent has
+// the JSON-RPC errors and ok is false.
+func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.Rule, ev *Event, x *exchange) (ok bool) {
+	x.mcp = &mcpTap{tools: *rule.Tools}
+	ev.MCP = &MCPEvent{}
+	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+		// A GET opens the server's stream (filtered as it passes); a
+		// DELETE ends the session.
+		return true
+	}
+	raw, err := io.ReadAll(io.LimitReader(r.Body, mcp.MaxMessage+1))
+	switch {
+	case errors.Is(err, errSlowBody):
+		ev.Kind, ev.Reason = Refused, errSlowBody.Error()
+		http.Error(cw, "agentbox egress gateway: "+err.Error(), http.StatusRequestTimeout)
+		return false
+	case err != nil:
+		return mcpRefuse(cw, ev, http.StatusBadRequest, nil, "the request body could not be read: "+err.Error())
+	case len(raw) > mcp.MaxMessage:
+		return mcpRefuse(cw, ev, http.StatusRequestEntityTooLarge, nil, fmt.Sprintf("an MCP message over %d bytes is not read, so not sent", mcp.MaxMessage))
+	}
+	msgs, batch, err := mcp.Parse(raw)
+	if err != nil {
+		return mcpRefuse(cw, ev, http.StatusBadRequest, nil, "not an MCP message the gateway reads ("+err.Error()+"): not sent")
+	}
+	calls, refused := mcp.Decide(rule.Name, x.mcp.tools, msgs)
+	for _, c := range calls {
+		ev.MCP.Calls = append(ev.MCP.Calls, c.Tool)
+	}
+	if len(refused) == 0 {
+		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(raw)), int64(len(raw)), nil
+		r.Header.Set("Content-Length", strconv.Itoa(len(raw)))
+		return true
+	}
+	var reasons []string
+	for _, f := range refused {
+		reasons = append(reasons, f.Reason)
+		if f.Tool != "" {
+			ev.MCP.Refused = append(ev.MCP.Refused, f.Tool)
+		}
+	}
+	// A message refused refuses its batch: the others are answered too,
+	// not sent (the batch goes whole or not at all).
+	var answers []json.RawMessage
+	for _, m := range msgs {
+		if !m.IsRequest() {
+			continue
+		}
+		why := "not sent: another message of its batch was refused"
+		for _, f := range refused {
+			if bytes.Equal(f.ID, m.ID) && f.Method == m.Method {
+				why = f.Reason
+			}
+		}
+		answers = append(answers, mcp.ErrorFor(mcp.Refusal{ID: m.ID, Reason: why}))
+	}
+	return mcpRefuse(cw, ev, http.StatusOK, mcpBody(answers, batch), strings.Join(reasons, "; "))
+}
+
+// mcpBody is the answers as one message or a batch (nil: none, for
+// notifications).
+func mcpBody(answers []json.RawMessage, batch bool) []byte {
+	switch {
+	case len(answers) == 0:
+		return nil
+	case !batch && len(answers) == 1:
+		return answers[0]
+	}
+	b, _ := json.Marshal(answers)
+	return b
+}
+
+// mcpRefuse answers a refused MCP request: with its JSON-RPC errors
+// (status 200, as a server answers them), else a plain HTTP error.
+func mcpRefuse(cw *countingWriter, ev *Event, status int, body []byte, why string) bool {
+	ev.Kind, ev.Reason = Refused, "mcp: "+why
+	switch {
+	case body != nil:
+		cw.Header().Set("Content-Type", "application/json")
+		cw.WriteHeader(status)
+		cw.Write(body)
+	case status == http.StatusOK:
+		// Only notifications: accepted, and not sent.
+		cw.WriteHeader(http.StatusAccepted)
+	default:
+		http.Error(cw, "agentbox egress gateway: "+why, status)
+	}
+	return false
+}
+
+// mcpResponse filters what an MCP server answers: a JSON body read whole
+// (bounded), server-sent events as they pass.
+func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadCloser, error) {
+	ct, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
+	switch ct {
+	case "text/event-stream":
+		return readCloser{mcp.NewSSE(body, func(event string, data []byte) ([]byte, error) {
+			if event == "endpoint" {
+				// The older SSE transport's URL for the client's POSTs
+				// (to this host: the same rule decides them).
+				return data, nil
+			}
+			out, hidden, err := mcp.FilterBody(m.tools, data)
+			if err != nil {
+				return nil, fmt.Errorf("the MCP server sent an event the gateway does not read (%v): the stream is cut", err)
+			}
+			m.hide(hidden)
+			return out, nil
+		}), body}, nil
+	case "application/json":
+		raw, err := io.ReadAll(io.LimitReader(body, mcp.MaxMessage+1))
+		if err != nil {
+			return nil, err
+		}
+		if len(raw) > mcp.MaxMessage {
+			return nil, fmt.Errorf("the MCP server's answer is over %d bytes: not read, so not passed", mcp.MaxMessage)
+		}
+		if len(bytes.TrimSpace(raw)) > 0 {
+			out, hidden, err := mcp.FilterBody(m.tools, raw)
+			if err != nil {
+				return nil, fmt.Errorf("the MCP server's answer is not one the gateway reads (%v): not passed", err)
+			}
+			m.hide(hidden)
+			raw = out
+		}
+		res.ContentLength = int64(len(raw))
+		res.Header.Set("Content-Length", strconv.Itoa(len(raw)))
+		res.Header.Del("Transfer-Encoding")
+		return readCloser{bytes.NewReader(raw), body}, nil
+	}
+	// Nothing a client reads as JSON-RPC (an empty 202, a plain error).
+	return body, nil
+}

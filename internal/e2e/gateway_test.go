@@ -133,7 +133,7 @@ func startWebHost() error {
 		}
 	}
 	w := &webHost{sites: map[string]int{}, from: map[string]int{}, auth: map[string][]string{}}
-	cert, caPEM, err := webCert(append([]string{gwAllowA, gwAllowB, gwOther}, modelHosts...)...)
+	cert, caPEM, err := webCert(append([]string{gwAllowA, gwAllowB, gwOther, gwMCP}, modelHosts...)...)
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func startWebHost() error {
 			}
 		}
 		w.mu.Unlock()
-		if originEdge(rw, r) || serveBilled(rw, r) || serveModel(rw, r) {
+		if originEdge(rw, r) || serveBilled(rw, r) || serveModel(rw, r) || mcpServer.serve(rw, r) {
 			return
 		}
 		io.Copy(io.Discard, r.Body)

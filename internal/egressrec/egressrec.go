@@ -36,6 +36,13 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 	if e.Status != 0 {
 		detail["http_status"] = fmt.Sprint(e.Status)
 	}
+	if m := e.MCP; m != nil {
+		for k, v := range map[string][]string{"mcp_calls": m.Calls, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
+			if len(v) > 0 {
+				detail[k] = clean(clipList(v, 2048))
+			}
+		}
+	}
 	var typ audit.RecordType
 	status, msg := "Success", ""
 	switch e.Kind {
@@ -44,13 +51,6 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 		scheme := "http"
 		if e.Proto == "https" {
 			scheme = "https"
-		}
-		if m := e.MCP; m != nil {
-			for k, v := range map[string][]string{"mcp_calls": m.Calls, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
-				if len(v) > 0 {
-					detail[k] = clean(clipList(v, 2048))
-				}
-			}
 		}
 		if e.KeyWait > 0 {
 			detail["claim_key_wait"] = e.KeyWait.Round(time.Millisecond).String()

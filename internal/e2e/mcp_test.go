@@ -1,0 +1,163 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// gwMCP is the scripted MCP server's name on the suite's web host.
+const gwMCP = "mcp.gw.e2e.test"
+
+// scriptedMCP is a remote MCP server of the project's own (the streamable
+// HTTP transport) on the web host: it offers four tools, answers each
+// tools/call with what it did, and remembers every message it received and
+// the credential it came with.
+type scriptedMCP struct {
+	mu   sync.Mutex
+	seen []string // "METHOD TOOL AUTH"
+}
+
+var mcpServer = &scriptedMCP{}
+
+// mcpTools are the tools the server lists.
+const mcpTools = `{"tools":[{"name":"search_issues","inputSchema":{"type":"object"}},{"name":"get_issue","inputSchema":{"type":"object"}},` +
+	`{"name":"get_secret","inputSchema":{"type":"object"}},{"name":"delete_repo","description":"deletes the repository","inputSchema":{"type":"object"}}]}`
+
+func (s *scriptedMCP) serve(w http.ResponseWriter, r *http.Request) bool {
+	if !strings.HasPrefix(r.Host, gwMCP) || r.URL.Path != "/mcp" {
+		return false
+	}
+	b, _ := io.ReadAll(r.Body)
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params struct {
+			Name string `json:"name"`
+		} `json:"params"`
+	}
+	json.Unmarshal(b, &m)
+	s.mu.Lock()
+	s.seen = append(s.seen, strings.TrimSpace(fmt.Sprintf("%s %s %s", m.Method, m.Params.Name, r.Header.Get("Authorization"))))
+	s.mu.Unlock()
+	w.Header().Set("Mcp-Session-Id", r.Header.Get("Mcp-Session-Id"))
+	result := fmt.Sprintf(`{"content":[{"type":"text","text":"did %s"}]}`, m.Params.Name)
+	if m.Method == "tools/list" {
+		result = mcpTools
+	}
+	msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") && !strings.Contains(r.Header.Get("Accept"), "application/json") {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "event: message\ndata: %s\n\n", msg)
+		return true
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, msg)
+	return true
+}
+
+// received are the messages the server got since n.
+func (s *scriptedMCP) received(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen[n:]...)
+}
+
+func (s *scriptedMCP) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.seen)
+}
+
+// TestMCPGateway: from inside gVisor, curl (glibc) speaks MCP's streamable
+// HTTP to a remote server under an api: mcp rule. tools/list, as JSON and
+// as server-sent events, names only the allowed tools; a tools/call of an
+// allowed tool reaches the server with the key the gateway injects (the
+// sandbox holds a placeholder); a tool the list hid, a denied tool, another
+// method and a message with its tool named twice are answered by the
+// gateway with a JSON-RPC error and never reach the server. The trail
+// records each.
+func TestMCPGateway(t *testing.T) {
+	requireEnv(t)
+	requireRealAgentImage(t)
+	before := mcpServer.count()
+	p := newPodIn(t, "mcp", "e2e-mcp", map[string]string{"agentbox.dev/role": "e2e-mcp"})
+	rpc := func(label, accept, body string) string {
+		return gwStep(label, fmt.Sprintf(`curl -sS -X POST -H 'Content-Type: application/json' -H 'Accept: %s' -H 'Mcp-Session-Id: s-1' -H 'Mcp-Protocol-Version: 2025-06-18' -H "Authorization: Bearer $MCP_TOKEN" --data '%s' https://%s/mcp`, accept, body, gwMCP))
+	}
+	call := func(id int, tool string) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s","arguments":{"q":"x"}}}`, id, tool)
+	}
+	both := "application/json, text/event-stream"
+	script := strings.Join([]string{
+		gwStep("token", `case "$MCP_TOKEN" in agentbox-placeholder-*) echo placeholder;; *) echo "not a placeholder";; esac`),
+		rpc("list-json", "application/json", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`),
+		rpc("list-events", "text/event-stream", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`),
+		rpc("call-allowed", both, call(3, "get_issue")),
+		rpc("call-hidden", both, call(4, "delete_repo")),
+		rpc("call-denied", both, call(5, "get_secret")),
+		rpc("resources", both, `{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}`),
+		rpc("name-twice", both, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"search_issues","name":"delete_repo"}}`),
+		"echo probes-done", "sleep 600",
+	}, "; ")
+	id := p.containerWith(t, "c", map[string]any{
+		"image":   map[string]any{"image": realAgentImage},
+		"command": []string{"bash", "-c", script},
+	})
+	logs := waitLogs(t, id, "probes-done")
+	lines := stepLines(logs.stdout)
+	expect := func(step, want string) { t.Helper(); expectStep(t, lines, step, want, false) }
+	expect("token", "placeholder")
+	for _, step := range []string{"list-json", "list-events"} {
+		expect(step, `"name":"search_issues"`)
+		expect(step, `"name":"get_issue"`)
+		if strings.Contains(lines[step], "delete_repo") || strings.Contains(lines[step], "get_secret") {
+			t.Errorf("%s: the agent saw a tool the rule does not allow: %s", step, lines[step])
+		}
+	}
+	expect("list-events", "event: message data: {")
+	expect("call-allowed", "did get_issue")
+	expect("call-hidden", `"code":-32001`)
+	expect("call-hidden", "agentbox: tool delete_repo is not allowed by allow[0] host "+gwMCP)
+	expect("call-denied", "agentbox: tool get_secret is not allowed")
+	expect("resources", "agentbox: method resources/read is not allowed")
+	expect("name-twice", `member "name" twice`)
+	if t.Failed() {
+		t.Fatalf("pod output:\n%s\nstderr:\n%s", logs.stdout, logs.stderr)
+	}
+	// What the server received: the two lists and the allowed call, each
+	// with the injected key; nothing else.
+	got := mcpServer.received(before)
+	key := "Bearer " + secretValue
+	want := []string{"tools/list  " + key, "tools/list  " + key, "tools/call get_issue " + key}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("the MCP server received %q, want %q", got, want)
+	}
+	p.remove()
+	found := map[string]bool{}
+	for _, r := range readTrail(t, p.id) {
+		d := r.Detail
+		switch {
+		case r.Event == "agentbox/egress_request" && d["mcp_calls"] == "get_issue" && d["injected"] == "Authorization":
+			found["call"] = true
+		case r.Event == "agentbox/egress_request" && d["mcp_hidden"] == "get_secret, delete_repo":
+			found["hidden"] = true
+		case r.Event == "agentbox/egress_refused" && d["mcp_refused"] == "delete_repo":
+			found["refused"] = true
+		}
+		if strings.Contains(fmt.Sprint(r), secretValue) {
+			t.Errorf("a record holds the key: %s", r.Event)
+		}
+	}
+	for _, k := range []string{"call", "hidden", "refused"} {
+		if !found[k] {
+			t.Errorf("trail: no record for %s", k)
+		}
+	}
+}

@@ -11,9 +11,10 @@
 # latency (idle, and under an audit flood), checkpoint and restore (idle and 200 MiB, and a
 # Python agent's pod start from its role's template vs cold vs runc), and, on the
 # hack/kube.sh cluster, agent-sandbox's SandboxClaim to the agent answering an exec (a warm
-# pool, a cold agentbox Sandbox, a cold runc one), and model calls through a model host rule vs
-# passthrough (time to first byte, each streamed event's delay, throughput, the shim's
-# PSS). Prints medians and ratios; also writes them
+# pool, one whose claims bind a role and a key, a cold agentbox Sandbox, a cold runc one), model
+# calls through a model host rule vs passthrough (time to first byte, each streamed event's
+# delay, throughput, the shim's PSS), and an MCP tools/call through an api: mcp rule vs
+# passthrough (JSON, a streamed answer's first event). Prints medians and ratios; also writes them
 # to _output/bench-start.txt.
 #   AGENTBOX_BENCH_ROUNDS=30 AGENTBOX_BENCH_CRI_ROUNDS=15 hack/bench.sh
 #

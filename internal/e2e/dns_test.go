@@ -113,7 +113,7 @@ func startDNSServers(d *daemon) error {
 		dnsRebind + ".":    netip.MustParseAddr(egress.metadata),
 		dnsPrivate + ".":   other,
 	}
-	for _, n := range append([]string{gwAllowA, gwAllowB, gwOther, gwMCP}, modelHosts...) {
+	for _, n := range append([]string{gwAllowA, gwAllowB, gwOther, gwMCP, gwMCPPass}, modelHosts...) {
 		answers[n+"."] = netip.MustParseAddr(webAddr)
 	}
 	// The gateway edges' names (edges_test.go): one whose address moves

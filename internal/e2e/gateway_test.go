@@ -133,7 +133,7 @@ func startWebHost() error {
 		}
 	}
 	w := &webHost{sites: map[string]int{}, from: map[string]int{}, auth: map[string][]string{}}
-	cert, caPEM, err := webCert(append([]string{gwAllowA, gwAllowB, gwOther, gwMCP}, modelHosts...)...)
+	cert, caPEM, err := webCert(append([]string{gwAllowA, gwAllowB, gwOther, gwMCP, gwMCPPass}, modelHosts...)...)
 	if err != nil {
 		return err
 	}

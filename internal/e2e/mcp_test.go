@@ -10,10 +10,16 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
-// gwMCP is the scripted MCP server's name on the suite's web host.
-const gwMCP = "mcp.gw.e2e.test"
+// gwMCP is the scripted MCP server's name on the suite's web host;
+// gwMCPPass the same server under another name, passed through (the
+// benchmark's reference).
+const (
+	gwMCP     = "mcp.gw.e2e.test"
+	gwMCPPass = "mcp-pass.gw.e2e.test"
+)
 
 // scriptedMCP is a remote MCP server of the project's own (the streamable
 // HTTP transport) on the web host: it offers four tools, answers each
@@ -31,7 +37,7 @@ const mcpTools = `{"tools":[{"name":"search_issues","inputSchema":{"type":"objec
 	`{"name":"get_secret","inputSchema":{"type":"object"}},{"name":"delete_repo","description":"deletes the repository","inputSchema":{"type":"object"}}]}`
 
 func (s *scriptedMCP) serve(w http.ResponseWriter, r *http.Request) bool {
-	if !strings.HasPrefix(r.Host, gwMCP) || r.URL.Path != "/mcp" {
+	if !strings.HasPrefix(r.Host, gwMCP) && !strings.HasPrefix(r.Host, gwMCPPass) || r.URL.Path != "/mcp" {
 		return false
 	}
 	b, _ := io.ReadAll(r.Body)
@@ -54,6 +60,12 @@ func (s *scriptedMCP) serve(w http.ResponseWriter, r *http.Request) bool {
 	msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") && !strings.Contains(r.Header.Get("Accept"), "application/json") {
 		w.Header().Set("Content-Type", "text/event-stream")
+		if m.Method == "tools/call" {
+			// A streamed result: progress first, the result 20 ms on.
+			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":%d}}\n\n", time.Now().UnixNano())
+			http.NewResponseController(w).Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
 		fmt.Fprintf(w, "event: message\ndata: %s\n\n", msg)
 		return true
 	}

@@ -54,6 +54,10 @@ func (s *scriptedMCP) serve(w http.ResponseWriter, r *http.Request) bool {
 	s.mu.Unlock()
 	w.Header().Set("Mcp-Session-Id", r.Header.Get("Mcp-Session-Id"))
 	result := fmt.Sprintf(`{"content":[{"type":"text","text":"did %s"}]}`, m.Params.Name)
+	if m.Params.Name == "search_issues" {
+		// An origin that echoes its credential into a tool's result.
+		result = fmt.Sprintf(`{"content":[{"type":"text","text":"searched with %s"}]}`, r.Header.Get("Authorization"))
+	}
 	if m.Method == "tools/list" {
 		result = mcpTools
 	}
@@ -112,6 +116,7 @@ func TestMCPGateway(t *testing.T) {
 		rpc("list-json", "application/json", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`),
 		rpc("list-events", "text/event-stream", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`),
 		rpc("call-allowed", both, call(3, "get_issue")),
+		rpc("call-echo", both, call(8, "search_issues")),
 		rpc("call-hidden", both, call(4, "delete_repo")),
 		rpc("call-denied", both, call(5, "get_secret")),
 		rpc("resources", both, `{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}`),
@@ -135,6 +140,9 @@ func TestMCPGateway(t *testing.T) {
 	}
 	expect("list-events", "event: message data: {")
 	expect("call-allowed", "did get_issue")
+	// The server echoed the key into the result: the agent reads its
+	// placeholder there.
+	expect("call-echo", "searched with Bearer agentbox-placeholder-")
 	expect("call-hidden", `"code":-32001`)
 	expect("call-hidden", "agentbox: tool delete_repo is not allowed by allow[0] host "+gwMCP)
 	expect("call-denied", "agentbox: tool get_secret is not allowed")
@@ -147,7 +155,7 @@ func TestMCPGateway(t *testing.T) {
 	// with the injected key; nothing else.
 	got := mcpServer.received(before)
 	key := "Bearer " + secretValue
-	want := []string{"tools/list  " + key, "tools/list  " + key, "tools/call get_issue " + key}
+	want := []string{"tools/list  " + key, "tools/list  " + key, "tools/call get_issue " + key, "tools/call search_issues " + key}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("the MCP server received %q, want %q", got, want)
 	}

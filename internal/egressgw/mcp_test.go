@@ -42,7 +42,18 @@ func TestMCPTools(t *testing.T) {
 	var seen []string // what the server received, by method and tool
 	list := `{"tools":[{"name":"search_issues"},{"name":"delete_repo"},{"name":"get_issue"},{"name":"get_secret"}]}`
 	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path != "/mcp" {
+		switch {
+		case r.URL.Path == "/.well-known/oauth-protected-resource":
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"resource":"https://a.test/mcp","authorization_servers":["https://a.test"]}`)
+			return true
+		case r.URL.Path == "/mcp" && r.Header.Get("Authorization") == "Bearer expired":
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("WWW-Authenticate", `Bearer resource_metadata="https://a.test/.well-known/oauth-protected-resource"`)
+			w.WriteHeader(401)
+			io.WriteString(w, `{"error":"invalid_token"}`)
+			return true
+		case r.URL.Path != "/mcp":
 			return false
 		}
 		if r.Header.Get("Mcp-Session-Id") != "s-1" || r.Header.Get("Mcp-Protocol-Version") != "2025-06-18" {
@@ -75,6 +86,23 @@ func TestMCPTools(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Certificate())
+	raw := func(req string) (int, string) {
+		t.Helper()
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(15 * time.Second))
+		tc := tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
+		io.WriteString(tc, req)
+		resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
 	post := func(body, accept string) (int, string) {
 		t.Helper()
 		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
@@ -161,6 +189,17 @@ func TestMCPTools(t *testing.T) {
 			}
 		})
 	}
+	// What is not an answer to JSON-RPC passes as it is: OAuth's
+	// discovery (a client told 401 looks there) and an HTTP error.
+	if status, body := raw("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: a.test\r\n\r\n"); status != 200 || !strings.Contains(body, `"authorization_servers"`) {
+		t.Errorf("OAuth metadata: %d %q", status, body)
+	}
+	f.event(t)
+	req := `{"jsonrpc":"2.0","id":9,"method":"tools/list"}`
+	if status, body := raw(fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: a.test\r\nAuthorization: Bearer expired\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(req), req)); status != 401 || body != `{"error":"invalid_token"}` {
+		t.Errorf("a 401: %d %q", status, body)
+	}
+	f.event(t)
 	for _, s := range seen {
 		if strings.Contains(s, "delete_repo") || strings.Contains(s, "get_secret") || strings.Contains(s, "resources/") {
 			t.Fatalf("the server received %q", s)

@@ -26,7 +26,9 @@ import (
 // mcpTap is what the gateway read of one exchange with an MCP server.
 type mcpTap struct {
 	tools mcp.Tools
-	mu    sync.Mutex
+	// rpc: the request carried JSON-RPC, so a JSON answer is one too.
+	rpc bool
+	mu  sync.Mutex
 	// hidden are the tools a response's tools/list named and the agent
 	// did not see.
 	hidden []string
@@ -71,6 +73,7 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 	if err != nil {
 		return mcpRefuse(cw, ev, http.StatusBadRequest, nil, "not an MCP message the gateway reads ("+err.Error()+"): not sent")
 	}
+	x.mcp.rpc = true
 	calls, refused := mcp.Decide(rule.Name, x.mcp.tools, msgs)
 	for _, c := range calls {
 		ev.MCP.Calls = append(ev.MCP.Calls, c.Tool)
@@ -156,6 +159,11 @@ func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadClos
 			return out, nil
 		}), body}, nil
 	case "application/json":
+		if !m.rpc || res.StatusCode/100 != 2 {
+			// Not an answer to JSON-RPC (an OAuth metadata document, an
+			// HTTP error): the client reads no tools from it.
+			return body, nil
+		}
 		raw, err := io.ReadAll(io.LimitReader(body, mcp.MaxMessage+1))
 		if err != nil {
 			return nil, err

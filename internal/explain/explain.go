@@ -352,7 +352,7 @@ func egressRules(rules []policy.EgressRule) string {
 			dst += " (websocket)"
 		}
 		switch {
-		case r.API == policy.APIMCP:
+		case r.API == policy.APIMCP && r.Tools != nil:
 			dst += fmt.Sprintf(" (MCP server: TLS terminated, tools/call only of %v%s, other tools hidden from tools/list)", r.Tools.Allow, denied(r.Tools.Deny))
 		case r.API != "":
 			dst += fmt.Sprintf(" (model host, %s API: TLS terminated, each call recorded)", r.API)

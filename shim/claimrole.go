@@ -125,15 +125,7 @@ func (s *service) applyClaimRole(ctx context.Context, sb *sandboxState, rc *role
 	detail["claim_role_digest"] = rc.next.Digest
 	if c := rc.change; c.Tightens() {
 		start := time.Now()
-		_, err := s.loadLive(sb, c.Plan)
-		if err == nil && c.Resources != nil {
-			err = s.updateLimits(ctx, sb, c.Resources)
-		}
-		if err != nil {
-			fallback, ferr := s.failClosed(ctx, sb)
-			if ferr != nil {
-				fallback += " (" + ferr.Error() + ")"
-			}
+		if _, fallback, err := s.takeChange(ctx, sb, c); err != nil {
 			return fmt.Errorf("role %s: its rules could not be loaded (%w): the sandbox was %s", rc.next.Role, err, fallback)
 		}
 		detail["claim_role_applied"] = strings.Join(c.Applied, "; ")

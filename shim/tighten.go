@@ -106,16 +106,9 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 		return
 	}
 	start := time.Now()
-	closed, err := s.loadLive(sb, change.Plan)
-	if err == nil && change.Resources != nil {
-		err = s.updateLimits(ctx, sb, change.Resources)
-	}
+	closed, fallback, err := s.takeChange(ctx, sb, change)
 	if err != nil {
-		fallback, ferr := s.failClosed(ctx, sb)
 		detail["error"], detail["fallback"] = err.Error(), fallback
-		if ferr != nil {
-			detail["fallback_error"] = ferr.Error()
-		}
 		sb.audit.trail.Emit(audit.TypePolicyTightened.New("Failure",
 			fmt.Sprintf("role %s tightened, and its rules could not be loaded (%v): the sandbox was %s instead", next.Role, err, fallback), detail), true)
 		return
@@ -128,6 +121,25 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 	sb.audit.trail.Emit(audit.TypePolicyTightened.New("Success",
 		fmt.Sprintf("role %s tightened to %s: %s", next.Role, policy.ShortDigest(next.Digest), detail["applied"]), detail), true)
 	log.G(ctx).WithField("policy_digest", next.Digest).Infof("agentbox: role tightened live: %s", detail["applied"])
+}
+
+// takeChange loads what a change tightens (its egress, its lower cgroup
+// limits); if that fails, the sandbox fails closed, and fallback says how
+// (frozen, stopped, and why neither when neither). It says how many
+// gateway connections it closed.
+func (s *service) takeChange(ctx context.Context, sb *sandboxState, c tighten.Change) (closed int, fallback string, err error) {
+	closed, err = s.loadLive(sb, c.Plan)
+	if err == nil && c.Resources != nil {
+		err = s.updateLimits(ctx, sb, c.Resources)
+	}
+	if err == nil {
+		return closed, "", nil
+	}
+	fallback, ferr := s.failClosed(ctx, sb)
+	if ferr != nil {
+		fallback += " (" + ferr.Error() + ")"
+	}
+	return closed, fallback, err
 }
 
 // loadLive makes pl the sandbox's egress: the resolver and gateway decide

@@ -86,7 +86,7 @@ func TestMCPTools(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Certificate())
-	raw := func(req string) (int, string) {
+	raw := func(req string) (int, string, http.Header) {
 		t.Helper()
 		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
 		if err != nil {
@@ -101,27 +101,15 @@ func TestMCPTools(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return resp.StatusCode, string(b), resp.Header
 	}
 	post := func(body, accept string) (int, string) {
 		t.Helper()
-		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
-		if err != nil {
-			t.Fatal(err)
+		status, b, h := raw(fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: a.test\r\nMcp-Session-Id: s-1\r\nMcp-Protocol-Version: 2025-06-18\r\nAccept: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", accept, len(body), body))
+		if status == 200 && h.Get("Mcp-Session-Id") != "s-1" && !strings.Contains(b, "agentbox:") {
+			t.Errorf("the session header did not come back: %v", h)
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(15 * time.Second))
-		tc := tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
-		fmt.Fprintf(tc, "POST /mcp HTTP/1.1\r\nHost: a.test\r\nMcp-Session-Id: s-1\r\nMcp-Protocol-Version: 2025-06-18\r\nAccept: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", accept, len(body), body)
-		resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode == 200 && resp.Header.Get("Mcp-Session-Id") != "s-1" && !strings.Contains(string(b), "agentbox:") {
-			t.Errorf("the session header did not come back: %v", resp.Header)
-		}
-		return resp.StatusCode, string(b)
+		return status, b
 	}
 	call := func(id int, tool string) string {
 		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":{"q":"x"}}}`, id, tool)
@@ -191,12 +179,12 @@ func TestMCPTools(t *testing.T) {
 	}
 	// What is not an answer to JSON-RPC passes as it is: OAuth's
 	// discovery (a client told 401 looks there) and an HTTP error.
-	if status, body := raw("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: a.test\r\n\r\n"); status != 200 || !strings.Contains(body, `"authorization_servers"`) {
+	if status, body, _ := raw("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: a.test\r\n\r\n"); status != 200 || !strings.Contains(body, `"authorization_servers"`) {
 		t.Errorf("OAuth metadata: %d %q", status, body)
 	}
 	f.event(t)
 	req := `{"jsonrpc":"2.0","id":9,"method":"tools/list"}`
-	if status, body := raw(fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: a.test\r\nAuthorization: Bearer expired\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(req), req)); status != 401 || body != `{"error":"invalid_token"}` {
+	if status, body, _ := raw(fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: a.test\r\nAuthorization: Bearer expired\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(req), req)); status != 401 || body != `{"error":"invalid_token"}` {
 		t.Errorf("a 401: %d %q", status, body)
 	}
 	f.event(t)

@@ -54,29 +54,20 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 	if m := x.model; m != nil && res.Body != nil {
 		// Read after the scrub: a secret echoed in a tool call's input
 		// is the placeholder there too.
-		body := res.Body
-		if len(x.forms) == 0 {
-			dec, err := decoded(res)
-			if err != nil {
-				return err
-			}
-			body = readCloser{dec, res.Body}
+		body, err := plainBody(res, x)
+		if err != nil {
+			return err
 		}
 		m.res = modelapi.NewResponseTap(m.call.API, res.Header.Get("Content-Type"))
 		res.Body = modelBody{body, m}
 	}
 	if m := x.mcp; m != nil && res.Body != nil && res.Body != http.NoBody {
 		// Filtered after the scrub, as the agent would read it.
-		body := res.Body
-		if len(x.forms) == 0 {
-			dec, err := decoded(res)
-			if err != nil {
-				return err
-			}
-			body = readCloser{dec, res.Body}
+		body, err := plainBody(res, x)
+		if err == nil {
+			res.Body, err = mcpResponse(res, body, m)
 		}
-		var err error
-		if res.Body, err = mcpResponse(res, body, m); err != nil {
+		if err != nil {
 			return err
 		}
 	}
@@ -85,6 +76,19 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		res.Body = cutBody{res.Body, x}
 	}
 	return nil
+}
+
+// plainBody is res's body without its content codings: the scrub
+// decoded it already, when one runs.
+func plainBody(res *http.Response, x *exchange) (io.ReadCloser, error) {
+	if len(x.forms) > 0 {
+		return res.Body, nil
+	}
+	dec, err := decoded(res)
+	if err != nil {
+		return nil, err
+	}
+	return readCloser{dec, res.Body}, nil
 }
 
 // maxCodings bounds the content codings of a response the gateway

@@ -273,6 +273,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	if gw := sb.egress().gateway; gw != nil {
 		u := gw.ModelUsage()
 		m.ModelTokens, m.ModelRequests = u.Tokens, u.Requests
+		m.MCPCalls = gw.MCPUsage()
 	}
 	digest, err := store.Commit(tmp, m)
 	if err != nil {

@@ -215,6 +215,7 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 	if r := sb.restore; r != nil && !r.template {
 		// The budget goes on from what the checkpointed agent had used.
 		gw.SetModelUsage(egressgw.ModelUsage{Tokens: r.image.Manifest.ModelTokens, Requests: r.image.Manifest.ModelRequests})
+		gw.SetMCPUsage(r.image.Manifest.MCPCalls)
 	}
 	sb.egressMu.Lock()
 	sb.gateway, sb.ca, sb.gatewayPlan = gw, ca, pl

@@ -89,6 +89,9 @@ type Manifest struct {
 	// its model budget (limits.model): a restored agent goes on from them.
 	ModelTokens   int64 `json:"modelTokens,omitempty"`
 	ModelRequests int64 `json:"modelRequests,omitempty"`
+	// MCPCalls are the tools/call it had made, by "HOST" and "HOST TOOL"
+	// (limits.mcp): a restored agent goes on from them.
+	MCPCalls map[string]int64 `json:"mcpCalls,omitempty"`
 	// Suspended: the sandbox was stopped after the checkpoint.
 	Suspended bool `json:"suspended"`
 	// SandboxObject and SandboxUID name the agent-sandbox Sandbox the pod

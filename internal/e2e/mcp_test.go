@@ -117,6 +117,7 @@ func TestMCPGateway(t *testing.T) {
 		rpc("list-events", "text/event-stream", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`),
 		rpc("call-allowed", both, call(3, "get_issue")),
 		rpc("call-echo", both, call(8, "search_issues")),
+		rpc("call-over-budget", both, call(9, "get_issue")),
 		rpc("call-hidden", both, call(4, "delete_repo")),
 		rpc("call-denied", both, call(5, "get_secret")),
 		rpc("resources", both, `{"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}`),
@@ -143,6 +144,7 @@ func TestMCPGateway(t *testing.T) {
 	// The server echoed the key into the result: the agent reads its
 	// placeholder there.
 	expect("call-echo", "searched with Bearer agentbox-placeholder-")
+	expect("call-over-budget", "agentbox: the sandbox's MCP budget for tool get_issue on "+gwMCP+" is spent: 1 of 1 calls (limits.mcp.tools.get_issue)")
 	expect("call-hidden", `"code":-32001`)
 	expect("call-hidden", "agentbox: tool delete_repo is not allowed by allow[0] host "+gwMCP)
 	expect("call-denied", "agentbox: tool get_secret is not allowed")

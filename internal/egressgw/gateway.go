@@ -132,8 +132,10 @@ type Gateway struct {
 	// hosts whose key is awaited (HoldFor, hold.go).
 	secrets atomic.Pointer[[]Secret]
 	hold    atomic.Pointer[holdState]
-	// usage counts the model calls against the plan's budget.
-	usage usage
+	// usage counts the model calls against the plan's budget; mcpUsed
+	// the MCP calls.
+	usage   usage
+	mcpUsed mcpUsage
 }
 
 // raw is the secret a response is scanned for.

@@ -357,7 +357,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		r.Body = body
 	}
 	if rule.Tools != nil && !websocket {
-		if !g.admitMCP(cw, r, rule, ev, x) {
+		if !g.admitMCP(cw, r, rule, pl.MCPBudget, name, ev, x) {
 			return
 		}
 	}

@@ -32,7 +32,7 @@ func TestMCPTools(t *testing.T) {
 	f := newFixtureWith(t, true, Config{CA: ca}, func(port int) netpolicy.Plan {
 		pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
 			{Host: "a.test", Ports: []int{port}, API: policy.APIMCP, Tools: &policy.ToolsRule{Allow: []string{"search_issues", "get_*"}, Deny: []string{"get_secret"}}},
-		}}})
+		}}, Limits: policy.LimitsProfile{MCP: policy.MCPBudget{Tools: map[string]int64{"get_issue": 1}}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,6 +131,9 @@ func TestMCPTools(t *testing.T) {
 			want: []string{"search_issues", "get_issue"}, notWant: []string{"delete_repo", "get_secret"}, detail: map[string]string{"mcp_hidden": "delete_repo, get_secret"}},
 		{name: "tools/list as events", body: `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`, accept: "text/event-stream", status: 200,
 			want: []string{"notifications/progress", "id: 1\n", "search_issues"}, notWant: []string{"delete_repo"}, detail: map[string]string{"mcp_hidden": "delete_repo, get_secret"}},
+		{name: "get_issue, once", body: call(10, "get_issue"), status: 200, want: []string{"did get_issue"}, detail: map[string]string{"mcp_calls": "get_issue"}},
+		{name: "get_issue past its budget", body: call(11, "get_issue"), status: 200, refused: true,
+			want: []string{"the sandbox's MCP budget for tool get_issue on a.test is spent: 1 of 1 calls (limits.mcp.tools.get_issue)"}, detail: map[string]string{"mcp_refused": "get_issue"}},
 		{name: "a batch with one refused goes nowhere", body: "[" + call(8, "search_issues") + "," + call(9, "delete_repo") + "]", status: 200, refused: true,
 			want: []string{`"id":8`, "not sent: another message of its batch was refused", `"id":9`, "tool delete_repo is not allowed"}},
 	} {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/mcp"
 	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // mcpTap is what the gateway read of one exchange with an MCP server.
@@ -50,7 +52,7 @@ func (m *mcpTap) hiddenNow() []string {
 // admitMCP reads a request to an MCP server and decides it by the rule's
 // tools (who: the role's rule, for the refusal). Refused, the agent has
 // the JSON-RPC errors and ok is false.
-func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.Rule, ev *Event, x *exchange) (ok bool) {
+func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.Rule, budget policy.MCPBudget, name string, ev *Event, x *exchange) (ok bool) {
 	x.mcp = &mcpTap{tools: *rule.Tools}
 	ev.MCP = &MCPEvent{}
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
@@ -77,6 +79,13 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 	calls, refused := mcp.Decide(rule.Name, x.mcp.tools, msgs)
 	for _, c := range calls {
 		ev.MCP.Calls = append(ev.MCP.Calls, c.Tool)
+	}
+	if len(refused) == 0 {
+		if why := g.mcpUsed.take(budget, name, calls); why != "" {
+			for _, c := range calls {
+				refused = append(refused, mcp.Refusal{ID: c.ID, Method: "tools/call", Tool: c.Tool, Reason: why})
+			}
+		}
 	}
 	if len(refused) == 0 {
 		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(raw)), int64(len(raw)), nil
@@ -186,4 +195,56 @@ func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadClos
 	}
 	// Nothing a client reads as JSON-RPC (an empty 202, a plain error).
 	return body, nil
+}
+
+// mcpUsage counts a sandbox's tools/call, by server and by server and
+// tool ("HOST" and "HOST TOOL"), against its role's limits.mcp.
+type mcpUsage struct {
+	mu   sync.Mutex
+	used map[string]int64
+}
+
+// take counts calls to host, or says which bound they would pass (and
+// counts none).
+func (u *mcpUsage) take(b policy.MCPBudget, host string, calls []mcp.Call) string {
+	if b.Calls == 0 && len(b.Tools) == 0 || len(calls) == 0 {
+		return ""
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.used == nil {
+		u.used = map[string]int64{}
+	}
+	if b.Calls > 0 && u.used[host]+int64(len(calls)) > b.Calls {
+		return fmt.Sprintf("the sandbox's MCP budget for %s is spent: %d of %d calls (limits.mcp.calls)", host, u.used[host], b.Calls)
+	}
+	per := map[string]int64{}
+	for _, c := range calls {
+		per[c.Tool]++
+	}
+	for tool, n := range per {
+		if bound, ok := b.Tools[tool]; ok && u.used[host+" "+tool]+n > bound {
+			return fmt.Sprintf("the sandbox's MCP budget for tool %s on %s is spent: %d of %d calls (limits.mcp.tools.%s)", clipName(tool), host, u.used[host+" "+tool], bound, clipName(tool))
+		}
+	}
+	u.used[host] += int64(len(calls))
+	for tool, n := range per {
+		u.used[host+" "+tool] += n
+	}
+	return ""
+}
+
+// MCPUsage is what the sandbox's MCP calls used, by "HOST" and "HOST
+// TOOL" (a checkpoint keeps it).
+func (g *Gateway) MCPUsage() map[string]int64 {
+	g.mcpUsed.mu.Lock()
+	defer g.mcpUsed.mu.Unlock()
+	return maps.Clone(g.mcpUsed.used)
+}
+
+// SetMCPUsage starts the count from what a checkpointed sandbox had used.
+func (g *Gateway) SetMCPUsage(used map[string]int64) {
+	g.mcpUsed.mu.Lock()
+	defer g.mcpUsed.mu.Unlock()
+	g.mcpUsed.used = maps.Clone(used)
 }

@@ -8,6 +8,8 @@ package explain
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -272,6 +274,16 @@ func writeProfileExplanation(w io.Writer, ex Explanation) {
 			bounds = append(bounds, fmt.Sprintf("an output cap of %d set on a call naming none", b.MaxOutput))
 		}
 		fmt.Fprintf(w, "             model budget %s (each call reserves its input's size and its output cap at the gateway; past it, the vendor's 429)\n", strings.Join(bounds, ", "))
+	}
+	if b := p.Limits.MCP; b.Calls > 0 || len(b.Tools) > 0 {
+		var bounds []string
+		if b.Calls > 0 {
+			bounds = append(bounds, fmt.Sprintf("%d tools/call", b.Calls))
+		}
+		for _, t := range slices.Sorted(maps.Keys(b.Tools)) {
+			bounds = append(bounds, fmt.Sprintf("%d of %s", b.Tools[t], t))
+		}
+		fmt.Fprintf(w, "             MCP budget, on each server: %s (past it, a JSON-RPC error)\n", strings.Join(bounds, ", "))
 	}
 	for _, r := range p.Network.Allow {
 		if policy.IsModelAPI(r.API) {

@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"agentbox.dev/agentbox/internal/policy"
@@ -21,6 +22,8 @@ func Narrow(cur, next *Plan) (live *Plan, applied, pending []string) {
 	if live != cur {
 		var a, p []string
 		live.Budget, a, p = narrowBudget(cur.Budget, next.Budget)
+		applied, pending = append(applied, a...), append(pending, p...)
+		live.MCPBudget, a, p = narrowMCPBudget(cur.MCPBudget, next.MCPBudget)
 		applied, pending = append(applied, a...), append(pending, p...)
 		// What a running sandbox's model calls record stays as it began
 		// (a change is for new sandboxes); recording less loosens.
@@ -273,7 +276,7 @@ func describeRule(r Rule) string {
 // Equal says whether two plans enforce the same.
 func (pl *Plan) Equal(o *Plan) bool {
 	if pl.Enforced != o.Enforced || pl.DefaultAccept != o.DefaultAccept || pl.Resolver != o.Resolver || pl.Budget != o.Budget || pl.ModelAudit != o.ModelAudit ||
-		!slices.Equal(pl.Denied, o.Denied) || len(pl.Allow) != len(o.Allow) || !slices.Equal(pl.Injects, o.Injects) {
+		!pl.MCPBudget.Equal(o.MCPBudget) || !slices.Equal(pl.Denied, o.Denied) || len(pl.Allow) != len(o.Allow) || !slices.EqualFunc(pl.Injects, o.Injects, Inject.Same) {
 		return false
 	}
 	for i := range pl.Allow {
@@ -295,4 +298,38 @@ func toolsDiffer(n Rule, cur []Rule) bool {
 		}
 	}
 	return false
+}
+
+// narrowMCPBudget is the tighter of two MCP budgets, bound by bound: a
+// lower bound applies at once, a higher one or none is pending.
+func narrowMCPBudget(cur, next policy.MCPBudget) (policy.MCPBudget, []string, []string) {
+	var applied, pending []string
+	out := policy.MCPBudget{Calls: cur.Calls, Tools: maps.Clone(cur.Tools)}
+	one := func(name string, c, n int64, set func(int64)) {
+		switch {
+		case n == c:
+		case n > 0 && (c == 0 || n < c):
+			set(n)
+			applied = append(applied, fmt.Sprintf("MCP %s bounded to %d", name, n))
+		default:
+			pending = append(pending, fmt.Sprintf("MCP %s bound %s (loosens)", name, map[bool]string{true: "removed", false: fmt.Sprint("raised to ", n)}[n == 0]))
+		}
+	}
+	one("calls", cur.Calls, next.Calls, func(n int64) { out.Calls = n })
+	names := slices.Sorted(maps.Keys(cur.Tools))
+	for t := range next.Tools {
+		if _, ok := cur.Tools[t]; !ok {
+			names = append(names, t)
+		}
+	}
+	slices.Sort(names)
+	for _, t := range slices.Compact(names) {
+		one("calls of "+t, cur.Tools[t], next.Tools[t], func(n int64) {
+			if out.Tools == nil {
+				out.Tools = map[string]int64{}
+			}
+			out.Tools[t] = n
+		})
+	}
+	return out, applied, pending
 }

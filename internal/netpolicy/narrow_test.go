@@ -193,3 +193,22 @@ func mcpRule(r policy.EgressRule, allow ...string) policy.EgressRule {
 	r.API, r.Tools = policy.APIMCP, &policy.ToolsRule{Allow: allow}
 	return r
 }
+
+// An MCP budget narrows bound by bound, per tool too.
+func TestNarrowMCPBudget(t *testing.T) {
+	cur := &Plan{Enforced: true, Resolver: true, MCPBudget: policy.MCPBudget{Calls: 100, Tools: map[string]int64{"delete_issue": 2, "search": 10}}}
+	next := &Plan{Enforced: true, Resolver: true, MCPBudget: policy.MCPBudget{Calls: 50, Tools: map[string]int64{"delete_issue": 1, "get": 5}}}
+	live, applied, pending := Narrow(cur, next)
+	if want := (policy.MCPBudget{Calls: 50, Tools: map[string]int64{"delete_issue": 1, "search": 10, "get": 5}}); !live.MCPBudget.Equal(want) {
+		t.Fatalf("live %+v", live.MCPBudget)
+	}
+	if want := []string{"MCP calls bounded to 50", "MCP calls of delete_issue bounded to 1", "MCP calls of get bounded to 5"}; !slices.Equal(applied, want) {
+		t.Errorf("applied %q, want %q", applied, want)
+	}
+	if want := []string{"MCP calls of search bound removed (loosens)"}; !slices.Equal(pending, want) {
+		t.Errorf("pending %q, want %q", pending, want)
+	}
+	if cur.MCPBudget.Tools["delete_issue"] != 2 {
+		t.Error("the current plan's budget changed")
+	}
+}

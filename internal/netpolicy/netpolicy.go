@@ -87,6 +87,9 @@ type Plan struct {
 	// Budget bounds the sandbox's calls to model hosts (the role's
 	// limits.model), counted by the gateway.
 	Budget policy.ModelBudget
+	// MCPBudget bounds the sandbox's calls to each MCP server (the role's
+	// limits.mcp), counted by the gateway.
+	MCPBudget policy.MCPBudget
 	// ModelAudit is what a model call's record keeps (the role's
 	// audit.model): policy.ModelCalls, ModelDigests or ModelContent.
 	ModelAudit string
@@ -108,7 +111,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	default:
 		return nil, fmt.Errorf("egress %q", p.Network.Egress)
 	}
-	pl.Budget, pl.ModelAudit = p.Limits.Model, p.Audit.Model
+	pl.Budget, pl.MCPBudget, pl.ModelAudit = p.Limits.Model, p.Limits.MCP, p.Audit.Model
 	named := map[netip.Addr]bool{}
 	for i, r := range p.Network.Allow {
 		ports := append([]int(nil), r.Ports...)

@@ -112,6 +112,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		pick(&m.OpenFiles, c.OpenFiles)
 		pick(&m.WallClock, c.WallClock)
 		pick(&m.Model, c.Model)
+		pick(&m.MCP, c.MCP)
 		out.Limits = &m
 	}
 	pick(&out.Template, child.Template)

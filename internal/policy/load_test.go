@@ -108,6 +108,14 @@ func TestParseProblems(t *testing.T) {
 			`allow[1].tools.allow[0]: "get issue" is not a tool's name`, `allow[1].tools.allow[1]: "a*b"`, `allow[1].tools.allow[2]: ""`, `allow[1].tools.deny[0]: "x**"`,
 			`allow[2].tools: only an api: mcp rule takes it`, `allow[3]: an api: mcp rule takes no http`, `allow[4].tools: only a host rule with api: mcp takes it`,
 			`allow[5].api: "mcpx" is not a model API this gateway reads`}},
+		{"mcp budget errors", roleHead + `spec:
+  network:
+    egress: allowlist
+    allow: [{host: a.example, ports: [443], api: mcp, tools: {allow: ["*"]}}]
+  limits:
+    mcp: {calls: 0, tools: {"get*": 2, ok: 0}}
+`, []string{`limits.mcp.calls: 0 is not a bound`, `limits.mcp.tools.get*: "get*" is not a tool's name`, `limits.mcp.tools.ok: 0 is not a bound`}},
+		{"mcp budget without a server", roleHead + "spec:\n  limits:\n    mcp: {}\n", []string{`limits.mcp: bounds nothing`, `limits.mcp: no host rule names an MCP server`}},
 		{"fromClaim errors", roleHead + `spec:
   network: {egress: allowlist, allow: [{host: a.example, ports: [443]}, {host: b.example, ports: [443]}]}
   credentials:

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -101,9 +103,21 @@ type LimitsProfile struct {
 	CPUTimeSeconds int64         `json:"cpuTimeSeconds"`
 	OpenFiles      int           `json:"openFiles"`
 	WallClock      time.Duration `json:"wallClockNanos"`
-	// Model bounds the sandbox's model calls (zero: none).
+	// Model bounds the sandbox's model calls (zero: none); MCP its calls to
+	// each MCP server.
 	Model ModelBudget `json:"model"`
+	MCP   MCPBudget   `json:"mcp"`
 }
+
+// MCPBudget bounds a sandbox's tools/call to each MCP server; 0 (or no
+// entry) means no bound.
+type MCPBudget struct {
+	Calls int64            `json:"calls,omitempty"`
+	Tools map[string]int64 `json:"tools,omitempty"`
+}
+
+// Equal says whether b and c bound the same.
+func (b MCPBudget) Equal(c MCPBudget) bool { return b.Calls == c.Calls && maps.Equal(b.Tools, c.Tools) }
 
 // ModelBudget bounds a sandbox's model calls; 0 means no bound.
 type ModelBudget struct {
@@ -355,6 +369,36 @@ func (p *Profile) compileLimits(li Limits) []error {
 		if !apis {
 			errs = append(errs, ferr("limits.model", "no host rule names a model API (api:): the gateway would count no call"))
 		}
+	}
+	return append(errs, p.compileMCPLimits(li.MCP)...)
+}
+
+// compileMCPLimits fills the profile's MCP budget.
+func (p *Profile) compileMCPLimits(m *MCPLimits) []error {
+	if m == nil {
+		return nil
+	}
+	var errs []error
+	if m.Calls != nil {
+		if p.Limits.MCP.Calls = *m.Calls; *m.Calls < 1 {
+			errs = append(errs, ferr("limits.mcp.calls", "%d is not a bound (at least 1; leave it out for none)", *m.Calls))
+		}
+	}
+	for name, n := range m.Tools {
+		field := "limits.mcp.tools." + name
+		switch {
+		case !toolRE.MatchString(name) || strings.HasSuffix(name, "*"):
+			errs = append(errs, ferr(field, "%q is not a tool's name", name))
+		case n < 1:
+			errs = append(errs, ferr(field, "%d is not a bound (at least 1; leave it out for none)", n))
+		}
+	}
+	p.Limits.MCP.Tools = maps.Clone(m.Tools)
+	if m.Calls == nil && len(m.Tools) == 0 {
+		errs = append(errs, ferr("limits.mcp", "bounds nothing: set calls or tools"))
+	}
+	if !slices.ContainsFunc(p.Network.Allow, func(r EgressRule) bool { return r.API == APIMCP }) {
+		errs = append(errs, ferr("limits.mcp", "no host rule names an MCP server (api: mcp): the gateway would count no call"))
 	}
 	return errs
 }

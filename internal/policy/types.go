@@ -340,6 +340,20 @@ type Limits struct {
 	// bound, the gateway answers the client as the vendor does when a
 	// quota is spent (429), and records it.
 	Model *ModelLimits `yaml:"model,omitempty" json:"model,omitempty"`
+	// MCP bounds the sandbox's tools/call to each remote MCP server (each
+	// api: mcp rule's host), counted by the gateway. Past a bound, the
+	// call gets a JSON-RPC error and never reaches the server.
+	MCP *MCPLimits `yaml:"mcp,omitempty" json:"mcp,omitempty"`
+}
+
+// MCPLimits bounds a sandbox's MCP calls, on each server (unset: no
+// bound).
+type MCPLimits struct {
+	// Calls bounds the tools/call to one server.
+	// +kubebuilder:validation:Minimum=1
+	Calls *int64 `yaml:"calls,omitempty" json:"calls,omitempty"`
+	// Tools bounds the calls of a tool, by its exact name, on one server.
+	Tools map[string]int64 `yaml:"tools,omitempty" json:"tools,omitempty"`
 }
 
 // ModelLimits bounds a sandbox's model calls (unset: no bound).

@@ -199,6 +199,9 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 			for _, r := range egressrec.Reflected(e, scrub) {
 				connects.Emit(r, emit)
 			}
+			for _, r := range egressrec.MCPCalls(e, scrub) {
+				connects.Emit(r, emit)
+			}
 		},
 	})
 	// A key its claim gives: requests for it wait for the claim.

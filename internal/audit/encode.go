@@ -238,6 +238,12 @@ func (r *Record) appendOCSF(b []byte) []byte {
 			e.b = append(e.b, b...)
 		}
 	}
+	if r.MCP != nil {
+		if b, err := json.Marshal(r.MCP); err == nil {
+			e.key("mcp")
+			e.b = append(e.b, b...)
+		}
+	}
 	e.b = appendMap(e.b, "counts", r.Counts, func(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) })
 	e.b = appendMap(e.b, "detail", r.Detail, appendString)
 	e.close()

@@ -44,6 +44,13 @@ func sampleRecords() []*Record {
 		// One that got no answer: no tokens, no model named.
 		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "Model Call", Status: "Success", Event: "agentbox/model_call",
 			Detail: map[string]string{"host": "api.openai.com"}, Model: &ModelCall{API: "openai", Problem: "no response"}, Sandbox: "sb"},
+		// An MCP call, answered with an error; and one with no session,
+		// never answered.
+		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "MCP Call", Status: "Success", Event: "agentbox/mcp_call",
+			Detail: map[string]string{"host": "mcp.example.com", "method": "POST"}, Sandbox: "sb",
+			MCP: &MCPCall{Server: "mcp.example.com", Tool: "get_issue", Arguments: `{"n":1}`, Session: "s-1", Application: "codex_exec/0.169.0", Answered: true, ResultBytes: 88, IsError: true}},
+		{at: at, ClassUID: ClassHTTP, ClassName: "HTTP Activity", ActivityID: 99, ActivityName: "MCP Call", Status: "Failure", Event: "agentbox/mcp_call",
+			Detail: map[string]string{"host": "mcp.example.com", "method": "POST"}, Sandbox: "sb", MCP: &MCPCall{Server: "mcp.example.com", Tool: "search"}},
 	}
 }
 

@@ -179,6 +179,21 @@ func (r *Record) encodeClass(e *enc) {
 			}
 			e.close()
 		}
+		if m := r.MCP; m != nil {
+			// The ai_operation profile's message context: a tool's call.
+			e.open("message_context")
+			e.int("ai_role_id", 3)
+			e.str("ai_role", "Tool")
+			e.open("application")
+			e.str("name", orUnknown(m.Application))
+			e.close()
+			e.open("service")
+			e.str("name", orUnknown(m.Server))
+			e.close()
+			e.str("name", orUnknown(m.Tool))
+			e.optStr("uid", m.Session)
+			e.close()
+		}
 	case ClassAuthorizeSession:
 		e.open("user")
 		e.str("uid", r.agentUID())

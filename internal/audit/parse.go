@@ -73,6 +73,7 @@ type wireRecord struct {
 		Counts       map[string]uint64 `json:"counts"`
 		Detail       map[string]string `json:"detail"`
 		Model        *ModelCall        `json:"model"`
+		MCP          *MCPCall          `json:"mcp"`
 	} `json:"unmapped"`
 	Attestations []wireAttestation `json:"attestation_list"`
 }
@@ -198,6 +199,7 @@ func ParseLine(line []byte) (*Record, error) {
 			}
 		}
 	}
+	r.MCP = u.MCP
 	return r, nil
 }
 

@@ -101,6 +101,8 @@ type Record struct {
 	// Model is a model call's (agentbox/model_call): OCSF's ai_operation
 	// profile carries the model and the tokens, the rest is unmapped.
 	Model *ModelCall `json:"model,omitempty"`
+	// MCP is a tools/call to a remote MCP server (agentbox/mcp_call).
+	MCP *MCPCall `json:"mcp,omitempty"`
 	// Severity is an OCSF severity_id (0 is Informational).
 	Severity int `json:"severity_id,omitempty"`
 
@@ -243,6 +245,26 @@ func (c *Chain) Commit(hash string) {
 func (c *Chain) Seq() uint64 { return c.seq }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// MCPCall is a tools/call the egress gateway passed to a remote MCP
+// server, and what came back. The server, the client and the tool go to
+// OCSF's message_context (the ai_operation profile), the session as its
+// uid; the rest, under unmapped.mcp.
+type MCPCall struct {
+	Server string `json:"server"`
+	Tool   string `json:"tool"`
+	// Arguments are the call's arguments, scrubbed like argv and
+	// bounded.
+	Arguments   string `json:"arguments,omitempty"`
+	Session     string `json:"session,omitempty"`
+	Application string `json:"application,omitempty"`
+	// Answered: a result or an error came back for the call; ResultBytes
+	// is the result's size, IsError whether it was an error (a JSON-RPC
+	// error, or a result with isError).
+	Answered    bool  `json:"answered"`
+	ResultBytes int64 `json:"result_bytes"`
+	IsError     bool  `json:"is_error"`
+}
 
 // ModelCall is what the egress gateway read of a call to a model host.
 // Name, Provider, Application and the token counts go to OCSF's ai_model

@@ -52,6 +52,7 @@ var (
 	TypeDNSWithheld      = RecordType{"agentbox/dns_address_withheld", ClassDNS, 2, "Response", low, "an answered address a rule may not open (private, node, cluster)"}
 	TypeEgressRequest    = RecordType{"agentbox/egress_request", ClassHTTP, 99, "Egress Request", info, "an HTTP request the egress gateway allowed by its Host and forwarded: host, method, path (query values scrubbed), status, bytes, duration, rule"}
 	TypeModelLimit       = RecordType{"agentbox/model_limit", ClassHTTP, 99, "Model Limit", medium, "a call to a model host the role's model budget (limits.model) refused: which bound and why; the client got the vendor's own 429 answer"}
+	TypeMCPCall          = RecordType{"agentbox/mcp_call", ClassHTTP, 99, "MCP Call", info, "a tools/call the egress gateway passed to a remote MCP server (a host rule with api: mcp), and what came back (OCSF ai_operation's message_context, the tool as its name and the session as its uid): the server, the tool, its arguments scrubbed like argv and bounded, the client, whether it was answered, the result's size and whether it was an error"}
 	TypeModelCall        = RecordType{"agentbox/model_call", ClassHTTP, 99, "Model Call", info, "a request to a model host (a host rule with api:), forwarded as an egress request is, with what the gateway read of it (OCSF ai_operation): the model and its provider, the prompt, completion and total tokens the response counted, the stop reason, the time to the first byte, the tool calls the model asked for (inputs scrubbed and bounded), the client (User-Agent) and the request body's digest"}
 	TypeEgressConnection = RecordType{"agentbox/egress_connection", ClassNetwork, 6, "Traffic", info, "a TLS connection the egress gateway allowed by its SNI and spliced: SNI, address dialled, bytes, duration, rule"}
 	TypeEgressRefused    = RecordType{"agentbox/egress_refused", ClassNetwork, 5, "Refuse", low, "a connection or request the egress gateway refused, with the reason (the name, no SNI, neither TLS nor HTTP, a failed lookup)"}
@@ -90,7 +91,7 @@ var Catalog = []RecordType{
 	TypeRoleResolved, TypeRefused, TypeEgressApplied, TypeProfileApplied, TypeSandboxFailed,
 	TypeContainerCreated, TypeContainerFailed, TypeContainerStart, TypeExec, TypeExecRefused, TypeExecStart,
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
-	TypeEgressRequest, TypeModelCall, TypeModelLimit, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
+	TypeEgressRequest, TypeModelCall, TypeMCPCall, TypeModelLimit, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
 	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointShared, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeOwner, TypeSecretRotated, TypeGap, TypeSandboxEnd,
 }

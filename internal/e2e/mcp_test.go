@@ -172,12 +172,25 @@ func TestMCPGateway(t *testing.T) {
 			found["hidden"] = true
 		case r.Event == "agentbox/egress_refused" && d["mcp_refused"] == "delete_repo":
 			found["refused"] = true
+		case r.Event == "agentbox/mcp_call" && r.MCP != nil && r.MCP.Tool == "get_issue":
+			// One record per call, with what came back, joined to the
+			// process that made it.
+			if m := r.MCP; m.Server != gwMCP || m.Arguments != `{"q":"x"}` || m.Session != "s-1" || !m.Answered || m.IsError || m.ResultBytes == 0 ||
+				!strings.HasPrefix(m.Application, "curl/") || r.Process == nil || r.Process.Name != "curl" {
+				t.Errorf("the call's record: %+v, process %+v", m, r.Process)
+			}
+			found["mcp_call"] = true
+		case r.Event == "agentbox/mcp_call" && r.MCP != nil && r.MCP.Tool == "search_issues":
+			if strings.Contains(r.MCP.Arguments+r.Message, secretValue) {
+				t.Errorf("the call's record holds the key: %+v", r.MCP)
+			}
+			found["mcp_call_echo"] = true
 		}
 		if strings.Contains(fmt.Sprint(r), secretValue) {
 			t.Errorf("a record holds the key: %s", r.Event)
 		}
 	}
-	for _, k := range []string{"call", "hidden", "refused"} {
+	for _, k := range []string{"call", "hidden", "refused", "mcp_call", "mcp_call_echo"} {
 		if !found[k] {
 			t.Errorf("trail: no record for %s", k)
 		}

@@ -62,6 +62,8 @@ type record struct {
 	// warm pool holding it.
 	Claim    *audit.Claim `json:"claim"`
 	WarmPool string       `json:"warm_pool"`
+	// MCP is an agentbox/mcp_call's call.
+	MCP *audit.MCPCall `json:"mcp"`
 	// Model is a model call's record, as far as the budget tests read it.
 	Model *struct {
 		Requested string `json:"requested_model"`

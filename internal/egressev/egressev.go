@@ -86,6 +86,23 @@ type MCPEvent struct {
 	// Hidden are the tools a tools/list result named that the agent did
 	// not see.
 	Hidden []string
+	// Each is every call let through, with what came back; Session and
+	// Application are the request's Mcp-Session-Id and User-Agent.
+	Each                 []MCPCallDone
+	Session, Application string
+}
+
+// MCPCallDone is one tools/call the gateway let through.
+type MCPCallDone struct {
+	Tool string
+	// Arguments are as the agent sent them (the record scrubs and bounds
+	// them).
+	Arguments string
+	// Answered: a result or an error came back for it (ResultBytes its
+	// size; IsError a JSON-RPC error, or a result with isError).
+	Answered    bool
+	ResultBytes int64
+	IsError     bool
 }
 
 // Reflection counts the replacements of one spelling in one place.

@@ -19,11 +19,12 @@ import (
 // The gateway's records are egressev's: a record builder reads them
 // without importing the gateway.
 type (
-	Kind       = egressev.Kind
-	Event      = egressev.Event
-	Reflection = egressev.Reflection
-	ModelCall  = egressev.ModelCall
-	MCPEvent   = egressev.MCPEvent
+	Kind        = egressev.Kind
+	Event       = egressev.Event
+	Reflection  = egressev.Reflection
+	ModelCall   = egressev.ModelCall
+	MCPEvent    = egressev.MCPEvent
+	MCPCallDone = egressev.MCPCallDone
 )
 
 const (

@@ -163,6 +163,11 @@ func TestMCPTools(t *testing.T) {
 			if (e.Kind == Refused) != tc.refused {
 				t.Errorf("event kind %v (%s)", e.Kind, e.Reason)
 			}
+			if tc.name == "an allowed tool" {
+				if each := e.MCP.Each; len(each) != 1 || each[0].Tool != "search_issues" || each[0].Arguments != `{"q":"x"}` || !each[0].Answered || each[0].IsError || each[0].ResultBytes == 0 || e.MCP.Session != "s-1" {
+					t.Errorf("the call as recorded: %+v", e.MCP)
+				}
+			}
 			mu.Lock()
 			reached := len(seen) > before
 			mu.Unlock()

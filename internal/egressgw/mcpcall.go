@@ -16,6 +16,7 @@ import (
 	"maps"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,9 @@ type mcpTap struct {
 	// hidden are the tools a response's tools/list named and the agent
 	// did not see.
 	hidden []string
+	// calls are the calls let through, byID their index by JSON-RPC id.
+	calls []MCPCallDone
+	byID  map[string]int
 }
 
 func (m *mcpTap) hide(names []string) {
@@ -47,6 +51,25 @@ func (m *mcpTap) hiddenNow() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.hidden
+}
+
+// answered notes what came back for the calls let through.
+func (m *mcpTap) answered(answers []mcp.Answer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, a := range answers {
+		if i, ok := m.byID[string(a.ID)]; ok {
+			c := &m.calls[i]
+			c.Answered, c.ResultBytes, c.IsError = true, a.Bytes, a.IsError
+		}
+	}
+}
+
+// callsNow are the calls let through, with what came back so far.
+func (m *mcpTap) callsNow() []MCPCallDone {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.calls)
 }
 
 // admitMCP reads a request to an MCP server and decides it by the rule's
@@ -88,6 +111,12 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 		}
 	}
 	if len(refused) == 0 {
+		x.mcp.byID = map[string]int{}
+		for i, c := range calls {
+			x.mcp.calls = append(x.mcp.calls, MCPCallDone{Tool: c.Tool, Arguments: string(c.Arguments)})
+			x.mcp.byID[string(c.ID)] = i
+		}
+		ev.MCP.Session, ev.MCP.Application = clipName(r.Header.Get("Mcp-Session-Id")), clipName(r.Header.Get("User-Agent"))
 		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(raw)), int64(len(raw)), nil
 		r.Header.Set("Content-Length", strconv.Itoa(len(raw)))
 		return true
@@ -160,11 +189,12 @@ func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadClos
 				// (to this host: the same rule decides them).
 				return data, nil
 			}
-			out, hidden, err := mcp.FilterBody(m.tools, data)
+			out, hidden, answers, err := mcp.FilterAnswers(m.tools, data)
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server sent an event the gateway does not read (%v): the stream is cut", err)
 			}
 			m.hide(hidden)
+			m.answered(answers)
 			return out, nil
 		}), body}, nil
 	case "application/json":
@@ -181,11 +211,12 @@ func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadClos
 			return nil, fmt.Errorf("the MCP server's answer is over %d bytes: not read, so not passed", mcp.MaxMessage)
 		}
 		if len(bytes.TrimSpace(raw)) > 0 {
-			out, hidden, err := mcp.FilterBody(m.tools, raw)
+			out, hidden, answers, err := mcp.FilterAnswers(m.tools, raw)
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server's answer is not one the gateway reads (%v): not passed", err)
 			}
 			m.hide(hidden)
+			m.answered(answers)
 			raw = out
 		}
 		res.ContentLength = int64(len(raw))

@@ -214,6 +214,40 @@ func Reflected(e egressev.Event, scrub *audit.RoleScrubber) []*audit.Record {
 	return out
 }
 
+// maxMCPArguments bounds a call's arguments in its record.
+const maxMCPArguments = 1024
+
+// MCPCalls are one record per tools/call the gateway let through to an
+// MCP server, with what came back. The arguments come from the sandbox:
+// scrubbed like argv, and bounded.
+func MCPCalls(e egressev.Event, scrub *audit.RoleScrubber) []*audit.Record {
+	if e.MCP == nil {
+		return nil
+	}
+	var out []*audit.Record
+	for _, c := range e.MCP.Each {
+		args := scrubbed(scrub, c.Arguments)
+		if len(args) > maxMCPArguments {
+			args = strings.ToValidUTF8(args[:maxMCPArguments], "") + "…"
+		}
+		m := &audit.MCPCall{Server: e.Host, Tool: scrubbed(scrub, c.Tool), Arguments: args, Session: scrubbed(scrub, e.MCP.Session),
+			Application: e.MCP.Application, Answered: c.Answered, ResultBytes: c.ResultBytes, IsError: c.IsError}
+		outcome := "no answer"
+		switch {
+		case c.Answered && c.IsError:
+			outcome = fmt.Sprintf("an error (%d bytes)", c.ResultBytes)
+		case c.Answered:
+			outcome = fmt.Sprintf("a result of %d bytes", c.ResultBytes)
+		}
+		detail := map[string]string{"host": e.Host, "method": e.Method, "path": scrubbed(scrub, e.Path), "egress_rule": e.Rule, "http_status": fmt.Sprint(e.Status)}
+		r := audit.TypeMCPCall.New("Success", fmt.Sprintf("MCP %s: tools/call %s -> %s", e.Host, m.Tool, outcome), detail)
+		r.MCP = m
+		endpoints(r, e)
+		out = append(out, r)
+	}
+	return out
+}
+
 // RuleGateway names, in connect records, a connection to the pod's egress
 // gateway: the gateway's own record says what it decided by name.
 const RuleGateway = "egress gateway (decided by name)"

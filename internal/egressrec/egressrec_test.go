@@ -253,3 +253,36 @@ func TestModelCallKeep(t *testing.T) {
 		t.Errorf("content: %+v", m)
 	}
 }
+
+// Each MCP call is a record of its own: the server, the tool, its
+// arguments scrubbed and bounded, what came back; the request's own
+// record is apart.
+func TestMCPCalls(t *testing.T) {
+	scrub, err := audit.NewScrubber(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := egressev.Event{Kind: egressev.Request, Port: 443, Proto: "https", Host: "mcp.test", Rule: "r", Method: "POST", Path: "/mcp", Status: 200, Dialled: "192.0.2.7:443",
+		MCP: &egressev.MCPEvent{Calls: []string{"a", "b"}, Session: "s-1", Application: "curl/8",
+			Each: []egressev.MCPCallDone{
+				{Tool: "a", Arguments: `{"token":"ghp_abcdefghijklmnopqrstuvwxyz0123456789","q":"` + strings.Repeat("x", 2000) + `"}`, Answered: true, ResultBytes: 10},
+				{Tool: "b", Arguments: `{}`, Answered: true, ResultBytes: 3, IsError: true},
+			}}}
+	recs := MCPCalls(e, scrub)
+	if len(recs) != 2 {
+		t.Fatalf("%d records", len(recs))
+	}
+	a, b := recs[0], recs[1]
+	if a.Event != "agentbox/mcp_call" || a.MCP.Server != "mcp.test" || a.MCP.Tool != "a" || a.MCP.Session != "s-1" || !a.MCP.Answered || a.MCP.ResultBytes != 10 || a.Dst == nil {
+		t.Errorf("a: %+v %+v", a, a.MCP)
+	}
+	if strings.Contains(a.MCP.Arguments, "ghp_abc") || len(a.MCP.Arguments) > maxMCPArguments+len("…") {
+		t.Errorf("a's arguments: %d bytes, %q", len(a.MCP.Arguments), a.MCP.Arguments[:80])
+	}
+	if !b.MCP.IsError || !strings.Contains(b.Message, "an error (3 bytes)") {
+		t.Errorf("b: %s %+v", b.Message, b.MCP)
+	}
+	if MCPCalls(egressev.Event{Kind: egressev.Request}, scrub) != nil {
+		t.Error("records for an event with no MCP")
+	}
+}

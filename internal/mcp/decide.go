@@ -155,10 +155,24 @@ func FilterResult(t Tools, result json.RawMessage) (json.RawMessage, []string, e
 // FilterBody filters the tools/list results of a server's body (one
 // message or a batch): what the client reads of it.
 func FilterBody(t Tools, body []byte) ([]byte, []string, error) {
+	out, removed, _, err := FilterAnswers(t, body)
+	return out, removed, err
+}
+
+// FilterAnswers is FilterBody, with the body's answers.
+func FilterAnswers(t Tools, body []byte) ([]byte, []string, []Answer, error) {
 	msgs, batch, err := Parse(body)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	answers := Answers(msgs)
+	out, removed, err := filterMsgs(t, body, msgs, batch)
+	return out, removed, answers, err
+}
+
+// filterMsgs filters the parsed messages of body.
+func filterMsgs(t Tools, body []byte, msgs []Message, batch bool) ([]byte, []string, error) {
+	var err error
 	var removed []string
 	changed := false
 	for i, m := range msgs {
@@ -183,4 +197,32 @@ func FilterBody(t Tools, body []byte) ([]byte, []string, error) {
 		out, err = json.Marshal(msgs[0])
 	}
 	return out, removed, err
+}
+
+// Answer is what a server's response message says of the request of ID.
+type Answer struct {
+	ID json.RawMessage
+	// Bytes is the result's (or the error's) size; IsError: a JSON-RPC
+	// error, or a result with isError true.
+	Bytes   int64
+	IsError bool
+}
+
+// Answers are the responses among msgs.
+func Answers(msgs []Message) []Answer {
+	var out []Answer
+	for _, m := range msgs {
+		if !m.IsResponse() {
+			continue
+		}
+		a := Answer{ID: m.ID, Bytes: int64(len(m.Result) + len(m.Error)), IsError: len(m.Error) > 0}
+		var r struct {
+			IsError bool `json:"isError"`
+		}
+		if len(m.Result) > 0 && json.Unmarshal(m.Result, &r) == nil && r.IsError {
+			a.IsError = true
+		}
+		out = append(out, a)
+	}
+	return out
 }

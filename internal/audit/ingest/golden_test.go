@@ -47,7 +47,12 @@ func corpus(t *testing.T) []byte {
 		switch rt.Name {
 		case "agentbox/exec":
 			r.Process = &audit.Process{Argv: []string{"sh", "-c", "id"}}
-		case "agentbox/egress_request", "agentbox/egress_connection", "agentbox/websocket_closed", "agentbox/secret_reflected", "agentbox/model_call":
+		case "agentbox/egress_request", "agentbox/egress_connection", "agentbox/websocket_closed", "agentbox/secret_reflected", "agentbox/model_call", "agentbox/mcp_call":
+			if rt.Name == "agentbox/mcp_call" {
+				r.Detail = map[string]string{"method": "POST", "host": "mcp.example.com", "path": "/mcp"}
+				r.MCP = &audit.MCPCall{Server: "mcp.example.com", Tool: "search_issues", Arguments: `{"q":"flaky test"}`, Session: "s-1",
+					Application: "claude-code/2.1.328", Answered: true, ResultBytes: 412}
+			}
 			if rt.Name == "agentbox/model_call" {
 				r.Model = &audit.ModelCall{Name: "claude-sonnet-4-5", Provider: "Anthropic", Application: "claude-cli/2.1.328", Tokens: &audit.Tokens{Prompt: 1500, Completion: 57, Total: 1557},
 					API: "anthropic", Requested: "claude-sonnet-4-5", Stream: true, StopReason: "tool_use", FirstByteMS: 41.2, Events: 10, RequestDigest: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", RequestBytes: 5120,

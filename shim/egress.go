@@ -188,6 +188,10 @@ func startGateway(cfg *config.Config, sb *sandboxState, pl *netpolicy.Plan, h *d
 		// (which may reach the shim a little after the record).
 		Record: func(e egressgw.Event) {
 			emit := func(r *audit.Record) {
+				if links != nil && r.MCP != nil {
+					// Linked to the model's tool call that asked for it.
+					links.AnnotateMCP(r)
+				}
 				trail.Emit(r, false)
 				if links != nil && r.Model != nil {
 					// Its tool calls wait for their processes (its Seq

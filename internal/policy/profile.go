@@ -106,7 +106,7 @@ type LimitsProfile struct {
 	// Model bounds the sandbox's model calls (zero: none); MCP its calls to
 	// each MCP server.
 	Model ModelBudget `json:"model"`
-	MCP   MCPBudget   `json:"mcp"`
+	MCP   MCPBudget   `json:"mcp,omitzero"`
 }
 
 // MCPBudget bounds a sandbox's tools/call to each MCP server; 0 (or no

@@ -83,10 +83,23 @@ func Text(w io.Writer, rep *Report) error {
 				if len(c.Processes) > 0 {
 					p("      started pid %v\n", c.Processes)
 				}
+				for _, m := range c.MCP {
+					p("      called MCP %s #%d %s on %s: %s\n", rel(rep.Start, m.Time), m.Seq, q(m.Tool), q(m.Server), mcpOutcome(m))
+				}
 				for _, it := range c.Refusals {
 					p("      REFUSED %s #%d %s %s\n", rel(rep.Start, it.Time), it.Seq, it.Event, q(it.Message))
 				}
 			}
+		}
+	}
+	if len(rep.MCP) > 0 {
+		p("\nMCP CALLS\n")
+		for _, m := range rep.MCP {
+			link := "not linked to a model's tool call"
+			if m.ToolCall != "" {
+				link = "for tool call " + q(m.ToolCall)
+			}
+			p("  %s #%d %s on %s: %s, %s\n", rel(rep.Start, m.Time), m.Seq, q(m.Tool), q(m.Server), mcpOutcome(m), link)
 		}
 	}
 	p("\nPROCESSES\n")
@@ -236,4 +249,15 @@ func clipText(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
+}
+
+// mcpOutcome says what came back for an MCP call.
+func mcpOutcome(m MCPUse) string {
+	switch {
+	case !m.Answered:
+		return "no answer"
+	case m.IsError:
+		return fmt.Sprintf("an error (%d bytes)", m.Bytes)
+	}
+	return fmt.Sprintf("a result of %d bytes", m.Bytes)
 }

@@ -39,6 +39,8 @@ type Report struct {
 	Gaps      []Item        `json:"gaps"`
 	Timeline  []Item        `json:"timeline"`
 	Exit      *ContainerEnd `json:"exit,omitempty"`
+	// MCP is every MCP server call, linked to its model turn or not.
+	MCP []MCPUse `json:"mcp,omitempty"`
 }
 
 // Verification is the chain's check.
@@ -112,6 +114,21 @@ type ToolUse struct {
 	Input     string  `json:"input,omitempty"`
 	Processes []int32 `json:"processes,omitempty"`
 	Refusals  []Item  `json:"refusals,omitempty"`
+	// MCP are the MCP server calls the runtime linked to it.
+	MCP []MCPUse `json:"mcp,omitempty"`
+}
+
+// MCPUse is one tools/call the gateway passed to an MCP server.
+type MCPUse struct {
+	Time     time.Time `json:"time"`
+	Seq      uint64    `json:"seq"`
+	Server   string    `json:"server"`
+	Tool     string    `json:"tool"`
+	Answered bool      `json:"answered"`
+	Bytes    int64     `json:"result_bytes"`
+	IsError  bool      `json:"is_error"`
+	// ToolCall is the model's tool call it was linked to ("" none).
+	ToolCall string `json:"tool_call,omitempty"`
 }
 
 // Directory groups the changed files under one directory.
@@ -262,6 +279,8 @@ func (b *builder) add(r *audit.Record) {
 				b.byAddr[a] = h.Host
 			}
 		}
+	case r.Event == "agentbox/mcp_call" && r.MCP != nil:
+		b.mcp(r, t)
 	case r.Event == "agentbox/model_call" && r.Model != nil:
 		b.turn(r, t)
 		fallthrough
@@ -357,6 +376,23 @@ func (b *builder) turn(r *audit.Record, t time.Time) {
 	}
 	b.rep.Turns = append(b.rep.Turns, tu)
 	b.turns[r.Sandbox+"/"+strconv.FormatUint(r.Seq, 10)] = tu
+}
+
+// mcp notes an MCP call, under the model's tool call it was linked to.
+func (b *builder) mcp(r *audit.Record, t time.Time) {
+	m := r.MCP
+	u := MCPUse{Time: t, Seq: r.Seq, Server: m.Server, Tool: m.Tool, Answered: m.Answered, Bytes: m.ResultBytes, IsError: m.IsError}
+	if id, name := r.Detail["tool_call_id"], r.Detail["tool_call_name"]; name != "" {
+		if tu := b.turns[r.Detail["model_call"]]; tu != nil {
+			for _, c := range tu.Tools {
+				if c.ID == id && c.Name == name {
+					u.ToolCall = id
+					c.MCP = append(c.MCP, u)
+				}
+			}
+		}
+	}
+	b.rep.MCP = append(b.rep.MCP, u)
 }
 
 // linkTool ties a process to the tool call the runtime linked it to, or

@@ -256,3 +256,42 @@ func TestTurnsWithoutToolIDs(t *testing.T) {
 		t.Fatalf("turns: %+v", rep.Turns)
 	}
 }
+
+// TestMCPUnderTurns: an MCP call the runtime linked to a model's tool call
+// is shown under it; every MCP call is listed, linked or not.
+func TestMCPUnderTurns(t *testing.T) {
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	var recs []*audit.Record
+	add := func(r *audit.Record, ms int) {
+		r.Sandbox, r.Seq = "sb", uint64(len(recs)+1)
+		r.Time = at.Add(time.Duration(ms) * time.Millisecond).Format(time.RFC3339Nano)
+		recs = append(recs, readBack(t, r))
+	}
+	call := audit.TypeModelCall.New("Success", "model call", map[string]string{"host": "api.anthropic.com", "path": "/v1/messages"})
+	call.Model = &audit.ModelCall{Name: "claude-x", API: "anthropic", ToolCalls: []audit.ToolCall{{ID: "toolu_1", Name: "mcp__issues__get_issue", Input: `{"n":1}`}}}
+	add(call, 1) // seq 1
+	linked := audit.TypeMCPCall.New("Success", "MCP", map[string]string{"host": "mcp.test", "method": "POST",
+		"tool_call_id": "toolu_1", "tool_call_name": "mcp__issues__get_issue", "model_call": "sb/1"})
+	linked.MCP = &audit.MCPCall{Server: "mcp.test", Tool: "get_issue", Arguments: `{"n":1}`, Answered: true, ResultBytes: 42}
+	add(linked, 2)
+	alone := audit.TypeMCPCall.New("Success", "MCP", map[string]string{"host": "mcp.test", "method": "POST"})
+	alone.MCP = &audit.MCPCall{Server: "mcp.test", Tool: "search", Answered: true, ResultBytes: 7, IsError: true}
+	add(alone, 3)
+	rep := Build(recs, audit.VerifyResult{})
+	if len(rep.Turns) != 1 || len(rep.Turns[0].Tools[0].MCP) != 1 || rep.Turns[0].Tools[0].MCP[0].Tool != "get_issue" || len(rep.MCP) != 2 || rep.MCP[1].ToolCall != "" {
+		t.Fatalf("turns %+v, mcp %+v", rep.Turns, rep.MCP)
+	}
+	var txt, h bytes.Buffer
+	if err := Text(&txt, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"tool mcp__issues__get_issue toolu_1", "called MCP +0.001s #2 get_issue on mcp.test: a result of 42 bytes",
+		"MCP CALLS", "#3 search on mcp.test: an error (7 bytes), not linked to a model's tool call", "#2 get_issue on mcp.test: a result of 42 bytes, for tool call toolu_1"} {
+		if !strings.Contains(txt.String(), want) {
+			t.Fatalf("text lacks %q:\n%s", want, txt.String())
+		}
+	}
+	if err := HTML(&h, rep); err != nil || !strings.Contains(h.String(), "called MCP #2") {
+		t.Fatalf("html: %v", err)
+	}
+}

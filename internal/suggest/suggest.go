@@ -54,6 +54,8 @@ type Host struct {
 	Port     int
 	API      string // the model API its calls were read as ("" none)
 	Requests int    // requests (or connections, for TLS passed through)
+	// Tools are the MCP tools called on it (api: mcp).
+	Tools []string
 }
 
 // Observe reads the records of one or more sandboxes' trails.
@@ -90,6 +92,22 @@ func Observe(recs []*audit.Record) Use {
 		case "agentbox/egress_request", "agentbox/model_call":
 			if r.Detail["host"] != "" {
 				host(r.Detail["host"])
+			}
+		case "agentbox/mcp_call":
+			// Its request's record counted the request: the tool is kept.
+			if m := r.MCP; m != nil && m.Server != "" {
+				port := 0
+				if r.Dst != nil {
+					port = r.Dst.Port
+				}
+				k := fmt.Sprintf("%s:%d", m.Server, port)
+				if hosts[k] == nil {
+					hosts[k] = &Host{Name: m.Server, Port: port}
+				}
+				hosts[k].API = policy.APIMCP
+				if !slices.Contains(hosts[k].Tools, m.Tool) {
+					hosts[k].Tools = append(hosts[k].Tools, m.Tool)
+				}
 			}
 		case "agentbox/egress_connection":
 			if r.Detail["sni"] != "" {
@@ -264,16 +282,31 @@ func Suggest(u Use, o Options) string {
 			hs := byName[name]
 			var ports []string
 			n, api := 0, ""
+			var tools []string
 			for _, h := range hs {
 				ports = append(ports, fmt.Sprint(h.Port))
 				n += h.Requests
 				if h.API != "" {
 					api = h.API
 				}
+				for _, t := range h.Tools {
+					if !slices.Contains(tools, t) {
+						tools = append(tools, t)
+					}
+				}
 			}
 			rule := fmt.Sprintf("{host: %s, ports: [%s]", name, strings.Join(ports, ", "))
 			if api != "" {
 				rule += ", api: " + api
+			}
+			if api == policy.APIMCP {
+				// The tools it called, and none other.
+				slices.Sort(tools)
+				quoted := make([]string, len(tools))
+				for i, t := range tools {
+					quoted[i] = strconv.Quote(t)
+				}
+				rule += ", tools: {allow: [" + strings.Join(quoted, ", ") + "]}"
 			}
 			p("      - %s}   # %d request(s)\n", rule, n)
 		}

@@ -3,6 +3,7 @@ package suggest
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,14 @@ func run(t *testing.T) []*audit.Record {
 	call.Model = &audit.ModelCall{Name: "claude-x", API: "anthropic"}
 	call.Time = at.Add(10 * time.Second).Format(time.RFC3339Nano)
 	add(call, 10)
+	own(audit.TypeEgressRequest, "Success", "POST https://mcp.example/mcp", map[string]string{"host": "mcp.example", "egress": "allow"}, 443, 10)
+	for _, tool := range []string{"search_issues", "get_issue", "search_issues"} {
+		c := audit.TypeMCPCall.New("Success", "MCP call", map[string]string{"host": "mcp.example"})
+		c.Dst = &audit.Endpoint{Port: 443}
+		c.MCP = &audit.MCPCall{Server: "mcp.example", Tool: tool, Answered: true}
+		c.Time = at.Add(10 * time.Second).Format(time.RFC3339Nano)
+		add(c, 10)
+	}
 	own(audit.TypeDNSRefused, "Failure", "A telemetry.example refused", map[string]string{"name": "telemetry.example"}, 0, 11)
 	msg(&pb.TaskExit{ContextData: cd(6, "curl", 12)}, 12)
 	msg(&pb.TaskExit{ContextData: cd(5, "run.sh", 13)}, 13)
@@ -83,7 +92,8 @@ func TestObserve(t *testing.T) {
 	if strings.Join(u.Written, " ") != "/tmp/note /workspace/run.sh" || strings.Join(u.Executed, " ") != "/workspace/run.sh" {
 		t.Errorf("files: written %v, executed %v", u.Written, u.Executed)
 	}
-	if len(u.Hosts) != 2 || u.Hosts[0] != (Host{"api.anthropic.com", 443, "anthropic", 1}) || u.Hosts[1] != (Host{"pypi.org", 443, "", 2}) {
+	want := []Host{{"api.anthropic.com", 443, "anthropic", 1, nil}, {"mcp.example", 443, "mcp", 1, []string{"search_issues", "get_issue"}}, {"pypi.org", 443, "", 2, nil}}
+	if !reflect.DeepEqual(u.Hosts, want) {
 		t.Errorf("hosts: %+v", u.Hosts)
 	}
 	if u.Refused["telemetry.example"] != 1 || u.PeakProcesses != 3 || u.Wall != 90*time.Second || u.Roles[0] != "loose" ||
@@ -101,6 +111,7 @@ func TestSuggestLoads(t *testing.T) {
 		"writable: [/tmp, /workspace]", "# /workspace: 1 file(s) written, e.g. /workspace/run.sh",
 		"allowExec: [/workspace]", "# /workspace: it ran what it wrote there: /workspace/run.sh",
 		"- {host: api.anthropic.com, ports: [443], api: anthropic}   # 1 request(s)", "- {host: pypi.org, ports: [443]}   # 2 request(s)",
+		`- {host: mcp.example, ports: [443], api: mcp, tools: {allow: ["get_issue", "search_issues"]}}   # 1 request(s)`,
 		"# refused under the role it ran under, and not added: telemetry.example (1)",
 		"maxProcesses: 32   # at most 3 processes at once", "wallClock: 5m   # its longest run took 1m30s",
 		"memory: 450Mi   # its sandbox's peak was 300 MiB (gVisor included), x1.5, at least 128Mi", "cpuTime: 2m   # its sandbox used 42.5s of CPU, x2, at least 1m",

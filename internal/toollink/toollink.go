@@ -36,7 +36,9 @@ const (
 type Linker struct {
 	mu      sync.Mutex
 	pending []pending
-	now     func() time.Time
+	// mcp are the tool calls that may be an MCP server's (mcp.go).
+	mcp []mcpPending
+	now func() time.Time
 }
 
 type pending struct {
@@ -59,6 +61,7 @@ func (l *Linker) Note(rec *audit.Record) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.noteMCP(rec)
 	now := l.now()
 	for _, c := range rec.Model.ToolCalls {
 		if c.Truncated {

@@ -11,7 +11,6 @@ package toollink
 import (
 	"encoding/json"
 	"reflect"
-	"strconv"
 	"strings"
 	"time"
 
@@ -62,38 +61,12 @@ func (l *Linker) AnnotateMCP(rec *audit.Record) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
-	keep := l.mcp[:0]
-	for _, p := range l.mcp {
-		if now.Sub(p.at) <= Window {
-			keep = append(keep, p)
-		}
-	}
-	l.mcp = keep
-	match := -1
-	for i, p := range l.mcp {
-		if !mcpName(p.name, rec.MCP.Tool) || !reflect.DeepEqual(p.args, args) {
-			continue
-		}
-		if match >= 0 {
-			return // two tool calls match: not sure which
-		}
-		match = i
-	}
-	if match < 0 {
+	l.mcp = recent(l.mcp, l.now(), func(p mcpPending) time.Time { return p.at })
+	match, ok := only(l.mcp, func(p mcpPending) bool { return mcpName(p.name, rec.MCP.Tool) && reflect.DeepEqual(p.args, args) })
+	if !ok {
 		return
 	}
 	p := l.mcp[match]
 	l.mcp = append(l.mcp[:match], l.mcp[match+1:]...)
-	if rec.Detail == nil {
-		rec.Detail = map[string]string{}
-	}
-	rec.Detail["tool_call_id"] = p.id
-	rec.Detail["tool_call_name"] = p.name
-	if p.call.Seq != 0 {
-		rec.Detail["model_call"] = p.call.Sandbox + "/" + strconv.FormatUint(p.call.Seq, 10)
-	}
-	if p.call.Model != nil {
-		rec.Detail["model"] = p.call.Model.Name
-	}
+	link(rec, p.call, p.id, p.name)
 }

@@ -84,43 +84,60 @@ func (l *Linker) Annotate(rec *audit.Record) {
 	if rec == nil || rec.Event != "sentry/execve" || rec.Process == nil {
 		return
 	}
-	script, ok := shellScript(rec.Process.Argv)
+	script, isShell := shellScript(rec.Process.Argv)
 	argv := rec.Process.Argv
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
-	keep := l.pending[:0]
-	for _, p := range l.pending {
-		if now.Sub(p.at) <= Window {
-			keep = append(keep, p)
-		}
-	}
-	l.pending = keep
-	match := -1
-	for i, p := range l.pending {
-		if !matches(p, argv, script, ok) {
-			continue
-		}
-		if match >= 0 {
-			return // two tool calls match: not sure which
-		}
-		match = i
-	}
-	if match < 0 {
+	l.pending = recent(l.pending, l.now(), func(p pending) time.Time { return p.at })
+	match, ok := only(l.pending, func(p pending) bool { return matches(p, argv, script, isShell) })
+	if !ok {
 		return
 	}
 	p := l.pending[match]
 	l.pending = append(l.pending[:match], l.pending[match+1:]...)
+	link(rec, p.call, p.id, p.name)
+}
+
+// recent are the waiting tool calls still within Window.
+func recent[T any](waiting []T, now time.Time, at func(T) time.Time) []T {
+	keep := waiting[:0]
+	for _, p := range waiting {
+		if now.Sub(at(p)) <= Window {
+			keep = append(keep, p)
+		}
+	}
+	return keep
+}
+
+// only is the one waiting tool call that matches (false: none, or more
+// than one: not sure which).
+func only[T any](waiting []T, match func(T) bool) (int, bool) {
+	found := -1
+	for i, p := range waiting {
+		if !match(p) {
+			continue
+		}
+		if found >= 0 {
+			return 0, false
+		}
+		found = i
+	}
+	return found, found >= 0
+}
+
+// link writes into rec the tool call it is linked to, and that call's
+// model call record.
+func link(rec, call *audit.Record, id, name string) {
 	if rec.Detail == nil {
 		rec.Detail = map[string]string{}
 	}
-	rec.Detail["tool_call_id"] = p.id
-	rec.Detail["tool_call_name"] = p.name
-	if p.call.Seq != 0 {
-		rec.Detail["model_call"] = p.call.Sandbox + "/" + strconv.FormatUint(p.call.Seq, 10)
+	rec.Detail["tool_call_id"] = id
+	rec.Detail["tool_call_name"] = name
+	if call.Seq != 0 {
+		rec.Detail["model_call"] = call.Sandbox + "/" + strconv.FormatUint(call.Seq, 10)
 	}
-	if p.call.Model != nil {
-		rec.Detail["model"] = p.call.Model.Name
+	if call.Model != nil {
+		rec.Detail["model"] = call.Model.Name
 	}
 }
 

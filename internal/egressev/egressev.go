@@ -80,9 +80,9 @@ type Event struct {
 
 // MCPEvent is what the gateway read of one request to an MCP server.
 type MCPEvent struct {
-	// Calls are the tools/call it let through, by tool; Refused those it
-	// answered itself (a tool the rule does not allow).
-	Calls, Refused []string
+	// Refused are the tools/call it answered itself (a tool the rule does
+	// not allow, a spent budget), by tool.
+	Refused []string
 	// Hidden are the tools a tools/list result named that the agent did
 	// not see.
 	Hidden []string

@@ -133,7 +133,7 @@ func TestMCPTools(t *testing.T) {
 			want: []string{"notifications/progress", "id: 1\n", "search_issues"}, notWant: []string{"delete_repo"}, detail: map[string]string{"mcp_hidden": "delete_repo, get_secret"}},
 		{name: "get_issue, once", body: call(10, "get_issue"), status: 200, want: []string{"did get_issue"}, detail: map[string]string{"mcp_calls": "get_issue"}},
 		{name: "get_issue past its budget", body: call(11, "get_issue"), status: 200, refused: true,
-			want: []string{"the sandbox's MCP budget for tool get_issue on a.test is spent: 1 of 1 calls (limits.mcp.tools.get_issue)"}, detail: map[string]string{"mcp_refused": "get_issue"}},
+			want: []string{"the sandbox's MCP budget for tool get_issue on a.test is spent: 1 of 1 calls (limits.mcp.tools.get_issue)"}, detail: map[string]string{"mcp_refused": "get_issue", "mcp_calls": ""}},
 		{name: "a batch with one refused goes nowhere", body: "[" + call(8, "search_issues") + "," + call(9, "delete_repo") + "]", status: 200, refused: true,
 			want: []string{`"id":8`, "not sent: another message of its batch was refused", `"id":9`, "tool delete_repo is not allowed"}},
 	} {
@@ -177,7 +177,11 @@ func TestMCPTools(t *testing.T) {
 			for k, v := range tc.detail {
 				var got []string
 				if e.MCP != nil {
-					got = map[string][]string{"mcp_calls": e.MCP.Calls, "mcp_refused": e.MCP.Refused, "mcp_hidden": e.MCP.Hidden}[k]
+					var called []string
+					for _, c := range e.MCP.Each {
+						called = append(called, c.Tool)
+					}
+					got = map[string][]string{"mcp_calls": called, "mcp_refused": e.MCP.Refused, "mcp_hidden": e.MCP.Hidden}[k]
 				}
 				if strings.Join(got, ", ") != v {
 					t.Errorf("%s %q, want %q", k, got, v)

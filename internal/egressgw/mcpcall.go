@@ -100,9 +100,6 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 	}
 	x.mcp.rpc = true
 	calls, refused := mcp.Decide(rule.Name, x.mcp.tools, msgs)
-	for _, c := range calls {
-		ev.MCP.Calls = append(ev.MCP.Calls, c.Tool)
-	}
 	if len(refused) == 0 {
 		if why := g.mcpUsed.take(budget, name, calls); why != "" {
 			for _, c := range calls {

@@ -37,7 +37,12 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 		detail["http_status"] = fmt.Sprint(e.Status)
 	}
 	if m := e.MCP; m != nil {
-		for k, v := range map[string][]string{"mcp_calls": m.Calls, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
+		// The calls let through are those it recorded each of.
+		var called []string
+		for _, c := range m.Each {
+			called = append(called, c.Tool)
+		}
+		for k, v := range map[string][]string{"mcp_calls": called, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
 			if len(v) > 0 {
 				detail[k] = clean(clipList(v, 2048))
 			}

@@ -263,7 +263,7 @@ func TestMCPCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := egressev.Event{Kind: egressev.Request, Port: 443, Proto: "https", Host: "mcp.test", Rule: "r", Method: "POST", Path: "/mcp", Status: 200, Dialled: "192.0.2.7:443",
-		MCP: &egressev.MCPEvent{Calls: []string{"a", "b"}, Session: "s-1", Application: "curl/8",
+		MCP: &egressev.MCPEvent{Session: "s-1", Application: "curl/8",
 			Each: []egressev.MCPCallDone{
 				{Tool: "a", Arguments: `{"token":"ghp_abcdefghijklmnopqrstuvwxyz0123456789","q":"` + strings.Repeat("x", 2000) + `"}`, Answered: true, ResultBytes: 10},
 				{Tool: "b", Arguments: `{}`, Answered: true, ResultBytes: 3, IsError: true},

@@ -111,6 +111,7 @@ func (t *ResponseTap) openai(data []byte) {
 		ID        string          `json:"id"`
 		CallID    string          `json:"call_id"`
 		Name      string          `json:"name"`
+		Namespace string          `json:"namespace"`
 		Arguments string          `json:"arguments"`
 		Input     string          `json:"input"`
 		Action    json.RawMessage `json:"action"`
@@ -189,7 +190,14 @@ func (t *ResponseTap) openai(data []byte) {
 	addItem := func(it item) {
 		switch it.Type {
 		case "function_call":
-			t.input(t.tool(it.CallID, it.CallID, it.Name), it.Arguments)
+			// A namespaced tool's call (Codex's MCP tools: namespace
+			// mcp__SERVER) is named NAMESPACE__NAME, as Claude Code
+			// names them.
+			name := it.Name
+			if it.Namespace != "" {
+				name = it.Namespace + "__" + it.Name
+			}
+			t.input(t.tool(it.CallID, it.CallID, name), it.Arguments)
 		case "custom_tool_call":
 			t.input(t.tool(it.CallID, it.CallID, it.Name), it.Input)
 		case "local_shell_call":

@@ -94,6 +94,8 @@ func TestResponses(t *testing.T) {
 		{"openai responses json", "application/json", `{"id":"r","object":"response","model":"gpt-5","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"function_call","call_id":"c9","name":"apply_patch","arguments":"{}"}],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}`, OpenAI, Response{
 			Model: "gpt-5", StopReason: "incomplete: max_output_tokens", Usage: Usage{true, 3, 4, 7, true},
 			ToolCalls: []ToolCall{{ID: "c9", Name: "apply_patch", Input: `{}`}}}},
+		{"openai responses namespaced tool (Codex's MCP tools)", "application/json", `{"object":"response","model":"gpt-5.5","status":"completed","output":[{"type":"function_call","call_id":"c1","namespace":"mcp__issues","name":"get_issue","arguments":"{\"number\":7}"}]}`, OpenAI, Response{
+			Model: "gpt-5.5", StopReason: "completed", ToolCalls: []ToolCall{{ID: "c1", Name: "mcp__issues__get_issue", Input: `{"number":7}`}}}},
 		{"openai chat stream", "text/event-stream", chatStream, OpenAI, Response{
 			Model: "gpt-4o", StopReason: "tool_calls", Usage: Usage{true, 70, 12, 82, true}, Events: 5,
 			ToolCalls: []ToolCall{{ID: "call_X", Name: "run", Input: `{"cmd":"ls"}`}}}},

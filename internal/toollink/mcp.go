@@ -2,8 +2,8 @@ package toollink
 
 // MCP calls: a model asks for a remote MCP server's tool by a name the
 // agent gives it (Claude Code and Codex: mcp__SERVER__TOOL; Gemini CLI:
-// the tool's own name, or SERVER__TOOL when two servers share it), and
-// the agent then sends tools/call of TOOL with the same arguments. A
+// mcp_SERVER_TOOL; older releases the tool's own name, or SERVER__TOOL),
+// and the agent then sends tools/call of TOOL with the same arguments. A
 // call's record (agentbox/mcp_call) is linked to the model's tool call
 // when the name ends with the tool's, the arguments are the same JSON,
 // and no other waiting tool call matches too.
@@ -44,7 +44,8 @@ func (l *Linker) noteMCP(rec *audit.Record) {
 
 // mcpName says whether a model's tool name names MCP tool tool.
 func mcpName(name, tool string) bool {
-	return name == tool || strings.HasSuffix(name, "__"+tool)
+	return name == tool || strings.HasSuffix(name, "__"+tool) ||
+		strings.HasPrefix(name, "mcp_") && strings.HasSuffix(name, "_"+tool)
 }
 
 // AnnotateMCP adds the link to an MCP call's record whose tool and

@@ -2,7 +2,9 @@ package modelscript
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -147,5 +149,63 @@ func TestNotAnAgent(t *testing.T) {
 		if Serve(httptest.NewRecorder(), "anthropic", "/v1/messages", []byte(body), "") {
 			t.Errorf("%s: served", body)
 		}
+	}
+}
+
+// TestMCPTask: the MCP task asks for the server's tools by the names each
+// CLI gives them, a tool it was not offered by the offered ones' shape,
+// the injected delete_repo only once a result carried the marker, and
+// never changes MCPCalls (a turn without the injection skips it).
+func TestMCPTask(t *testing.T) {
+	want := fmt.Sprint(MCPCalls)
+	for _, tc := range []struct{ agent, prefix string }{{"claude", "mcp__issues__"}, {"codex", "mcp__issues__"}, {"gemini", "mcp_issues_"}} {
+		a := Known[tc.agent]
+		tools := []string{a.Shell, a.Write, tc.prefix + "get_issue", tc.prefix + "search_issues"}
+		var got []string
+		for n := 0; n < 6; n++ {
+			turn := Next(Request{API: a.API, Text: MCPPrompt, Tools: tools, Results: n, Injected: n >= 3}, a, "")
+			if turn.Tool == nil {
+				got = append(got, turn.Text)
+				continue
+			}
+			got = append(got, turn.Tool.Name)
+		}
+		if exp := []string{tc.prefix + "get_issue", tc.prefix + "get_secret", tc.prefix + "search_issues", tc.prefix + "delete_repo", tc.prefix + "get_issue", MCPDone}; !slices.Equal(got, exp) {
+			t.Errorf("%s: %q, want %q", tc.agent, got, exp)
+		}
+		if turn := Next(Request{API: a.API, Text: MCPPrompt, Tools: tools, Results: 3}, a, ""); turn.Tool == nil || turn.Tool.Name != tc.prefix+"get_issue" {
+			t.Errorf("%s: without the injection, the fourth turn: %+v", tc.agent, turn)
+		}
+		if turn := Next(Request{API: a.API, Text: MCPPrompt, Tools: []string{a.Shell, a.Write}}, a, ""); turn.Tool != nil || !strings.Contains(turn.Text, "not offered") {
+			t.Errorf("%s: no MCP tools offered: %+v", tc.agent, turn)
+		}
+	}
+	if fmt.Sprint(MCPCalls) != want {
+		t.Errorf("MCPCalls changed: %v, was %v", MCPCalls, want)
+	}
+}
+
+// TestMCPNamespace: a Responses request offering a namespace's tools
+// (Codex's MCP server) is answered with a call of the namespace's tool.
+func TestMCPNamespace(t *testing.T) {
+	body := `{"model":"gpt-5.5","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"` + MCPPrompt + `"}]}],` +
+		`"tools":[{"type":"function","name":"exec_command"},{"type":"custom","name":"apply_patch"},{"type":"namespace","name":"mcp__issues","tools":[{"type":"function","name":"get_issue"}]}]}`
+	req, err := Parse("openai", "/v1/responses", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, a, ok := req.Agent()
+	if !ok {
+		t.Fatalf("not recognized: %+v", req)
+	}
+	w := httptest.NewRecorder()
+	Write(w, req, Next(req, a, ""))
+	if !strings.Contains(w.Body.String(), `"name":"get_issue","namespace":"mcp__issues"`) {
+		t.Errorf("the answer: %s", w.Body.String())
+	}
+	tap := modelapi.NewResponseTap(modelapi.OpenAI, w.Header().Get("Content-Type"))
+	tap.Write(w.Body.Bytes())
+	if res := tap.Close(true); len(res.ToolCalls) != 1 || res.ToolCalls[0].Name != "mcp__issues__get_issue" {
+		t.Errorf("agentbox's tap read %+v", res.ToolCalls)
 	}
 }

@@ -66,10 +66,12 @@ type Request struct {
 	API    string
 	Model  string
 	Stream bool
-	// Tools are the tool names offered; Results, how many tool results
-	// the conversation holds.
-	Tools   []string
-	Results int
+	// Tools are the tool names offered (a namespace's as
+	// NAMESPACE__NAME); Results, how many tool results the conversation
+	// holds.
+	Tools      []string
+	Namespaces map[string]bool
+	Results    int
 	// Text is every text part of the conversation, joined; Injected,
 	// whether the request holds ExfilMarker anywhere (a tool result).
 	Text     string
@@ -133,6 +135,19 @@ func Parse(api, path string, body []byte) (Request, error) {
 					name, _ = fn["name"].(string)
 				}
 				req.Tools = append(req.Tools, name)
+				// A namespace's tools (Codex's MCP servers'):
+				// NAMESPACE__NAME.
+				inner, _ := tm["tools"].([]any)
+				for _, in := range inner {
+					if im, ok := in.(map[string]any); ok && tm["type"] == "namespace" {
+						n, _ := im["name"].(string)
+						req.Tools = append(req.Tools, name+"__"+n)
+						if req.Namespaces == nil {
+							req.Namespaces = map[string]bool{}
+						}
+						req.Namespaces[name] = true
+					}
+				}
 			}
 		}
 	}
@@ -176,6 +191,9 @@ func (r Request) Agent() (string, Agent, bool) {
 // Next is the task's next turn for the request of agent a; exfilURL is
 // where an injected turn sends data.
 func Next(r Request, a Agent, exfilURL string) Turn {
+	if strings.Contains(r.Text, MCPPrompt) {
+		return nextMCP(r, a)
+	}
 	steps := task
 	if strings.Contains(r.Text, ReadmePrompt) {
 		steps = []step{task[0], {shell: "cat README.md"}}

@@ -27,6 +27,8 @@ type ToolCall struct {
 	// (an OpenAI custom tool, as Codex's apply_patch is).
 	Input  map[string]any
 	Custom string
+	// Namespace is the namespace of the tool called (Responses).
+	Namespace string
 }
 
 func (t Turn) usage() (in, out int) {
@@ -120,6 +122,9 @@ func Responses(w http.ResponseWriter, stream bool, model string, t Turn) {
 		args, _ := json.Marshal(t.Tool.Input)
 		item = map[string]any{"type": "function_call", "id": "fc_" + t.Tool.ID, "call_id": t.Tool.ID, "name": t.Tool.Name,
 			"arguments": string(args), "status": "completed"}
+		if t.Tool.Namespace != "" {
+			item["namespace"] = t.Tool.Namespace
+		}
 	}
 	resp := map[string]any{"id": "resp_e2e", "object": "response", "model": model, "status": "completed", "output": []any{item},
 		"usage": map[string]any{"input_tokens": in, "output_tokens": out, "total_tokens": in + out,

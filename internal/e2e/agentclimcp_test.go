@@ -21,6 +21,10 @@ import (
 // placeholder): as docs/agents/ says, besides the quiet settings.
 func mcpSettings(c agentCLI, url string) (settings, run string) {
 	prompt := "\nexport PROMPT='" + modelscript.MCPPrompt + "'"
+	transport := "http"
+	if strings.HasSuffix(url, "/sse") { // the older SSE transport
+		transport = "sse"
+	}
 	switch c.name {
 	case "claude":
 		// Tool search off: the MCP tools are offered to the model
@@ -28,7 +32,7 @@ func mcpSettings(c agentCLI, url string) (settings, run string) {
 		return c.quiet + prompt + `
 export ENABLE_TOOL_SEARCH=false
 cat > $HOME/mcp.json <<'JSON'
-{"mcpServers": {"` + modelscript.MCPServer + `": {"type": "http", "url": "` + url + `", "headers": {"Authorization": "Bearer ${MCP_TOKEN}"}}}}
+{"mcpServers": {"` + modelscript.MCPServer + `": {"type": "` + transport + `", "url": "` + url + `", "headers": {"Authorization": "Bearer ${MCP_TOKEN}"}}}}
 JSON`, c.run + ` --mcp-config $HOME/mcp.json --strict-mcp-config`
 	case "codex":
 		// The scripted model does not search for tools: Codex is told
@@ -49,14 +53,15 @@ cat > $HOME/.gemini/settings.json <<'JSON'
 {"security": {"auth": {"selectedType": "gemini-api-key"}},
  "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false, "maxAttempts": 1},
  "privacy": {"usageStatisticsEnabled": false},
- "mcpServers": {"` + modelscript.MCPServer + `": {"httpUrl": "` + url + `", "headers": {"Authorization": "Bearer $MCP_TOKEN"}}}}
+ "mcpServers": {"` + modelscript.MCPServer + `": {"type": "` + transport + `", "url": "` + url + `", "headers": {"Authorization": "Bearer $MCP_TOKEN"}}}}
 JSON`, c.run
 	}
 }
 
 // TestAgentCLIsMCP: Claude Code, Codex and Gemini CLI, each with the
-// scripted MCP server configured as a remote MCP server (streamable HTTP
-// over TLS), under a role whose api: mcp rule allows search_issues and
+// scripted MCP server configured as a remote MCP server over TLS
+// (streamable HTTP; and the older SSE transport, which Codex does not
+// take), under a role whose api: mcp rule allows search_issues and
 // get_* but not get_secret, get_issue once. The scripted model asks each
 // for get_issue, get_secret (denied), search_issues (whose result is a
 // prompt injection asking for delete_repo, which the rule does not
@@ -74,32 +79,16 @@ func TestAgentCLIsMCP(t *testing.T) {
 	requireAgentCLIImage(t)
 	expectNoLeaks(t, dev)
 	for _, c := range agentCLIs {
-		t.Run(c.name, func(t *testing.T) {
-			before := mcpServer.count()
-			settings, run := mcpSettings(c, "https://"+gwMCP+"/mcp")
-			c.run = run
-			lines, out, p := runAgentCLI(t, c, "e2e-agentcli-mcp", settings)
-			if got := lines["run"]; !strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, modelscript.MCPDone) {
-				t.Errorf("run: %q", got)
+		for _, path := range []string{"/mcp", "/sse"} {
+			name := c.name
+			if path == "/sse" {
+				if c.name == "codex" {
+					continue // Codex takes streamable HTTP only
+				}
+				name += "-sse"
 			}
-			budget := "agentbox: the sandbox's MCP budget for tool get_issue on " + gwMCP + " is spent"
-			if got := lines["refusals"]; !strings.Contains(got, budget) {
-				t.Errorf("the CLI did not show the gateway's refusal %q: %q", budget, got)
-			}
-			if got := lines["secret-in-sandbox"]; got != "searched" {
-				t.Errorf("the key is in the sandbox: %q", got)
-			}
-			key := "Bearer " + secretValue
-			if got, want := mcpServer.calls(before), []string{"get_issue " + key, "search_issues " + key}; !reflect.DeepEqual(got, want) {
-				t.Errorf("the MCP server received the calls %q, want %q", got, want)
-			}
-			t.Logf("%s showed: the budget refusal %q; for the hidden tools %q", c.name, lines["refusals"], lines["hidden"])
-			if t.Failed() {
-				t.Fatalf("the MCP server received %q\npod output:\n%s", mcpServer.received(before), out)
-			}
-			p.remove()
-			checkMCPTrail(t, c, p.id)
-		})
+			t.Run(name, func(t *testing.T) { agentCLIMCP(t, c, "https://"+gwMCP+path) })
+		}
 	}
 	for _, c := range agentCLIs {
 		t.Run(c.name+"-twin", func(t *testing.T) {
@@ -124,6 +113,36 @@ func TestAgentCLIsMCP(t *testing.T) {
 			t.Logf("%s without the MCP rule: the server got %d calls (%s); CLI refusals %q", c.name, len(got), strings.Join(got, ", "), lines["refusals"])
 		})
 	}
+}
+
+// agentCLIMCP runs c with the scripted MCP server at url under the api:
+// mcp rule, and checks what TestAgentCLIsMCP says.
+func agentCLIMCP(t *testing.T, c agentCLI, url string) {
+	t.Helper()
+	before := mcpServer.count()
+	settings, run := mcpSettings(c, url)
+	c.run = run
+	lines, out, p := runAgentCLI(t, c, "e2e-agentcli-mcp", settings)
+	if got := lines["run"]; !strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, modelscript.MCPDone) {
+		t.Errorf("run: %q", got)
+	}
+	budget := "agentbox: the sandbox's MCP budget for tool get_issue on " + gwMCP + " is spent"
+	if got := lines["refusals"]; !strings.Contains(got, budget) {
+		t.Errorf("the CLI did not show the gateway's refusal %q: %q", budget, got)
+	}
+	if got := lines["secret-in-sandbox"]; got != "searched" {
+		t.Errorf("the key is in the sandbox: %q", got)
+	}
+	key := "Bearer " + secretValue
+	if got, want := mcpServer.calls(before), []string{"get_issue " + key, "search_issues " + key}; !reflect.DeepEqual(got, want) {
+		t.Errorf("the MCP server received the calls %q, want %q", got, want)
+	}
+	t.Logf("%s showed: the budget refusal %q; for the hidden tools %q", c.name, lines["refusals"], lines["hidden"])
+	if t.Failed() {
+		t.Fatalf("the MCP server received %q\npod output:\n%s", mcpServer.received(before), out)
+	}
+	p.remove()
+	checkMCPTrail(t, c, p.id)
 }
 
 // checkMCPTrail: the model was asked for every call (the injected

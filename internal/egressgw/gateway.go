@@ -137,6 +137,8 @@ type Gateway struct {
 	// the MCP calls.
 	usage   usage
 	mcpUsed mcpUsage
+	// sse are the open streams of MCP's older SSE transport (mcpsse.go).
+	sse sseStreams
 }
 
 // raw is the secret a response is scanned for.

@@ -283,6 +283,14 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			ev.Kind, ev.Status, ev.Reason = WebSocketClosed, http.StatusSwitchingProtocols, tun.reason()
 			ev.Sent, ev.Received = tun.sent.Load(), tun.received.Load()
 		}
+		if x != nil && x.mcp != nil && x.mcp.stream != nil {
+			// Its calls are answered on an SSE-transport stream: the
+			// record waits for the answers.
+			e, t := *ev, x.mcp
+			if t.stream.hold(t, func() { e.MCP.Each = t.callsNow(); g.cfg.Record(e) }) {
+				return
+			}
+		}
 		g.cfg.Record(*ev)
 	}()
 	host, hostPort := splitHost(r.Host)

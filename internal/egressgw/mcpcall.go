@@ -38,6 +38,9 @@ type mcpTap struct {
 	// calls are the calls let through, byID their index by JSON-RPC id.
 	calls []MCPCallDone
 	byID  map[string]int
+	// stream is the SSE-transport stream its calls are answered on (nil:
+	// they are answered on the request's own response).
+	stream *sseStream
 }
 
 func (m *mcpTap) hide(names []string) {
@@ -99,6 +102,8 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 		return mcpRefuse(cw, ev, http.StatusBadRequest, nil, "not an MCP message the gateway reads ("+err.Error()+"): not sent")
 	}
 	x.mcp.rpc = true
+	// A POST to an SSE-transport stream's endpoint is answered there.
+	stream := g.sse.lookup(name, r.URL)
 	calls, refused := mcp.Decide(rule.Name, x.mcp.tools, msgs)
 	if len(refused) == 0 {
 		if why := g.mcpUsed.take(budget, name, calls); why != "" {
@@ -114,6 +119,15 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 			x.mcp.byID[string(c.ID)] = i
 		}
 		ev.MCP.Session, ev.MCP.Application = clipName(r.Header.Get("Mcp-Session-Id")), clipName(r.Header.Get("User-Agent"))
+		if stream != nil && ev.MCP.Session == "" {
+			// The SSE transport names its session in the endpoint's
+			// query.
+			ev.MCP.Session = clipName(r.URL.RawQuery)
+		}
+		if stream != nil && len(calls) > 0 {
+			x.mcp.stream = stream
+			stream.expect(x.mcp)
+		}
 		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(raw)), int64(len(raw)), nil
 		r.Header.Set("Content-Length", strconv.Itoa(len(raw)))
 		return true
@@ -140,7 +154,12 @@ func (g *Gateway) admitMCP(cw *countingWriter, r *http.Request, rule netpolicy.R
 		}
 		answers = append(answers, mcp.ErrorFor(mcp.Refusal{ID: m.ID, Reason: why}))
 	}
-	return mcpRefuse(cw, ev, http.StatusOK, mcpBody(answers, batch), strings.Join(reasons, "; "))
+	body := mcpBody(answers, batch)
+	if stream != nil && sseRefusal(cw, stream, body) {
+		ev.Kind, ev.Reason = Refused, "mcp: "+strings.Join(reasons, "; ")+" (answered on its SSE stream)"
+		return false
+	}
+	return mcpRefuse(cw, ev, http.StatusOK, body, strings.Join(reasons, "; "))
 }
 
 // mcpBody is the answers as one message or a batch (nil: none, for
@@ -176,14 +195,23 @@ func mcpRefuse(cw *countingWriter, ev *Event, status int, body []byte, why strin
 
 // mcpResponse filters what an MCP server answers: a JSON body read whole
 // (bounded), server-sent events as they pass.
-func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadCloser, error) {
+func (g *Gateway) mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap, name string) (io.ReadCloser, error) {
 	ct, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
 	switch ct {
 	case "text/event-stream":
-		return readCloser{mcp.NewSSE(body, func(event string, data []byte) ([]byte, error) {
+		// A GET's stream may be the older SSE transport's: its
+		// endpoint event names where the client's POSTs go.
+		var stream *sseStream
+		if res.Request.Method == http.MethodGet {
+			stream = newSSEStream()
+		}
+		events := mcp.NewSSE(body, func(event string, data []byte) ([]byte, error) {
 			if event == "endpoint" {
-				// The older SSE transport's URL for the client's POSTs
-				// (to this host: the same rule decides them).
+				// The client's POSTs go there (to this host: the same
+				// rule decides them).
+				if stream != nil {
+					g.sse.register(name, res.Request.URL, data, stream)
+				}
 				return data, nil
 			}
 			out, hidden, answers, err := mcp.FilterAnswers(m.tools, data)
@@ -192,8 +220,15 @@ func mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap) (io.ReadClos
 			}
 			m.hide(hidden)
 			m.answered(answers)
+			if stream != nil {
+				stream.answered(answers)
+			}
 			return out, nil
-		}), body}, nil
+		})
+		if stream == nil {
+			return readCloser{events, body}, nil
+		}
+		return newSSEMerge(events, body, stream, func() { g.sse.remove(stream); stream.end() }), nil
 	case "application/json":
 		if !m.rpc || res.StatusCode/100 != 2 {
 			// Not an answer to JSON-RPC (an OAuth metadata document, an

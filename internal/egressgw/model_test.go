@@ -58,7 +58,7 @@ func TestModelCallStreamed(t *testing.T) {
 		}
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		first, rest, _ := strings.Cut(sseStream(r.Header.Get("X-Api-Key")), "event: content_block_start")
+		first, rest, _ := strings.Cut(messagesStream(r.Header.Get("X-Api-Key")), "event: content_block_start")
 		io.WriteString(w, first)
 		http.NewResponseController(w).Flush()
 		select {
@@ -114,7 +114,7 @@ func TestModelCallStreamed(t *testing.T) {
 			// replacement keeps its length).
 			echoed = placeholder[:len("s3cret-value")]
 		}
-		if want := sseStream(echoed); got.String() != want {
+		if want := messagesStream(echoed); got.String() != want {
 			t.Fatalf("%s: the agent got\n%q\nwant\n%q", host, got.String(), want)
 		}
 		e := f.event(t)
@@ -139,8 +139,8 @@ func TestModelCallStreamed(t *testing.T) {
 	}
 }
 
-// sseStream is a Messages API stream whose tool call's input holds key.
-func sseStream(key string) string {
+// messagesStream is a Messages API stream whose tool call's input holds key.
+func messagesStream(key string) string {
 	return "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-answered\",\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n" +
 		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"Bash\",\"input\":{}}}\n\n" +
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"command\\\":\\\"curl -H 'x-api-key: " + key + "' https://b.test/\\\"}\"}}\n\n" +
@@ -208,7 +208,7 @@ func TestModelBudget(t *testing.T) {
 	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, sseStream(""))
+		io.WriteString(w, messagesStream(""))
 		return true
 	}
 	roots := x509.NewCertPool()

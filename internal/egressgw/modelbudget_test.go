@@ -62,7 +62,7 @@ func TestBudgetChargesWhatCannotBeRead(t *testing.T) {
 			// The vendor's first event, then it writes on until the
 			// agent has gone.
 			rc := http.NewResponseController(w)
-			io.WriteString(w, strings.SplitAfter(sseStream(""), "\n\n")[0])
+			io.WriteString(w, strings.SplitAfter(messagesStream(""), "\n\n")[0])
 			for i := 0; i < 2000; i++ {
 				if rc.Flush() != nil {
 					break
@@ -72,7 +72,7 @@ func TestBudgetChargesWhatCannotBeRead(t *testing.T) {
 			}
 			return true
 		}
-		io.WriteString(w, sseStream(""))
+		io.WriteString(w, messagesStream(""))
 		return true
 	}
 	const msg = `{"model":"m","max_tokens":100,"stream":true}`

@@ -65,7 +65,8 @@ func (g *Gateway) checkResponse(res *http.Response) error {
 		// Filtered after the scrub, as the agent would read it.
 		body, err := plainBody(res, x)
 		if err == nil {
-			res.Body, err = mcpResponse(res, body, m)
+			name, _ := res.Request.Context().Value(nameKey).(string)
+			res.Body, err = g.mcpResponse(res, body, m, name)
 		}
 		if err != nil {
 			return err

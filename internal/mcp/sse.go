@@ -45,6 +45,20 @@ func (s *SSE) Read(p []byte) (int, error) {
 	return 0, s.err
 }
 
+// Event returns the next event as the client gets it, whole (one event
+// at a time, for a reader that sends other events between them).
+func (s *SSE) Event() ([]byte, error) {
+	for s.out.Len() == 0 && s.err == nil {
+		s.err = s.next()
+	}
+	if s.out.Len() > 0 {
+		b := bytes.Clone(s.out.Bytes())
+		s.out.Reset()
+		return b, nil
+	}
+	return nil, s.err
+}
+
 // line reads one line, without its end (\n or \r\n), bounded.
 func (s *SSE) line() ([]byte, error) {
 	var l []byte

@@ -1,0 +1,234 @@
+package egressgw
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentbox.dev/agentbox/internal/netpolicy"
+	"agentbox.dev/agentbox/internal/policy"
+)
+
+// MCP's older SSE transport through an api: mcp rule: the client GETs the
+// stream, POSTs to the endpoint it names, and reads every answer on the
+// stream. tools/list's answer there names only the allowed tools; an
+// allowed call reaches the server and its record waits for the answer
+// that came on the stream; a refused call never reaches the server, its
+// POST gets 202 as the server's would, and its JSON-RPC error comes on the
+// stream, where the client waits for it.
+func TestMCPOldSSE(t *testing.T) {
+	ca, err := NewCA("sandbox-1", []string{"a.test"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, true, Config{CA: ca}, func(port int) netpolicy.Plan {
+		pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
+			{Host: "a.test", Ports: []int{port}, API: policy.APIMCP, Tools: &policy.ToolsRule{Allow: []string{"search_issues", "get_*"}}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *pl
+	})
+	var mu sync.Mutex
+	var seen []string
+	answers := make(chan string, 10)
+	f.site.serve = func(w http.ResponseWriter, r *http.Request) bool {
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/sse":
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: endpoint\ndata: /messages?sessionId=abc\n\n")
+			w.(http.Flusher).Flush()
+			for {
+				select {
+				case a := <-answers:
+					if a == "" {
+						return true // the server ends the stream
+					}
+					fmt.Fprintf(w, "event: message\ndata: %s\n\n", a)
+					w.(http.Flusher).Flush()
+				case <-r.Context().Done():
+					return true
+				}
+			}
+		case r.Method == http.MethodPost && r.URL.Path == "/messages" && r.URL.Query().Get("sessionId") == "abc":
+			var m struct {
+				ID     json.RawMessage
+				Method string
+				Params struct{ Name string }
+			}
+			json.NewDecoder(r.Body).Decode(&m)
+			mu.Lock()
+			seen = append(seen, strings.TrimSpace(m.Method+" "+m.Params.Name))
+			mu.Unlock()
+			result := fmt.Sprintf(`{"content":[{"type":"text","text":"did %s"}]}`, m.Params.Name)
+			if m.Method == "tools/list" {
+				result = `{"tools":[{"name":"search_issues"},{"name":"delete_repo"},{"name":"get_issue"}]}`
+			}
+			w.WriteHeader(http.StatusAccepted)
+			if m.Params.Name == "search_issues" {
+				return true // never answered
+			}
+			answers <- fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+			return true
+		}
+		return false
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	dial := func() *tls.Conn {
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(15 * time.Second))
+		return tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
+	}
+	// The stream.
+	sc := dial()
+	defer sc.Close()
+	io.WriteString(sc, "GET /sse HTTP/1.1\r\nHost: a.test\r\nAccept: text/event-stream\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(sc), nil)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("the stream: %v %v", res, err)
+	}
+	stream := bufio.NewReader(res.Body)
+	event := func() string {
+		t.Helper()
+		var ev strings.Builder
+		for {
+			l, err := stream.ReadString('\n')
+			if err != nil {
+				t.Fatalf("the stream ended: %v (%q)", err, ev.String())
+			}
+			if l == "\n" {
+				return ev.String()
+			}
+			ev.WriteString(l)
+		}
+	}
+	if got := event(); got != "event: endpoint\ndata: /messages?sessionId=abc\n" {
+		t.Fatalf("the endpoint event: %q", got)
+	}
+	post := func(body string) int {
+		t.Helper()
+		c := dial()
+		defer c.Close()
+		fmt.Fprintf(c, "POST /messages?sessionId=abc HTTP/1.1\r\nHost: a.test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		return res.StatusCode
+	}
+	reached := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+
+	if status := post(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`); status != 202 {
+		t.Errorf("tools/list: %d", status)
+	}
+	if got := event(); !strings.Contains(got, "search_issues") || !strings.Contains(got, "get_issue") || strings.Contains(got, "delete_repo") {
+		t.Errorf("tools/list on the stream: %q", got)
+	}
+	f.event(t)
+
+	if status := post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_issue","arguments":{"n":7}}}`); status != 202 {
+		t.Errorf("an allowed call: %d", status)
+	}
+	if got := event(); !strings.Contains(got, `"id":2`) || !strings.Contains(got, "did get_issue") {
+		t.Errorf("an allowed call's answer: %q", got)
+	}
+	e := f.event(t)
+	if each := e.MCP.Each; e.Kind != Request || len(each) != 1 || each[0].Tool != "get_issue" || !each[0].Answered || each[0].ResultBytes == 0 || e.MCP.Session != "sessionId=abc" {
+		t.Errorf("the allowed call's record: %v %s %+v", e.Kind, e.Reason, e.MCP)
+	}
+
+	if status := post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_repo"}}`); status != 202 {
+		t.Errorf("a refused call: %d", status)
+	}
+	if got := event(); !strings.Contains(got, `"id":3`) || !strings.Contains(got, `"code":-32001`) || !strings.Contains(got, "tool delete_repo is not allowed") {
+		t.Errorf("a refused call's answer on the stream: %q", got)
+	}
+	if e := f.event(t); e.Kind != Refused || !strings.Contains(e.Reason, "answered on its SSE stream") || strings.Join(e.MCP.Refused, ",") != "delete_repo" {
+		t.Errorf("the refused call's record: %v %q %+v", e.Kind, e.Reason, e.MCP)
+	}
+	if got := strings.Join(reached(), "|"); got != "tools/list|tools/call get_issue" {
+		t.Errorf("the server received %q", got)
+	}
+
+	// The server ends the stream: a call whose answer had not come is
+	// recorded then.
+	if status := post(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"search_issues"}}`); status != 202 {
+		t.Errorf("a call: %d", status)
+	}
+	select {
+	case e := <-f.events:
+		t.Errorf("the unanswered call was recorded before its stream ended: %+v", e)
+	case <-time.After(100 * time.Millisecond):
+	}
+	answers <- ""
+	var got []Event
+	for len(got) < 2 {
+		got = append(got, f.event(t))
+	}
+	for _, e := range got {
+		if e.Method == "POST" && (len(e.MCP.Each) != 1 || e.MCP.Each[0].Answered) {
+			t.Errorf("the unanswered call's record: %+v", e.MCP)
+		}
+	}
+}
+
+// An endpoint event is kept only for the stream's own host, resolved
+// against the stream's URL, and at most maxStreams of them.
+func TestSSEEndpoints(t *testing.T) {
+	base, _ := url.Parse("https://a.test/mcp/sse?x=1")
+	for _, tc := range []struct {
+		data, want string // want "": not kept
+	}{
+		{"/messages?sessionId=abc", "a.test /messages?sessionId=abc"},
+		{"messages?sessionId=abc", "a.test /mcp/messages?sessionId=abc"},
+		{"https://a.test/m?s=1", "a.test /m?s=1"},
+		{"https://A.TEST:443/m?s=1", "a.test /m?s=1"},
+		{"https://b.test/m?s=1", ""},
+		{"//b.test/m", ""},
+		{"%zz", ""},
+	} {
+		var ss sseStreams
+		s := newSSEStream()
+		ok := ss.register("a.test", base, []byte(tc.data), s)
+		if got := s.key; ok != (tc.want != "") || got != tc.want {
+			t.Errorf("%q: kept %v as %q, want %q", tc.data, ok, got, tc.want)
+		}
+		if ok {
+			u, _ := url.Parse(strings.TrimPrefix(tc.want, "a.test "))
+			if ss.lookup("a.test", u) != s || ss.lookup("b.test", u) != nil {
+				t.Errorf("%q: lookup", tc.data)
+			}
+			ss.remove(s)
+			if ss.lookup("a.test", u) != nil {
+				t.Errorf("%q: kept after its stream ended", tc.data)
+			}
+		}
+	}
+	var ss sseStreams
+	for i := range maxStreams + 1 {
+		ok := ss.register("a.test", base, []byte(fmt.Sprintf("/m?s=%d", i)), newSSEStream())
+		if ok != (i < maxStreams) {
+			t.Errorf("stream %d: kept %v", i, ok)
+		}
+	}
+}

@@ -86,6 +86,9 @@ type MCPEvent struct {
 	// Hidden are the tools a tools/list result named that the agent did
 	// not see.
 	Hidden []string
+	// Asked are the methods of the server's own requests to the client
+	// (sampling/createMessage, elicitation/create, roots/list), passed.
+	Asked []string
 	// Each is every call let through, with what came back; Session and
 	// Application are the request's Mcp-Session-Id and User-Agent.
 	Each                 []MCPCallDone

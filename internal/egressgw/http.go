@@ -265,7 +265,8 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		}
 		if x != nil {
 			if x.mcp != nil {
-				ev.MCP.Hidden, ev.MCP.Each = x.mcp.hiddenNow(), x.mcp.callsNow()
+				ev.MCP.Hidden, ev.MCP.Asked = x.mcp.hiddenNow()
+				ev.MCP.Each = x.mcp.callsNow()
 			}
 			if ev.Kind == Request && ev.Reason == "" {
 				ev.Reason = cutReason(x.readErr, cw.err)

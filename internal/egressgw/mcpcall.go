@@ -33,8 +33,8 @@ type mcpTap struct {
 	rpc bool
 	mu  sync.Mutex
 	// hidden are the tools a response's tools/list named and the agent
-	// did not see.
-	hidden []string
+	// did not see; asked the methods of the server's own requests.
+	hidden, asked []string
 	// calls are the calls let through, byID their index by JSON-RPC id.
 	calls []MCPCallDone
 	byID  map[string]int
@@ -43,17 +43,20 @@ type mcpTap struct {
 	stream *sseStream
 }
 
-func (m *mcpTap) hide(names []string) {
+// hide notes what a server's message named and the agent did not see,
+// and the server's own requests in it.
+func (m *mcpTap) hide(names, asked []string) {
 	m.mu.Lock()
 	m.hidden = append(m.hidden, names...)
+	m.asked = append(m.asked, asked...)
 	m.mu.Unlock()
 }
 
-// hiddenNow are the tools hidden so far.
-func (m *mcpTap) hiddenNow() []string {
+// hiddenNow are the tools hidden so far, and the server's requests.
+func (m *mcpTap) hiddenNow() (hidden, asked []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.hidden
+	return m.hidden, m.asked
 }
 
 // answered notes what came back for the calls let through.
@@ -214,14 +217,14 @@ func (g *Gateway) mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap,
 				}
 				return data, nil
 			}
-			out, hidden, answers, err := mcp.FilterAnswers(m.tools, data)
+			out, hidden, seen, err := mcp.FilterAnswers(m.tools, data)
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server sent an event the gateway does not read (%v): the stream is cut", err)
 			}
-			m.hide(hidden)
-			m.answered(answers)
+			m.hide(hidden, seen.Asked)
+			m.answered(seen.Answers)
 			if stream != nil {
-				stream.answered(answers)
+				stream.answered(seen.Answers)
 			}
 			return out, nil
 		})
@@ -243,12 +246,12 @@ func (g *Gateway) mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap,
 			return nil, fmt.Errorf("the MCP server's answer is over %d bytes: not read, so not passed", mcp.MaxMessage)
 		}
 		if len(bytes.TrimSpace(raw)) > 0 {
-			out, hidden, answers, err := mcp.FilterAnswers(m.tools, raw)
+			out, hidden, seen, err := mcp.FilterAnswers(m.tools, raw)
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server's answer is not one the gateway reads (%v): not passed", err)
 			}
-			m.hide(hidden)
-			m.answered(answers)
+			m.hide(hidden, seen.Asked)
+			m.answered(seen.Answers)
 			raw = out
 		}
 		res.ContentLength = int64(len(raw))

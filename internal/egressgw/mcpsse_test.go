@@ -180,15 +180,23 @@ func TestMCPOldSSE(t *testing.T) {
 		t.Errorf("the unanswered call was recorded before its stream ended: %+v", e)
 	case <-time.After(100 * time.Millisecond):
 	}
-	answers <- ""
-	var got []Event
-	for len(got) < 2 {
-		got = append(got, f.event(t))
+	// The server's own request to the client passes, and is recorded.
+	answers <- `{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{"messages":[]}}`
+	if got := event(); !strings.Contains(got, "sampling/createMessage") {
+		t.Errorf("the server's request: %q", got)
 	}
-	for _, e := range got {
-		if e.Method == "POST" && (len(e.MCP.Each) != 1 || e.MCP.Each[0].Answered) {
-			t.Errorf("the unanswered call's record: %+v", e.MCP)
+	answers <- ""
+	var posted, streamed bool
+	for range 2 {
+		switch e := f.event(t); e.Method {
+		case "POST":
+			posted = len(e.MCP.Each) == 1 && !e.MCP.Each[0].Answered
+		case "GET":
+			streamed = strings.Join(e.MCP.Asked, ",") == "sampling/createMessage" && strings.Join(e.MCP.Hidden, ",") == "delete_repo"
 		}
+	}
+	if !posted || !streamed {
+		t.Errorf("at the stream's end: the unanswered call recorded %v, the stream's record %v", posted, streamed)
 	}
 }
 

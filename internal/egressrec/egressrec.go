@@ -42,7 +42,7 @@ func Gateway(e egressev.Event, scrub *audit.RoleScrubber) *audit.Record {
 		for _, c := range m.Each {
 			called = append(called, c.Tool)
 		}
-		for k, v := range map[string][]string{"mcp_calls": called, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden} {
+		for k, v := range map[string][]string{"mcp_calls": called, "mcp_refused": m.Refused, "mcp_hidden": m.Hidden, "mcp_server_requests": m.Asked} {
 			if len(v) > 0 {
 				detail[k] = clean(clipList(v, 2048))
 			}

@@ -159,15 +159,29 @@ func FilterBody(t Tools, body []byte) ([]byte, []string, error) {
 	return out, removed, err
 }
 
-// FilterAnswers is FilterBody, with the body's answers.
-func FilterAnswers(t Tools, body []byte) ([]byte, []string, []Answer, error) {
+// Seen is what a server's message (or batch) says besides its tools: its
+// answers to the client's requests, and the methods of its own requests
+// to the client (sampling/createMessage, elicitation/create, roots/list,
+// ping).
+type Seen struct {
+	Answers []Answer
+	Asked   []string
+}
+
+// FilterAnswers is FilterBody, with what else the body says.
+func FilterAnswers(t Tools, body []byte) ([]byte, []string, Seen, error) {
 	msgs, batch, err := Parse(body)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, Seen{}, err
 	}
-	answers := Answers(msgs)
+	seen := Seen{Answers: Answers(msgs)}
+	for _, m := range msgs {
+		if m.IsRequest() {
+			seen.Asked = append(seen.Asked, m.Method)
+		}
+	}
 	out, removed, err := filterMsgs(t, body, msgs, batch)
-	return out, removed, answers, err
+	return out, removed, seen, err
 }
 
 // filterMsgs filters the parsed messages of body.

@@ -165,3 +165,19 @@ func TestSSE(t *testing.T) {
 		t.Fatalf("cut short: %q %v", b, err)
 	}
 }
+
+// The server's own requests in its messages are read: their methods, and
+// not its notifications or answers.
+func TestFilterAnswersSeen(t *testing.T) {
+	body := `[{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{"messages":[]}},` +
+		`{"jsonrpc":"2.0","method":"notifications/progress","params":{}},` +
+		`{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":true}},` +
+		`{"jsonrpc":"2.0","id":"s2","method":"elicitation/create","params":{}}]`
+	out, hidden, seen, err := FilterAnswers(Tools{Allow: []string{"*"}}, []byte(body))
+	if err != nil || string(out) != body || hidden != nil {
+		t.Fatalf("%s %v %v", out, hidden, err)
+	}
+	if strings.Join(seen.Asked, ",") != "sampling/createMessage,elicitation/create" || len(seen.Answers) != 1 || !seen.Answers[0].IsError {
+		t.Errorf("seen %+v", seen)
+	}
+}

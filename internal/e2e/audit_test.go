@@ -387,16 +387,22 @@ func TestAuditSendBuffer(t *testing.T) {
 			if !c.want(got) {
 				t.Fatalf("SO_SNDBUF of gVisor's audit socket is %d, want %s", got, c.wantDoc)
 			}
-			dev.removeContainer(id)
-			found := false
-			for _, rec := range readTrail(t, id) {
-				if rec.File != nil && rec.File.Path == "/etc/hostname" {
-					found = true
+			// The shell may not have run cat yet: its open is waited for
+			// (removing the container first would lose it, and fail
+			// nothing of what this test is about).
+			found := eventually(t, 30*time.Second, func() bool {
+				for _, rec := range trailSoFar(t, id) {
+					if rec.File != nil && rec.File.Path == "/etc/hostname" {
+						return true
+					}
 				}
-			}
+				return false
+			})
 			if !found {
 				t.Fatal("the open of /etc/hostname is not in the trail")
 			}
+			dev.removeContainer(id)
+			readTrail(t, id)
 		})
 	}
 }

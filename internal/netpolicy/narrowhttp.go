@@ -15,27 +15,11 @@ import (
 // intersectHTTP is what both rules' methods and paths allow; false when
 // nothing is left.
 func intersectHTTP(c, n Rule) (methods, paths []string, ok bool) {
-	if methods, ok = intersectMethods(c.Methods, n.Methods); !ok {
+	if methods, ok = intersectList(c.Methods, n.Methods, func(p, q string) bool { return p == q }); !ok {
 		return nil, nil, false
 	}
-	paths, ok = intersectPaths(c.Paths, n.Paths)
+	paths, ok = intersectList(c.Paths, n.Paths, pathWithin)
 	return methods, paths, ok
-}
-
-func intersectMethods(a, b []string) ([]string, bool) {
-	switch {
-	case len(a) == 0:
-		return slices.Clone(b), true
-	case len(b) == 0:
-		return slices.Clone(a), true
-	}
-	var out []string
-	for _, m := range b {
-		if slices.Contains(a, m) {
-			out = append(out, m)
-		}
-	}
-	return out, len(out) > 0
 }
 
 // pathWithin says whether every path pattern p allows, q allows too (a
@@ -47,9 +31,10 @@ func pathWithin(p, q string) bool {
 	return p == q
 }
 
-// intersectPaths is the patterns of each list that the other allows
-// whole.
-func intersectPaths(a, b []string) ([]string, bool) {
+// intersectList is the entries of each list that the other allows whole
+// (within(p, q): q allows all p does), sorted; false when none is left.
+// An empty list allows any.
+func intersectList(a, b []string, within func(p, q string) bool) ([]string, bool) {
 	switch {
 	case len(a) == 0:
 		return slices.Clone(b), true
@@ -60,7 +45,7 @@ func intersectPaths(a, b []string) ([]string, bool) {
 	for _, pair := range [][2][]string{{b, a}, {a, b}} {
 		for _, p := range pair[0] {
 			for _, q := range pair[1] {
-				if pathWithin(p, q) && !slices.Contains(out, p) {
+				if within(p, q) && !slices.Contains(out, p) {
 					out = append(out, p)
 				}
 			}

@@ -259,6 +259,15 @@ func SuspendName(uid string, t time.Time) string {
 // agent's memory meanwhile).
 const suspendWait = 2 * time.Minute
 
+// resumed says whether sb, running, is the resume of Sandbox uid from the
+// checkpoint its template names (annotated): restored from it, and it is
+// that Sandbox's own suspend image. A Sandbox restored from another's
+// checkpoint (a fork's copy) is not a resume: that image stays for the
+// other copies (and the broker would refuse the write).
+func resumed(annotated string, sb *control.Sandbox, uid string) bool {
+	return annotated != "" && sb.RestoredFrom == annotated && sb.State == "running" && broker.CheckpointOf(annotated, uid)
+}
+
 // suspendAndResume acts for the Sandboxes whose roles keep memory on
 // suspend. A sandbox whose Sandbox is set to Suspended is checkpointed
 // (its pod is about to be deleted: the shim holds the stop for the
@@ -316,7 +325,7 @@ func (a *Agent) suspendAndResume(ctx context.Context, l control.Listed, o *contr
 			where = "the Sandbox's next pod resumes from it on any node (the shared store)"
 		}
 		a.event(ctx, sbObj, "Normal", "Suspended", fmt.Sprintf("agentbox saved the agent's memory into checkpoint %s on node %s (%d bytes in %d ms); %s", name, a.NodeName, cp.Bytes, cp.Millis, where))
-	case annotated != "" && sb.RestoredFrom == annotated && sb.State == "running":
+	case resumed(annotated, sb, o.Sandbox.UID):
 		// Resumed: the template's next pods boot afresh, and the image
 		// (memory, and so secrets) goes. The broker takes the annotation off,
 		// and the pin it made.

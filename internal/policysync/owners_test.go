@@ -104,3 +104,27 @@ func TestSuspendName(t *testing.T) {
 		}
 	}
 }
+
+// A running sandbox restored from the checkpoint its Sandbox's template
+// names is that Sandbox's resume only when the image is its own suspend's:
+// a fork's copy, restored from another Sandbox's, is not.
+func TestResumed(t *testing.T) {
+	own := SuspendName("AB-12", time.Unix(100, 0))
+	other := SuspendName("cd-34", time.Unix(100, 0))
+	for _, tc := range []struct {
+		name, annotated, restored, state string
+		want                             bool
+	}{
+		{"its own suspend image", own, own, "running", true},
+		{"another Sandbox's image (a fork's copy)", other, other, "running", false},
+		{"a checkpoint not a suspend's", "explore-7", "explore-7", "running", false},
+		{"not restored from it", own, "", "running", false},
+		{"not running yet", own, own, "created", false},
+		{"no annotation", "", "", "running", false},
+	} {
+		sb := &control.Sandbox{RestoredFrom: tc.restored, State: tc.state}
+		if got := resumed(tc.annotated, sb, "AB-12"); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

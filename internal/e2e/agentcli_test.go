@@ -253,18 +253,17 @@ func last(s []string) string {
 	return s[len(s)-1]
 }
 
-// checkAgentCLITrail: the quiet run's trail has the CLI's four model
-// calls (file tool, two shell steps, the answer), each naming the CLI;
-// each shell step's bash is linked to its tool call; nothing was refused;
-// the key is nowhere in it.
-func checkAgentCLITrail(t *testing.T, c agentCLI, sandbox string) {
+// auditRecords waits for a sandbox's trail to end and returns its records
+// as agentbox reads them, and the file; a line holding the key fails the
+// test.
+func auditRecords(t *testing.T, sandbox string) ([]*audit.Record, []byte) {
 	t.Helper()
 	readTrail(t, sandbox) // waits for the trail's end
 	b, err := os.ReadFile(filepath.Join(dev.dir, "audit", sandbox+".jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls, execs []*audit.Record
+	var recs []*audit.Record
 	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
 		r, err := audit.ParseLine(l)
 		if err != nil {
@@ -273,6 +272,20 @@ func checkAgentCLITrail(t *testing.T, c agentCLI, sandbox string) {
 		if bytes.Contains(l, []byte(secretValue)) {
 			t.Errorf("the key is in the trail: %s", l)
 		}
+		recs = append(recs, r)
+	}
+	return recs, b
+}
+
+// checkAgentCLITrail: the quiet run's trail has the CLI's four model
+// calls (file tool, two shell steps, the answer), each naming the CLI;
+// each shell step's bash is linked to its tool call; nothing was refused;
+// the key is nowhere in it.
+func checkAgentCLITrail(t *testing.T, c agentCLI, sandbox string) {
+	t.Helper()
+	recs, b := auditRecords(t, sandbox)
+	var calls, execs []*audit.Record
+	for _, r := range recs {
 		switch {
 		case r.Event == "agentbox/model_call":
 			calls = append(calls, r)

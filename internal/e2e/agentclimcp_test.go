@@ -3,16 +3,12 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
-	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/e2e/modelscript"
 )
 
@@ -153,22 +149,7 @@ func agentCLIMCP(t *testing.T, c agentCLI, url string) {
 // hidden tools are on the requests' records; the key is nowhere.
 func checkMCPTrail(t *testing.T, c agentCLI, sandbox string) {
 	t.Helper()
-	readTrail(t, sandbox) // waits for the trail's end
-	b, err := os.ReadFile(filepath.Join(dev.dir, "audit", sandbox+".jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var recs []*audit.Record
-	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		r, err := audit.ParseLine(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, r)
-	}
-	if bytes.Contains(b, []byte(secretValue)) {
-		t.Errorf("the key is in the trail")
-	}
+	recs, b := auditRecords(t, sandbox)
 	asked := map[string]string{} // "MODEL_CALL TOOL_CALL_ID" -> tool name
 	var names []string
 	found := map[string]bool{}

@@ -24,20 +24,40 @@ import (
 // and never reaches it; tools/list answers, as JSON and as server-sent
 // events, name only the allowed tools; the session's headers pass as they
 // were; each record says what was called, refused and hidden.
-func TestMCPTools(t *testing.T) {
+// mcpFixture is a gateway whose one rule is api: mcp on a.test with tools
+// and limits, terminating TLS with a CA of its own; dial opens a TLS
+// connection to it that trusts that CA.
+func mcpFixture(t *testing.T, tools policy.ToolsRule, limits policy.LimitsProfile) (*fixture, func() *tls.Conn) {
+	t.Helper()
 	ca, err := NewCA("sandbox-1", []string{"a.test"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := newFixtureWith(t, true, Config{CA: ca}, func(port int) netpolicy.Plan {
 		pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
-			{Host: "a.test", Ports: []int{port}, API: policy.APIMCP, Tools: &policy.ToolsRule{Allow: []string{"search_issues", "get_*"}, Deny: []string{"get_secret"}}},
-		}}, Limits: policy.LimitsProfile{MCP: policy.MCPBudget{Tools: map[string]int64{"get_issue": 1}}}})
+			{Host: "a.test", Ports: []int{port}, API: policy.APIMCP, Tools: &tools},
+		}}, Limits: limits})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return *pl
 	})
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	return f, func() *tls.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(15 * time.Second))
+		return tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
+	}
+}
+
+func TestMCPTools(t *testing.T) {
+	f, dial := mcpFixture(t, policy.ToolsRule{Allow: []string{"search_issues", "get_*"}, Deny: []string{"get_secret"}},
+		policy.LimitsProfile{MCP: policy.MCPBudget{Tools: map[string]int64{"get_issue": 1}}})
 	var mu sync.Mutex
 	var seen []string // what the server received, by method and tool
 	list := `{"tools":[{"name":"search_issues"},{"name":"delete_repo"},{"name":"get_issue"},{"name":"get_secret"}]}`
@@ -84,17 +104,10 @@ func TestMCPTools(t *testing.T) {
 		}
 		return true
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Certificate())
 	raw := func(req string) (int, string, http.Header) {
 		t.Helper()
-		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(15 * time.Second))
-		tc := tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
+		tc := dial()
+		defer tc.Close()
 		io.WriteString(tc, req)
 		resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
 		if err != nil {

@@ -2,12 +2,9 @@ package egressgw
 
 import (
 	"bufio"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -27,19 +23,7 @@ import (
 // POST gets 202 as the server's would, and its JSON-RPC error comes on the
 // stream, where the client waits for it.
 func TestMCPOldSSE(t *testing.T) {
-	ca, err := NewCA("sandbox-1", []string{"a.test"}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixtureWith(t, true, Config{CA: ca}, func(port int) netpolicy.Plan {
-		pl, err := netpolicy.Compile(&policy.Profile{Network: policy.NetworkProfile{Egress: policy.EgressAllowlist, Allow: []policy.EgressRule{
-			{Host: "a.test", Ports: []int{port}, API: policy.APIMCP, Tools: &policy.ToolsRule{Allow: []string{"search_issues", "get_*"}}},
-		}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return *pl
-	})
+	f, dial := mcpFixture(t, policy.ToolsRule{Allow: []string{"search_issues", "get_*"}}, policy.LimitsProfile{})
 	var mu sync.Mutex
 	var seen []string
 	answers := make(chan string, 10)
@@ -83,16 +67,6 @@ func TestMCPOldSSE(t *testing.T) {
 			return true
 		}
 		return false
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Certificate())
-	dial := func() *tls.Conn {
-		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", f.port))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(15 * time.Second))
-		return tls.Client(c, &tls.Config{ServerName: "a.test", RootCAs: roots})
 	}
 	// The stream.
 	sc := dial()

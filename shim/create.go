@@ -321,6 +321,15 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		if st, ok := sentrystats.For(filepath.Join(root, namespaceOf(ctx)), r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
 			plan.sandbox.stats = &st
 		}
+		sb := plan.sandbox
+		plan.push(func(string) { stopPortForward(ctx, sb) })
+		pf, err := startPortForward(ctx, sb, plan.profile.Network.PortForward, netnsPath(spec), sentrystats.ControlSocket(filepath.Join(root, namespaceOf(ctx)), r.ID))
+		if err != nil {
+			return err
+		}
+		if pf != "" {
+			changes = append(changes, pf)
+		}
 		flags["pod-init-config"] = podInit
 		plan.phases.mark("audit_receiver")
 		p := plan.profile

@@ -19,6 +19,7 @@ import (
 	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/portfwd"
 	"agentbox.dev/agentbox/internal/sentrystats"
 	"agentbox.dev/agentbox/internal/toollink"
 	"agentbox.dev/agentbox/shim/sandbox"
@@ -81,6 +82,8 @@ type sandboxState struct {
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node
 	// agent last said (nil: none said). Written under ops.
 	owner atomic.Pointer[control.Owner]
+	// forwarder is its port-forward listeners (nil: none). portforward.go.
+	forwarder atomic.Pointer[portfwd.Forwarder]
 	// memoryLimit (bytes) and cpuMillis are the sandbox's cgroup limits
 	// (0: none); a tightened role lowers them live. Guarded by ops after
 	// Create.

@@ -417,6 +417,7 @@ func (s *service) Delete(ctx context.Context, r *task.DeleteRequest) (*task.Dele
 			// its trail ends.
 			stopControl(sb)
 			ph.mark("stop_control")
+			stopPortForward(ctx, sb)
 			removeEgress(ctx, sb)
 			ph.mark("remove_egress")
 			closeAudit(ctx, sb.audit, fmt.Sprintf("root container exited with status %d", resp.ExitStatus), usage)

@@ -58,6 +58,7 @@ var (
 	TypeEgressRefused    = RecordType{"agentbox/egress_refused", ClassNetwork, 5, "Refuse", low, "a connection or request the egress gateway refused, with the reason (the name, no SNI, neither TLS nor HTTP, a failed lookup)"}
 	TypeWebSocketClosed  = RecordType{"agentbox/websocket_closed", ClassNetwork, 2, "Close", info, "an allowed WebSocket through the egress gateway ended (its opening is an egress_request with status 101): bytes each way, duration, address dialled, and why (idle, the role changed, quarantine, an end closed it)"}
 	TypeSecretReflected  = RecordType{"agentbox/secret_reflected", ClassHTTP, 99, "Secret Reflected", medium, "a response of a host a secret is injected for carried the secret back (echoed, in a header or the body, raw or encoded): the gateway replaced it before the agent read it; host, path, where, encoding and count, never the value"}
+	TypePortForward      = RecordType{"agentbox/port_forward", ClassNetwork, 2, "Close", info, "a connection of the node's port-forward (kubectl or crictl port-forward, agent-sandbox's SDK) to a port the role's network.portForward names, at its end: the port, bytes each way, duration; one the sandbox did not take is a failure, with the reason"}
 	TypeGatewayStopped   = RecordType{"agentbox/gateway_stopped", ClassAppLifecycle, 4, "Stop", info, "the pod's egress gateway stopped, with the connections it rejected for its bound"}
 	TypeEgressDenied     = RecordType{"agentbox/egress_denied", ClassNetwork, 5, "Refuse", low, "a packet the egress rules dropped, as the kernel logged it"}
 	TypeEgressDrops      = RecordType{"agentbox/egress_drops", ClassNetwork, 6, "Traffic", info, "the drop rules' counters at the root's exit"}
@@ -91,7 +92,7 @@ var Catalog = []RecordType{
 	TypeRoleResolved, TypeRefused, TypeEgressApplied, TypeProfileApplied, TypeSandboxFailed,
 	TypeContainerCreated, TypeContainerFailed, TypeContainerStart, TypeExec, TypeExecRefused, TypeExecStart,
 	TypeDNSAnswered, TypeDNSRefused, TypeDNSFailed, TypeDNSMalformed, TypeDNSWithheld,
-	TypeEgressRequest, TypeModelCall, TypeMCPCall, TypeModelLimit, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
+	TypeEgressRequest, TypeModelCall, TypeMCPCall, TypeModelLimit, TypeEgressConnection, TypeEgressRefused, TypeWebSocketClosed, TypeSecretReflected, TypePortForward, TypeGatewayStopped, TypeEgressDenied, TypeEgressDrops, TypeLimit, TypeAuditFull, TypeContainerExit, TypeContainerDeleted,
 	TypeResolverStopped, TypeEgressRemoved, TypeAnomaly, TypePolicySnapshot, TypePolicyRefused,
 	TypePolicyTightened, TypePolicyPending, TypeQuarantined, TypeReleased, TypeFrozen, TypeThawed, TypeCheckpointed, TypeCheckpointShared, TypeCheckpointFailed, TypeRestored, TypeStopped, TypeOwner, TypeSecretRotated, TypeGap, TypeSandboxEnd,
 }

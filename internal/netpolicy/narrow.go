@@ -166,7 +166,9 @@ func (pl *Plan) Mode() string { return mode(pl) }
 
 func mode(p *Plan) string {
 	switch {
-	case !p.Enforced:
+	case !p.Enforced, !p.DefaultAccept && !p.Resolver:
+		// Enforced without either: egress none on an interface kept for
+		// port-forward.
 		return string(policy.EgressNone)
 	case p.DefaultAccept:
 		return string(policy.EgressOpen)

@@ -69,7 +69,12 @@ type Rule struct {
 
 // Plan is a role's egress policy, compiled.
 type Plan struct {
-	// Enforced is false for egress none (the sandbox has no interface).
+	// Enforced is false for egress none (the sandbox has no interface),
+	// unless the role names ports for the node's port-forward
+	// (network.portForward): gVisor forwards only to a sandbox that keeps
+	// its network stack on the pod's interface, so it keeps it, and every
+	// packet it sends is dropped (a plan without rules, resolver or
+	// default accept), replies to any connection from outside included.
 	Enforced bool
 	// DefaultAccept is true for egress open.
 	DefaultAccept bool
@@ -103,6 +108,7 @@ func Compile(p *policy.Profile) (*Plan, error) {
 	pl := &Plan{}
 	switch p.Network.Egress {
 	case policy.EgressNone:
+		pl.Enforced = len(p.Network.PortForward) > 0
 		return pl, nil
 	case policy.EgressOpen:
 		pl.Enforced, pl.DefaultAccept = true, true

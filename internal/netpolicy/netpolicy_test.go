@@ -114,6 +114,20 @@ func TestOpenAndNone(t *testing.T) {
 	if none.Enforced {
 		t.Error("egress none has no interface to filter")
 	}
+	// Under egress none with a port for the node's port-forward, the
+	// sandbox keeps its interface, and every packet it sends is dropped.
+	nonePF := profile(policy.EgressNone)
+	nonePF.Network.PortForward = []int{8080}
+	kept, _ := Compile(nonePF)
+	if !kept.Enforced || kept.DefaultAccept || kept.Resolver || len(kept.Allow) > 0 || kept.Mode() != policy.EgressNone {
+		t.Errorf("egress none, port-forward: %+v (%s)", kept, kept.Mode())
+	}
+	if ok, _ := kept.Decide(netip.MustParseAddr("10.0.0.1"), 80); ok {
+		t.Error("egress none with port-forward allowed a packet")
+	}
+	if rs := kept.Ruleset("eth0"); !strings.Contains(rs, "policy drop;") || !strings.Contains(rs, "default deny") || strings.Contains(rs, "dport 53") {
+		t.Errorf("egress none with port-forward, ruleset:\n%s", rs)
+	}
 	// A broad rule does not name the metadata address.
 	broad, _ := Compile(profile(policy.EgressAllowlist, policy.EgressRule{CIDR: "0.0.0.0/0"}))
 	if ok, _ := broad.Decide(netip.MustParseAddr("169.254.169.254"), 80); ok {

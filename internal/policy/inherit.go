@@ -60,6 +60,7 @@ func mergeSpec(parent, child RoleSpec) RoleSpec {
 		}
 		pick(&m.Egress, c.Egress)
 		pickSlice(&m.Allow, c.Allow)
+		pickSlice(&m.PortForward, c.PortForward)
 		out.Network = &m
 	}
 	if c := child.Process; c != nil {

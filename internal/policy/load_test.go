@@ -3,6 +3,7 @@ package policy
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -49,6 +50,9 @@ func TestParseProblems(t *testing.T) {
 		}},
 		{"contradiction: none with allow", roleHead + "spec:\n  network:\n    egress: none\n    allow: [{host: a.example}]\n", []string{"p.yaml:7: spec.network.allow: egress none takes no allow list"}},
 		{"contradiction: allowlist without rules", roleHead + "spec:\n  network: {egress: allowlist}\n", []string{"spec.network.allow: egress allowlist needs at least one rule"}},
+		{"port-forward port out of range", roleHead + "spec:\n  network: {portForward: [0, 8080, 70000]}\n", []string{"spec.network.portForward: port 0 is not between 1 and 65535", "spec.network.portForward: port 70000 is not between"}},
+		{"port-forward port twice", roleHead + "spec:\n  network: {portForward: [9090, 8080, 9090]}\n", []string{"spec.network.portForward: port 9090 is listed twice"}},
+		{"port-forward not a list of ports", roleHead + "spec:\n  network: {portForward: [http]}\n", []string{"p.yaml:5", "cannot unmarshal"}},
 		{"contradiction: capability defeats maxProcesses", roleHead + "spec:\n  process: {capabilities: [SYS_ADMIN]}\n", []string{"CAP_SYS_ADMIN lets the agent exceed maxProcesses"}},
 		{"egress rule errors", roleHead + "spec:\n  network:\n    egress: allowlist\n    allow: [{host: 10.0.0.1}, {cidr: 10.0.0.0/33}, {host: a.example, cidr: 10.0.0.0/8}, {ports: [0, 70000]}]\n", []string{
 			`allow[0].host: "10.0.0.1" is an address`, `allow[1].cidr: "10.0.0.0/33" is not a CIDR`, `allow[2]: sets both host and cidr`, `allow[3]: sets neither`, `allow[3].ports[0]: 0 is not a port`, `allow[3].ports[1]: 70000`}},
@@ -192,6 +196,7 @@ spec:
   filesystem: {writable: [/tmp], maskedPaths: [/proc/kallsyms]}
   process: {maxProcesses: 32, runAsUser: 1000}
   limits: {memory: 256Mi, wallClock: 10m}
+  network: {portForward: [9090, 8080]}
 ---
 apiVersion: agentbox.dev/v1
 kind: Role
@@ -244,6 +249,9 @@ func TestInheritance(t *testing.T) {
 	}
 	if p.Limits.MemoryBytes != 1<<30 || p.Limits.WallClock.Minutes() != 10 || p.Process.MaxProcesses != 32 || p.Process.RunAsUser != 1000 || p.Process.RunAsGroup != 1000 {
 		t.Errorf("limits %+v process %+v", p.Limits, p.Process)
+	}
+	if !slices.Equal(p.Network.PortForward, []int{8080, 9090}) {
+		t.Errorf("portForward %v: inherited, ascending", p.Network.PortForward)
 	}
 	if p.Network.Egress != EgressOpen || len(p.Process.Capabilities) != 1 || p.Process.Capabilities[0] != "CAP_NET_BIND_SERVICE" {
 		t.Errorf("network %+v caps %v", p.Network, p.Process.Capabilities)

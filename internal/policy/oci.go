@@ -37,7 +37,10 @@ func (p *Profile) RunscFlags() map[string]string {
 	f := map[string]string{}
 	// allowlist and open keep gVisor's netstack on the pod interface; the
 	// shim filters it with nftables outside the sandbox (netpolicy).
-	if p.Network.Egress == EgressNone {
+	// Under egress none the sandbox gets no interface, unless the node's
+	// port-forward must reach it (gVisor forwards only to its netstack):
+	// then netpolicy drops every packet it sends.
+	if p.Network.Egress == EgressNone && len(p.Network.PortForward) == 0 {
 		f["network"] = "none"
 	}
 	if p.Filesystem.Rootfs == RootfsOverlay {

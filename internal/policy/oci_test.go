@@ -175,6 +175,13 @@ func TestSpecProperties(t *testing.T) {
 	if f := min.RunscFlags(); f["network"] != "none" {
 		t.Errorf("flags %v", f)
 	}
+	// Port-forward needs gVisor's netstack on the pod's interface (netpolicy
+	// then drops all the sandbox sends).
+	pf := *min
+	pf.Network.PortForward = []int{8080}
+	if f := pf.RunscFlags(); f["network"] != "" {
+		t.Errorf("egress none with port-forward: flags %v", f)
+	}
 
 	full, _ := set.Profile("full")
 	s = baseSpec()

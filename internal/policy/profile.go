@@ -55,6 +55,9 @@ type FilesystemProfile struct {
 type NetworkProfile struct {
 	Egress string       `json:"egress"`
 	Allow  []EgressRule `json:"allow"`
+	// PortForward is the sandbox's ports the node's port-forward may
+	// reach, ascending (none: port-forward reaches nothing).
+	PortForward []int `json:"portForward,omitempty"`
 }
 
 // ProcessProfile is the enforced process identity and limits.
@@ -256,7 +259,32 @@ func (p *Profile) compileNetwork(nw Network) []error {
 	for i, r := range p.Network.Allow {
 		errs = append(errs, checkEgressRule(fmt.Sprintf("network.allow[%d]", i), r)...)
 	}
+	p.Network.PortForward, errs = compilePortForward(nw.PortForward, errs)
 	return errs
+}
+
+// maxPortForward bounds network.portForward: a listener each.
+const maxPortForward = 16
+
+// compilePortForward checks network.portForward: ports 1-65535, each
+// once, at most maxPortForward; sorted.
+func compilePortForward(ports []int, errs []error) ([]int, []error) {
+	if len(ports) == 0 {
+		return nil, errs
+	}
+	if len(ports) > maxPortForward {
+		return nil, append(errs, ferr("network.portForward", "%d ports; at most %d", len(ports), maxPortForward))
+	}
+	out := slices.Clone(ports)
+	slices.Sort(out)
+	for i, port := range out {
+		if port < 1 || port > 65535 {
+			errs = append(errs, ferr("network.portForward", "port %d is not between 1 and 65535", port))
+		} else if i > 0 && out[i-1] == port {
+			errs = append(errs, ferr("network.portForward", "port %d is listed twice", port))
+		}
+	}
+	return out, errs
 }
 
 // compileProcess fills the profile's process section, with its defaults.

@@ -143,6 +143,12 @@ type Network struct {
 	Egress *string `yaml:"egress,omitempty" json:"egress,omitempty"`
 	// Allow lists what allowlist egress may reach.
 	Allow []EgressRule `yaml:"allow,omitempty" json:"allow,omitempty"`
+	// PortForward lists the sandbox's ports the node's port-forward
+	// (kubectl port-forward, crictl port-forward, agent-sandbox's SDK)
+	// may reach; none by default. It is inbound, and no egress.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	PortForward []int `yaml:"portForward,omitempty" json:"portForward,omitempty"`
 }
 
 // EgressRule allows connections to a host name or a CIDR, on some ports

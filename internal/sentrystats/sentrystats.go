@@ -69,12 +69,16 @@ type Sandbox struct {
 // systemd cgroup (runsc reads it through systemd, and gVisor's task
 // service then answers cgroup v2 metrics).
 func For(root, id string, spec *specs.Spec, systemdCgroup bool) (Sandbox, bool) {
-	sb := Sandbox{Socket: filepath.Join(root, "runsc-"+id+".sock"), Cgroup: SandboxCgroup(spec)}
+	sb := Sandbox{Socket: ControlSocket(root, id), Cgroup: SandboxCgroup(spec)}
 	if systemdCgroup || strings.Contains(sb.Cgroup, ":") {
 		return Sandbox{}, false
 	}
 	return sb, true
 }
+
+// ControlSocket is the control socket of sandbox id under runsc root
+// root.
+func ControlSocket(root, id string) string { return filepath.Join(root, "runsc-"+id+".sock") }
 
 // SandboxCgroup is the cgroup runsc puts a sandbox in, from its root
 // container's spec as the shim passes it to gVisor's task service: the

@@ -78,6 +78,8 @@ func Unchangeable(cur, next *policy.Profile) []string {
 		{"limits (wall clock, CPU time, open files)", []any{cur.Limits.WallClock, cur.Limits.CPUTimeSeconds, cur.Limits.OpenFiles},
 			[]any{next.Limits.WallClock, next.Limits.CPUTimeSeconds, next.Limits.OpenFiles}},
 		{"audit", cur.Audit, next.Audit},
+		// Its listeners are the pod's, opened at its start.
+		{"network.portForward", cur.Network.PortForward, next.Network.PortForward},
 	} {
 		// Compared as the checkpoint manifest keeps a profile (JSON), so
 		// a profile read back from one compares equal to itself.

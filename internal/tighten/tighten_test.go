@@ -122,6 +122,7 @@ func TestUnchangeable(t *testing.T) {
 		{"credentials", func(p *policy.Profile) { p.Credentials.EnvAllow = []string{"X"} }, "credentials"},
 		{"wall clock", func(p *policy.Profile) { p.Limits.WallClock = time.Minute }, "limits (wall clock, CPU time, open files)"},
 		{"open files", func(p *policy.Profile) { p.Limits.OpenFiles = 10 }, "limits (wall clock, CPU time, open files)"},
+		{"port-forward", func(p *policy.Profile) { p.Network.PortForward = []int{8080} }, "network.portForward"},
 	} {
 		next := base()
 		tc.change(next)

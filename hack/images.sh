@@ -11,6 +11,9 @@
 #                              # with python3, venv, pip, CPython's test suite, node, npm, git,
 #                              # curl, sqlite3, openssl, make, chromium, from Debian's
 #                              # packages (mmdebstrap), for the e2e suite
+#   hack/images.sh sandboxd    # agent-sandbox's sandboxd image: the agent
+#                              # image's busybox plus sandboxd (built by
+#                              # hack/kube/agent-sandbox.sh), run as uid 1000
 #   hack/images.sh agentcli    # the agent-CLI image: the real-agent image plus
 #                              # Claude Code, Codex and Gemini CLI from npm
 #                              # (pinned below) and Node.js 20 (the machine's;
@@ -173,7 +176,20 @@ if [ "$mode" = installer ]; then
   echo "$img_dir/installer.tar"
   exit 0
 fi
-[ "$mode" = cached ] || die "usage: $0 [installer|realagent|agentcli]"
+if [ "$mode" = sandboxd ]; then
+  bin=$("$REPO_ROOT/hack/kube/agent-sandbox.sh")/bin/sandboxd
+  sd_stamp="$AGENT_SANDBOX_VERSION $(sha256sum "$bin" | cut -c1-12) $stamp"
+  if [ -f "$img_dir/sandboxd.tar" ] && [ "$(cat "$img_dir/.sandboxd.stamp" 2>/dev/null)" = "$sd_stamp" ]; then
+    step "sandboxd image cached"
+    echo "$img_dir/sandboxd.tar"
+    exit 0
+  fi
+  EXTRA_BINS="$bin" build_image sandboxd latest /usr/local/bin/sandboxd
+  echo "$sd_stamp" >"$img_dir/.sandboxd.stamp"
+  echo "$img_dir/sandboxd.tar"
+  exit 0
+fi
+[ "$mode" = cached ] || die "usage: $0 [installer|realagent|agentcli|sandboxd]"
 
 build_image agent latest /usr/local/bin/agent
 # The e2e suite's probe image: the agent image plus abx-probe, a small

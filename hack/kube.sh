@@ -587,6 +587,11 @@ agent_sandbox() {
   wait_for "agent-sandbox's CRDs" 60 kubectl wait --for=condition=Established --timeout=5s \
     crd/sandboxes.agents.x-k8s.io crd/sandboxtemplates.extensions.agents.x-k8s.io \
     crd/sandboxwarmpools.extensions.agents.x-k8s.io crd/sandboxclaims.extensions.agents.x-k8s.io
+  # sandboxd's image (hack/images.sh sandboxd), on node 1, for the SDK's
+  # flow (docs/agent-sandbox.md).
+  local sd; sd=$("$REPO_ROOT/hack/images.sh" sandboxd | tail -n1)
+  use_node 1
+  ctrq --address "$SOCK" -n k8s.io images import --index-name "docker.io/agentbox/sandboxd:latest" "$sd" >/dev/null
   if alive agent-sandbox-controller; then step "agent-sandbox controller already running"; return; fi
   step "agent-sandbox controller (logs: $LOGS/agent-sandbox-controller.log)"
   bg agent-sandbox-controller "$asb/bin/agent-sandbox-controller" --leader-elect=false --extensions \

@@ -201,8 +201,10 @@ func (s *service) proveOwner(ctx context.Context, sb *sandboxState) error {
 	deadline := time.Now().Add(ownerProofWait)
 	for {
 		if o := sb.owner.Load(); o != nil {
-			if o.Sandbox.UID != m.SandboxUID {
-				return fmt.Errorf("it is Sandbox %s's (uid %s), and this pod belongs to %s (uid %s)", m.SandboxObject, m.SandboxUID, o.Sandbox, o.Sandbox.UID)
+			// A fork's copy: the node agent proved the source answered
+			// its fork naming this Sandbox, for this very image.
+			if o.Sandbox.UID != m.SandboxUID && (o.ForkOf == "" || o.ForkOf != m.Name) {
+				return fmt.Errorf("it is Sandbox %s's (uid %s), and this pod belongs to %s (uid %s), which is no copy of it its fork named", m.SandboxObject, m.SandboxUID, o.Sandbox, o.Sandbox.UID)
 			}
 			return nil
 		}

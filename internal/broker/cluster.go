@@ -249,10 +249,37 @@ func (c *Cluster) Sandbox(ctx context.Context, ns, name string) (Sandbox, error)
 		sb.PodName = n
 	}
 	sb.PinnedTo = u.GetAnnotations()[PinnedAnnotation]
+	sb.ForkOf = u.GetAnnotations()[ForkOfAnnotation]
 	sb.RestoreFrom, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "metadata", "annotations", policy.RestoreAnnotation)
 	sb.Selector, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "spec", "nodeSelector", HostnameLabel)
 	sb.ControllerKind, sb.ControllerGroup, sb.ControllerName, sb.ControllerUID = controllerOf(u)
 	return sb, nil
+}
+
+// SandboxObject reads an agent-sandbox Sandbox whole.
+func (c *Cluster) SandboxObject(ctx context.Context, ns, name string) (*unstructured.Unstructured, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	return c.Client.Resource(sandboxesGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+// CreateSandbox makes a fork's copy and says its UID; one already there
+// that is a copy of the same fork image counts as made (a node asking
+// again).
+func (c *Cluster) CreateSandbox(ctx context.Context, obj *unstructured.Unstructured) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	r := c.Client.Resource(sandboxesGVR).Namespace(obj.GetNamespace())
+	made, err := r.Create(ctx, obj, metav1.CreateOptions{FieldManager: "agentbox-broker"})
+	if apierrors.IsAlreadyExists(err) {
+		if got, gerr := r.Get(ctx, obj.GetName(), metav1.GetOptions{}); gerr == nil && got.GetAnnotations()[ForkOfAnnotation] == obj.GetAnnotations()[ForkOfAnnotation] {
+			return string(got.GetUID()), nil
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(made.GetUID()), nil
 }
 
 // Claim reads an agent-sandbox SandboxClaim.

@@ -72,6 +72,9 @@ type Sandbox struct {
 	// Controller is its controlling owner: the SandboxClaim or
 	// SandboxWarmPool that holds it, if any.
 	ControllerKind, ControllerGroup, ControllerName, ControllerUID string
+	// ForkOf is its agentbox.dev/fork-of annotation: the fork image it is
+	// a copy of (fork.go).
+	ForkOf string
 }
 
 // SandboxGroup is agent-sandbox's API group.
@@ -264,6 +267,8 @@ type SandboxWrite struct {
 	Pin bool `json:"pin,omitempty"`
 	// Ticket is what OpSuspending answered, for OpSuspended.
 	Ticket string `json:"ticket,omitempty"`
+	// Copies is how many copies OpForked makes (fork.go).
+	Copies int `json:"copies,omitempty"`
 }
 
 // TicketTTL bounds how long after OpSuspending its ticket holds (a suspend
@@ -326,7 +331,10 @@ func SandboxPatch(node, hostname string, w SandboxWrite, sb Sandbox, pods []Pod,
 	if w.Sandbox.UID != sb.UID || w.Sandbox.Namespace != sb.Namespace || w.Sandbox.Name != sb.Name {
 		return nil, fmt.Errorf("Sandbox %s has uid %s, not %s", sb, sb.UID, w.Sandbox.UID)
 	}
-	if !CheckpointOf(w.Checkpoint, sb.UID) {
+	// A fork's copy resumes from its fork image as a Sandbox resumes
+	// from its own suspend's.
+	copyOf := w.Op == OpResumed && ForkImage(w.Checkpoint) && sb.ForkOf == w.Checkpoint
+	if !CheckpointOf(w.Checkpoint, sb.UID) && !copyOf {
 		return nil, fmt.Errorf("checkpoint %q is not a suspend image of Sandbox %s (uid %s)", w.Checkpoint, sb, sb.UID)
 	}
 	pod := ownPodOn(node, sb, pods)

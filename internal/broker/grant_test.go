@@ -181,6 +181,14 @@ func TestSandboxPatch(t *testing.T) {
 			[]Pod{ownPod("n1")},
 			`{"spec":{"podTemplate":{"metadata":{"annotations":{"agentbox.dev/restore-from":null}}}}}`},
 		{"resumed, but the pod was not restored from it", "n1", func(w *SandboxWrite) { w.Op = OpResumed }, nil, []Pod{ownPod("n1")}, "!was not restored"},
+		{"a fork's copy resumed from its fork image", "n1", func(w *SandboxWrite) { w.Op = OpResumed; w.Checkpoint = "fork-0000-9" },
+			func(s *Sandbox) { s.ForkOf, s.RestoreFrom = "fork-0000-9", "fork-0000-9" },
+			[]Pod{func() Pod { p := ownPod("n1"); p.RestoreFrom = "fork-0000-9"; return p }()},
+			`{"spec":{"podTemplate":{"metadata":{"annotations":{"agentbox.dev/restore-from":null}}}}}`},
+		{"another fork's image", "n1", func(w *SandboxWrite) { w.Op = OpResumed; w.Checkpoint = "fork-0000-9" },
+			func(s *Sandbox) { s.ForkOf, s.RestoreFrom = "fork-0000-8", "fork-0000-9" },
+			[]Pod{func() Pod { p := ownPod("n1"); p.RestoreFrom = "fork-0000-9"; return p }()}, "!not a suspend image"},
+		{"a fork image names no suspend", "n1", func(w *SandboxWrite) { w.Checkpoint = "fork-0000-9" }, func(s *Sandbox) { s.ForkOf = "fork-0000-9" }, []Pod{suspending}, "!not a suspend image"},
 	} {
 		ww, sb := w, testSandbox()
 		if tc.w != nil {

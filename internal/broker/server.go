@@ -18,6 +18,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/policy"
 )
@@ -33,6 +35,11 @@ type API interface {
 	PatchSandbox(ctx context.Context, sb Sandbox, patch []byte) error
 	Hostname(ctx context.Context, node string) string
 	Claim(ctx context.Context, ns, name string) (Claim, error)
+	// SandboxObject reads a Sandbox whole; CreateSandbox makes one and
+	// says its UID (an existing one of that name that is a copy of the
+	// same fork counts as made).
+	SandboxObject(ctx context.Context, ns, name string) (*unstructured.Unstructured, error)
+	CreateSandbox(ctx context.Context, obj *unstructured.Unstructured) (uid string, err error)
 }
 
 // Paths of the API.
@@ -94,6 +101,8 @@ type SandboxResponse struct {
 	Message string `json:"message"`
 	Pinned  string `json:"pinned,omitempty"`
 	Ticket  string `json:"ticket,omitempty"`
+	// Copies are the Sandboxes OpForked made.
+	Copies []string `json:"copies,omitempty"`
 }
 
 // maxBody bounds a request's body.
@@ -247,6 +256,9 @@ func (s *Server) sandbox(ctx context.Context, c Caller, body []byte) (any, error
 	if err := decode(body, &w); err != nil {
 		return nil, err
 	}
+	if w.Op == OpForked {
+		return s.fork(ctx, c, w)
+	}
 	sb, err := s.API.Sandbox(ctx, w.Sandbox.Namespace, w.Sandbox.Name)
 	if err != nil {
 		return nil, refuse("Sandbox %s: %v", w.Sandbox, err)
@@ -282,4 +294,41 @@ func (s *Server) sandbox(ctx context.Context, c Caller, body []byte) (any, error
 		resp.Pinned = host
 	}
 	return resp, nil
+}
+
+// fork makes a fork's copies for the node whose pod of the source runs
+// (ForkCopies decides), then answers the source's request.
+func (s *Server) fork(ctx context.Context, c Caller, w SandboxWrite) (any, error) {
+	src, err := s.API.SandboxObject(ctx, w.Sandbox.Namespace, w.Sandbox.Name)
+	if err != nil {
+		return nil, refuse("Sandbox %s: %v", w.Sandbox, err)
+	}
+	pods, err := s.API.PodsOn(ctx, c.Node)
+	if err != nil {
+		return nil, err
+	}
+	copies, err := ForkCopies(c.Node, s.API.Hostname(ctx, c.Node), w, src, pods)
+	if err != nil {
+		return nil, refuse("%v", err)
+	}
+	var made []Ref
+	var names []string
+	for _, cp := range copies {
+		uid, err := s.API.CreateSandbox(ctx, cp)
+		if err != nil {
+			return nil, fmt.Errorf("creating %s, a copy of Sandbox %s: %w", cp.GetName(), w.Sandbox, err)
+		}
+		made = append(made, Ref{Namespace: cp.GetNamespace(), Name: cp.GetName(), UID: uid})
+		names = append(names, cp.GetName())
+	}
+	patch, err := ForkedPatch(w.Checkpoint, made)
+	if err != nil {
+		return nil, err
+	}
+	sb := Sandbox{Ref: Ref{Namespace: src.GetNamespace(), Name: src.GetName(), UID: string(src.GetUID())}}
+	if err := s.API.PatchSandbox(ctx, sb, patch); err != nil {
+		return nil, fmt.Errorf("answering Sandbox %s's fork: %w", sb, err)
+	}
+	s.Log.WithFields(logrus.Fields{"node": c.Node, "sandbox": sb.String(), "checkpoint": w.Checkpoint, "copies": names}).Info("Sandbox forked")
+	return SandboxResponse{Message: fmt.Sprintf("Sandbox %s forked from %s into %s", sb, w.Checkpoint, strings.Join(names, ", ")), Copies: names}, nil
 }

@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -32,6 +34,8 @@ type fakeAPI struct {
 	patched   []string
 	rolesDown bool
 	claims    map[string]Claim
+	objects   map[string]*unstructured.Unstructured
+	created   []string
 }
 
 func (f *fakeAPI) Review(_ context.Context, token, audience string) (Caller, error) {
@@ -89,6 +93,19 @@ func (f *fakeAPI) PatchSandbox(_ context.Context, sb Sandbox, patch []byte) erro
 }
 
 func (f *fakeAPI) Hostname(_ context.Context, node string) string { return node }
+
+func (f *fakeAPI) SandboxObject(_ context.Context, ns, name string) (*unstructured.Unstructured, error) {
+	o, ok := f.objects[ns+"/"+name]
+	if !ok {
+		return nil, errors.New("not found")
+	}
+	return o.DeepCopy(), nil
+}
+
+func (f *fakeAPI) CreateSandbox(_ context.Context, obj *unstructured.Unstructured) (string, error) {
+	f.created = append(f.created, obj.GetNamespace()+"/"+obj.GetName())
+	return fmt.Sprintf("copy-uid-%d", len(f.created)), nil
+}
 
 func (f *fakeAPI) Claim(_ context.Context, ns, name string) (Claim, error) {
 	c, ok := f.claims[ns+"/"+name]
@@ -249,5 +266,23 @@ func TestServerSandbox(t *testing.T) {
 	r, err := srv.Client().Do(req)
 	if err != nil || r.StatusCode != http.StatusBadRequest {
 		t.Fatalf("a malformed body: %v %v", r, err)
+	}
+}
+
+// A fork's copies are made for the node its source's pod runs on, and for
+// no other.
+func TestServerFork(t *testing.T) {
+	f, srv, _ := testServer(t)
+	f.objects = map[string]*unstructured.Unstructured{"agents/sb1": forkSource("2")}
+	w := SandboxWrite{Op: OpForked, Sandbox: testSandbox().Ref, Checkpoint: ForkName(uid, time180()), Copies: 2}
+	if _, err := clientAs(t, srv, "n1").WriteSandbox(context.Background(), w); status(err) != http.StatusForbidden || len(f.created) != 0 {
+		t.Fatalf("node 1 forking node 2's Sandbox: %v, created %v", err, f.created)
+	}
+	resp, err := clientAs(t, srv, "n2").WriteSandbox(context.Background(), w)
+	if err != nil || strings.Join(resp.Copies, " ") != "sb1-fork-180-1 sb1-fork-180-2" || len(f.created) != 2 || len(f.patched) != 1 {
+		t.Fatalf("node 2's fork: %+v %v, created %v, patched %v", resp, err, f.created, f.patched)
+	}
+	if want := w.Checkpoint + `: sb1-fork-180-1=copy-uid-1, sb1-fork-180-2=copy-uid-2"`; !strings.Contains(f.patched[0], want) || !strings.Contains(f.patched[0], `"agentbox.dev/fork":null`) {
+		t.Errorf("the source's answer: %s", f.patched[0])
 	}
 }

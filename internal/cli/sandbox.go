@@ -103,7 +103,7 @@ func sandboxCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "sandbox",
-		Usage: "respond to running sandboxes on this node (root): list, quarantine, freeze, thaw, stop, checkpoint, suspend",
+		Usage: "respond to running sandboxes on this node (root): list, quarantine, freeze, thaw, stop, checkpoint, suspend; fork an agent-sandbox Sandbox (Kubernetes)",
 		Subcommands: []*cli.Command{
 			{
 				Name:   "list",
@@ -119,6 +119,7 @@ func sandboxCommand() *cli.Command {
 			act("checkpoint", "write the sandbox's memory (every container) into the node's checkpoint store, signed; it keeps running", control.OpCheckpoint,
 				cpName, reason),
 			act("suspend", "checkpoint the sandbox, then stop it; a pod annotated agentbox.dev/restore-from: NAME resumes it", control.OpSuspend, cpName, reason),
+			forkCommand(),
 			{
 				Name:   "checkpoints",
 				Usage:  "the node's checkpoints, each checked (its signature and files) as a restore would; --remove NAME deletes one (it holds an agent's memory)",

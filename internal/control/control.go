@@ -87,6 +87,11 @@ type Owner struct {
 	// with a SandboxClaim holder.
 	Claim        *Claim `json:"claim,omitempty"`
 	ClaimRefused string `json:"claimRefused,omitempty"`
+	// ForkOf is the fork image the Sandbox is a proven copy of: its source
+	// Sandbox's answer (agentbox.dev/forked, which the broker writes)
+	// names it, by name and UID ("": none). Its pod may restore that
+	// image, which is another Sandbox's.
+	ForkOf string `json:"forkOf,omitempty"`
 }
 
 // SameHolder says whether o and p name the same Sandbox, held by the same
@@ -101,7 +106,7 @@ func (o *Owner) ClaimRead() bool { return o.Claim != nil || o.ClaimRefused != ""
 
 // Same says whether o and p say the same in every field.
 func (o *Owner) Same(p *Owner) bool {
-	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || o.Claim.Equal(p.Claim)) && o.ClaimRefused == p.ClaimRefused
+	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || o.Claim.Equal(p.Claim)) && o.ClaimRefused == p.ClaimRefused && o.ForkOf == p.ForkOf
 }
 
 // Claim is who a claimed sandbox works for, from its SandboxClaim.

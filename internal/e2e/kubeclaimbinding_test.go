@@ -188,4 +188,9 @@ func TestKubeClaimBinding(t *testing.T) {
 		}
 		t.Logf("%s refused: %s", c.claim, rec.Detail["claim_refused"])
 	}
+
+	// A fork of a claimed agent: its copy is no claim's, and holds none
+	// of the claim's keys.
+	poolReady("task-4")
+	k.forkHoldsNoClaimKey(t, ns, origin, key, fetch)
 }

@@ -89,6 +89,15 @@ func OwnerOf(pod *unstructured.Unstructured, sandboxByKey func(key string) *unst
 	if h, ok := controllerRef(sb); ok && groupOf(h.APIVersion) == SandboxExtensionsGroup && (h.Kind == "SandboxClaim" || h.Kind == "SandboxWarmPool") {
 		o.Holder = &control.ObjectRef{Kind: h.Kind, Namespace: ns, Name: h.Name, UID: string(h.UID)}
 	}
+	// A fork's copy, when its source (of this namespace) answered its
+	// fork naming it: its pod may restore the source's image.
+	if img := sb.GetAnnotations()[broker.ForkOfAnnotation]; img != "" {
+		from, same := strings.CutPrefix(sb.GetAnnotations()[broker.ForkedFromAnnotation], ns+"/")
+		if src := sandboxByKey(ns + "/" + from); same && src != nil &&
+			broker.ProvenCopy(img, string(src.GetUID()), src.GetAnnotations()[broker.ForkedAnnotation], sb.GetName(), string(sb.GetUID())) {
+			o.ForkOf = img
+		}
+	}
 	return o, nil
 }
 
@@ -183,6 +192,11 @@ func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 			delete(a.suspends, id)
 		}
 	}
+	for id := range a.forks {
+		if !live[id] {
+			delete(a.forks, id)
+		}
+	}
 	a.gcCheckpoints()
 	for _, l := range listed {
 		sb := l.Sandbox
@@ -229,7 +243,9 @@ func (a *Agent) linkOwners(ctx context.Context, listed []control.Listed) {
 			}
 			sb.Owner = o
 		}
-		a.suspendAndResume(ctx, l, o, a.sandboxByKey(o.Sandbox.Namespace+"/"+o.Sandbox.Name))
+		sbObj := a.sandboxByKey(o.Sandbox.Namespace + "/" + o.Sandbox.Name)
+		a.suspendAndResume(ctx, l, o, sbObj)
+		a.forkAndCopies(ctx, l, o, sbObj)
 	}
 }
 
@@ -427,12 +443,16 @@ func (a *Agent) gcCheckpoints() {
 		return
 	}
 	a.lastGC = time.Now()
-	live := map[string]bool{}
+	live, named := map[string]bool{}, map[string]bool{}
 	for _, item := range (*inf).GetStore().List() {
 		if u, ok := item.(*unstructured.Unstructured); ok {
 			live[strings.ToLower(string(u.GetUID()))] = true
+			if r, _, _ := unstructured.NestedString(u.Object, "spec", "podTemplate", "metadata", "annotations", restoreAnnotation); r != "" {
+				named[r] = true
+			}
 		}
 	}
+	a.gcForks(named)
 	for _, st := range []struct {
 		dir, what string
 		remove    func(name string) error

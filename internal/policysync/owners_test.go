@@ -1,6 +1,7 @@
 package policysync
 
 import (
+	"agentbox.dev/agentbox/internal/broker"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +36,12 @@ func TestOwnerOf(t *testing.T) {
 		"ns/alone":   object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "alone", "alone-uid", nil, nil),
 		"ns/adopted": object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "adopted", "adopted-uid", nil, map[string]any{SandboxPodNameAnnotation: "pool-abc"}),
 		"ns/foreign": object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "foreign", "foreign-uid", ownerRef("apps/v1", "Deployment", "d", "d-uid", true), nil),
+		// A fork: src answered it naming copy (by name and UID); claims
+		// says it is a copy and is not named.
+		"ns/src":    object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "src", "5c", nil, map[string]any{broker.ForkedAnnotation: "fork-5c-9: copy=copy-uid"}),
+		"ns/copy":   object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "copy", "copy-uid", nil, map[string]any{broker.ForkOfAnnotation: "fork-5c-9", broker.ForkedFromAnnotation: "ns/src"}),
+		"ns/claims": object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "claims", "claims-uid", nil, map[string]any{broker.ForkOfAnnotation: "fork-5c-9", broker.ForkedFromAnnotation: "ns/src"}),
+		"ns/far":    object("agents.x-k8s.io/v1beta1", "Sandbox", "ns", "far", "copy-uid", nil, map[string]any{broker.ForkOfAnnotation: "fork-5c-9", broker.ForkedFromAnnotation: "other/src"}),
 	}
 	byKey := func(k string) *unstructured.Unstructured { return sandboxes[k] }
 	sbRef := func(name, uid string) map[string]any {
@@ -56,6 +63,12 @@ func TestOwnerOf(t *testing.T) {
 			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "adopted", UID: "adopted-uid"}}, ""},
 		{"a holder of another kind is not named", object("v1", "Pod", "ns", "foreign", "p5", sbRef("foreign", "foreign-uid"), nil),
 			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "foreign", UID: "foreign-uid"}}, ""},
+		{"a fork's copy its source named", object("v1", "Pod", "ns", "copy", "p13", sbRef("copy", "copy-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "copy", UID: "copy-uid"}, ForkOf: "fork-5c-9"}, ""},
+		{"a Sandbox that only says it is a copy", object("v1", "Pod", "ns", "claims", "p14", sbRef("claims", "claims-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "claims", UID: "claims-uid"}}, ""},
+		{"a copy of another namespace's Sandbox", object("v1", "Pod", "ns", "far", "p15", sbRef("far", "copy-uid"), nil),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "far", UID: "copy-uid"}}, ""},
 		{"no owner", object("v1", "Pod", "ns", "x", "p6", nil, nil), nil, ""},
 		{"not a controller", object("v1", "Pod", "ns", "sb", "p7", ownerRef("agents.x-k8s.io/v1beta1", "Sandbox", "sb", "sb-uid", false), nil), nil, ""},
 		{"another group's Sandbox", object("v1", "Pod", "ns", "sb", "p8", ownerRef("evil.example/v1", "Sandbox", "sb", "sb-uid", true), nil), nil, ""},

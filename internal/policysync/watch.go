@@ -87,6 +87,10 @@ type Agent struct {
 	// suspends are the checkpoints asked of sandboxes whose Sandbox was
 	// set to Suspended, by sandbox (the quarantine loop's alone).
 	suspends map[string]string
+	// forks are the fork requests (ForkAnnotation's value) taken up, by
+	// sandbox, until the Sandbox asks for none (the quarantine loop's
+	// alone). fork.go.
+	forks map[string]string
 	// CheckpointDir is the node's checkpoint store (where a resumed
 	// Sandbox's image is removed; "" keeps them).
 	CheckpointDir string
@@ -197,6 +201,7 @@ func (a *Agent) startQuarantines(ctx context.Context, factory dynamicinformer.Dy
 	pods.Start(ctx.Done())
 	a.ownerErrs = map[string]string{}
 	a.suspends = map[string]string{}
+	a.forks = map[string]string{}
 	go a.watchSandboxes(ctx, kick)
 	go func() {
 		if !cache.WaitForCacheSync(ctx.Done(), a.quarantineInf.HasSynced, a.podInf.HasSynced) {

@@ -265,7 +265,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 		}
 		if x != nil {
 			if x.mcp != nil {
-				ev.MCP.Hidden, ev.MCP.Asked = x.mcp.hiddenNow()
+				ev.MCP.Hidden, ev.MCP.Asked = x.mcp.seenNow()
 				ev.MCP.Each = x.mcp.callsNow()
 			}
 			if ev.Kind == Request && ev.Reason == "" {
@@ -284,9 +284,10 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			ev.Kind, ev.Status, ev.Reason = WebSocketClosed, http.StatusSwitchingProtocols, tun.reason()
 			ev.Sent, ev.Received = tun.sent.Load(), tun.received.Load()
 		}
-		if x != nil && x.mcp != nil && x.mcp.stream != nil {
+		if x != nil && x.mcp != nil && x.mcp.stream != nil && ev.Status/100 == 2 {
 			// Its calls are answered on an SSE-transport stream: the
-			// record waits for the answers.
+			// record waits for the answers. A POST the server did not
+			// take (not 2xx) gets none: recorded at once.
 			e, t := *ev, x.mcp
 			if t.stream.hold(t, func() { e.MCP.Each = t.callsNow(); g.cfg.Record(e) }) {
 				return

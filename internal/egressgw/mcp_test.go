@@ -80,14 +80,9 @@ func TestMCPTools(t *testing.T) {
 			http.Error(w, "session headers changed", 400)
 			return true
 		}
-		var m struct {
-			ID     json.RawMessage
-			Method string
-			Params struct{ Name string }
-		}
-		json.NewDecoder(r.Body).Decode(&m)
+		m := decodeRPC(r)
 		mu.Lock()
-		seen = append(seen, strings.TrimSpace(m.Method+" "+m.Params.Name))
+		seen = append(seen, m.String())
 		mu.Unlock()
 		w.Header().Set("Mcp-Session-Id", "s-1")
 		switch {
@@ -219,3 +214,20 @@ func TestMCPTools(t *testing.T) {
 		}
 	}
 }
+
+// rpc is a JSON-RPC request as the stand-in MCP servers read it.
+type rpc struct {
+	ID     json.RawMessage
+	Method string
+	Params struct{ Name string }
+}
+
+// decodeRPC reads r's body as one JSON-RPC request.
+func decodeRPC(r *http.Request) rpc {
+	var m rpc
+	json.NewDecoder(r.Body).Decode(&m)
+	return m
+}
+
+// String is the method and the tool it names, as the servers note them.
+func (m rpc) String() string { return strings.TrimSpace(m.Method + " " + m.Params.Name) }

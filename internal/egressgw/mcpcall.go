@@ -43,17 +43,17 @@ type mcpTap struct {
 	stream *sseStream
 }
 
-// hide notes what a server's message named and the agent did not see,
-// and the server's own requests in it.
-func (m *mcpTap) hide(names, asked []string) {
+// saw notes what a server's message held: the tools tools/list named that
+// the agent did not see (hidden), and the server's own requests (asked).
+func (m *mcpTap) saw(names, asked []string) {
 	m.mu.Lock()
 	m.hidden = append(m.hidden, names...)
 	m.asked = append(m.asked, asked...)
 	m.mu.Unlock()
 }
 
-// hiddenNow are the tools hidden so far, and the server's requests.
-func (m *mcpTap) hiddenNow() (hidden, asked []string) {
+// seenNow are the tools hidden so far, and the methods of the server's requests.
+func (m *mcpTap) seenNow() (hidden, asked []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.hidden, m.asked
@@ -221,7 +221,7 @@ func (g *Gateway) mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap,
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server sent an event the gateway does not read (%v): the stream is cut", err)
 			}
-			m.hide(hidden, seen.Asked)
+			m.saw(hidden, seen.Asked)
 			m.answered(seen.Answers)
 			if stream != nil {
 				stream.answered(seen.Answers)
@@ -250,7 +250,7 @@ func (g *Gateway) mcpResponse(res *http.Response, body io.ReadCloser, m *mcpTap,
 			if err != nil {
 				return nil, fmt.Errorf("the MCP server's answer is not one the gateway reads (%v): not passed", err)
 			}
-			m.hide(hidden, seen.Asked)
+			m.saw(hidden, seen.Asked)
 			m.answered(seen.Answers)
 			raw = out
 		}

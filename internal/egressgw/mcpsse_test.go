@@ -2,7 +2,6 @@ package egressgw
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,18 +45,17 @@ func TestMCPOldSSE(t *testing.T) {
 				}
 			}
 		case r.Method == http.MethodPost && r.URL.Path == "/messages" && r.URL.Query().Get("sessionId") == "abc":
-			var m struct {
-				ID     json.RawMessage
-				Method string
-				Params struct{ Name string }
-			}
-			json.NewDecoder(r.Body).Decode(&m)
+			m := decodeRPC(r)
 			mu.Lock()
-			seen = append(seen, strings.TrimSpace(m.Method+" "+m.Params.Name))
+			seen = append(seen, m.String())
 			mu.Unlock()
 			result := fmt.Sprintf(`{"content":[{"type":"text","text":"did %s"}]}`, m.Params.Name)
 			if m.Method == "tools/list" {
-				result = `{"tools":[{"name":"search_issues"},{"name":"delete_repo"},{"name":"get_issue"}]}`
+				result = `{"tools":[{"name":"search_issues"},{"name":"delete_repo"},{"name":"get_issue"},{"name":"get_broken"}]}`
+			}
+			if m.Params.Name == "get_broken" {
+				http.Error(w, "broken", http.StatusInternalServerError) // no answer will come
+				return true
 			}
 			w.WriteHeader(http.StatusAccepted)
 			if m.Params.Name == "search_issues" {
@@ -142,6 +140,20 @@ func TestMCPOldSSE(t *testing.T) {
 	}
 	if got := strings.Join(reached(), "|"); got != "tools/list|tools/call get_issue" {
 		t.Errorf("the server received %q", got)
+	}
+
+	// A call's POST the server does not take (500): no answer will come
+	// on the stream, and its record is made at once.
+	if status := post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"get_broken"}}`); status != 500 {
+		t.Errorf("a call the server fails: %d", status)
+	}
+	select {
+	case e := <-f.events:
+		if each := e.MCP.Each; e.Status != 500 || len(each) != 1 || each[0].Tool != "get_broken" || each[0].Answered {
+			t.Errorf("the failed call's record: %d %+v", e.Status, e.MCP)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the failed call's record waits for an answer that will not come")
 	}
 
 	// The server ends the stream: a call whose answer had not come is

@@ -38,9 +38,6 @@ var MCPCalls = []mcpCall{
 // Tool is a call's tool, as the server names it.
 func (c mcpCall) Tool() string { return c.tool }
 
-// Args is a call's arguments.
-func (c mcpCall) Args() map[string]any { return c.args }
-
 // mcpName is the name agent a gives the server's tool: the name offered
 // (Claude Code and Codex: mcp__issues__TOOL, Gemini CLI: mcp_issues_TOOL),
 // else the name the offered get_issue's shape gives it (a tool the

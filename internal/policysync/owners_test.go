@@ -2,9 +2,13 @@ package policysync
 
 import (
 	"agentbox.dev/agentbox/internal/broker"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -138,6 +142,28 @@ func TestResumed(t *testing.T) {
 		sb := &control.Sandbox{RestoredFrom: tc.restored, State: tc.state}
 		if got := resumed(tc.annotated, sb, "AB-12"); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A fork image goes once no Sandbox names it and it is older than
+// forkKeep; a suspend image, a named fork image and a fresh one stay.
+func TestGCForks(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-forkKeep - time.Minute)
+	for _, n := range []string{"fork-5c-1", "fork-5c-2", "fork-5c-3", "sb-5c-4"} {
+		if err := os.MkdirAll(filepath.Join(dir, n), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if n != "fork-5c-3" {
+			os.Chtimes(filepath.Join(dir, n), old, old)
+		}
+	}
+	a := &Agent{NodeName: "n1", CheckpointDir: dir, Log: logrus.NewEntry(logrus.New())}
+	a.gcForks(map[string]bool{"fork-5c-2": true})
+	for n, want := range map[string]bool{"fork-5c-1": false, "fork-5c-2": true, "fork-5c-3": true, "sb-5c-4": true} {
+		if _, err := os.Stat(filepath.Join(dir, n)); (err == nil) != want {
+			t.Errorf("%s: kept %v, want %v", n, err == nil, want)
 		}
 	}
 }

@@ -52,7 +52,7 @@ node agent records in its node's trail (docs/security.md). It also writes each
 AgentRole's and AgentRoleBinding's status from every node's AgentNodePolicy report:
 no node writes another's.`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
+			kubeconfigFlag(),
 			&cli.StringFlag{Name: "listen", Value: ":8443", Usage: "the HTTPS address"},
 			&cli.StringFlag{Name: "tls-cert", Required: true, Usage: "the serving certificate (PEM), signed by the CA the node agents trust (--broker-ca)"},
 			&cli.StringFlag{Name: "tls-key", Required: true, Usage: "its key"},

@@ -41,6 +41,12 @@ func loadConfig(c *cli.Context) (*config.Config, error) {
 	return config.Load(configPath(c))
 }
 
+// kubeconfigFlag is --kubeconfig, for the commands that reach the API
+// server (kubeClient).
+func kubeconfigFlag() cli.Flag {
+	return &cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"}
+}
+
 // outputFlag is -o/--output, one of formats (the first is the default).
 func outputFlag(formats ...string) cli.Flag {
 	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: formats[0], Usage: strings.Join(formats, ", ")}

@@ -28,7 +28,7 @@ func forkCommand() *cli.Command {
 			&cli.StringFlag{Name: "sandbox", Required: true, Usage: "NAMESPACE/NAME: the Sandbox to fork"},
 			&cli.IntFlag{Name: "copies", Value: 1, Usage: fmt.Sprintf("how many copies (1 to %d)", broker.MaxForkCopies)},
 			&cli.DurationFlag{Name: "timeout", Value: 3 * time.Minute, Usage: "how long to wait for the copies"},
-			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
+			kubeconfigFlag(),
 			outputFlag("text", "json"),
 		},
 		Action: sandboxFork,

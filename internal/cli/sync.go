@@ -52,7 +52,7 @@ once the Sandbox is deleted. A pod of this node restored from the shared store g
 its image's data key from the broker, which no node can unwrap itself.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "this node's name (its AgentNodePolicy object)"},
-			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig (default: the pod's service account)"},
+			kubeconfigFlag(),
 			&cli.StringFlag{Name: "policy-dir", Usage: "the node's policy directory (default: the config's policy.dir)"},
 			&cli.StringFlag{Name: "audit-dir", Usage: "where the node's audit trail goes (default: the config's audit.dir)"},
 			&cli.StringFlag{Name: "secrets-dir", Usage: "where the keys the broker gives this node (secretRef) are kept, root's alone (default: the config's policy.secrets_dir; \"none\": not kept)"},

@@ -148,14 +148,7 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 	k.waitPolicy(t, "agentrole", "sandbox-agent", "enforced", enforced)
 	k.applyExample(t, "template.yaml", ns)
 	k.applyExample(t, "warmpool.yaml", ns)
-	if !eventually(t, 3*time.Minute, func() bool {
-		r := k.kubectl("-n", ns, "get", "sandboxwarmpool", "agents", "-o", "jsonpath={.status.readyReplicas}")
-		return strings.TrimSpace(r.stdout) == "2"
-	}) {
-		b, _ := os.ReadFile(filepath.Join(k.dir, "logs", "agent-sandbox-controller.log"))
-		t.Fatalf("the warm pool has no 2 ready Sandboxes:\n%s\n%s\ncontroller log:\n%s", clip(k.kubectl("-n", ns, "get", "sandboxwarmpool,sandbox,pods", "-o", "wide").stdout),
-			clip(k.kubectl("-n", ns, "get", "events").stdout), clip(string(b)))
-	}
+	k.waitPoolReady(t, ns, "agents", "2")
 
 	// Each warm pod's trail says it is warm before any claim.
 	k.waitWarm(t, ns)

@@ -39,16 +39,7 @@ spec:
   role: e2e-asb-fork
   subjects: [{namespace: %s}]
 `, ns))
-	const counter = `i=0; while :; do i=$((i+1)); echo "count $i"; sleep 0.2; done`
-	k.apply(t, asbSandbox(ns, "src", "e2e-asb-fork", "sh", "-c", counter))
-	k.waitSandboxPod(t, ns, "src")
-	p := k.waitPod(t, ns, "src", 3*time.Minute, "Running", running)
-	srcSandbox := k.sandboxOf(t, p.Metadata.UID)
-	uid := k.mustKubectl(t, "-n", ns, "get", "sandbox", "src", "-o", "jsonpath={.metadata.uid}")
-	if !eventually(t, time.Minute, func() bool { return len(k.ownerRecords(t, srcSandbox)) > 0 }) {
-		t.Fatal("the node agent did not link the pod to its Sandbox")
-	}
-	k.waitLogs(t, ns, "src", "count 10\n", time.Minute)
+	srcSandbox, uid := k.counterSandbox(t, ns, asbSandbox(ns, "src", "e2e-asb-fork", "sh", "-c", asbCounter))
 
 	// Too many copies: refused, none made.
 	k.mustKubectl(t, "-n", ns, "annotate", "sandbox", "src", "agentbox.dev/fork=11")
@@ -123,7 +114,7 @@ spec:
 	// A Sandbox that only says it is a copy (whoever may create Sandboxes
 	// can write these annotations): refused, the source's answer does
 	// not name it.
-	thief := asbSandbox(ns, "thief", "e2e-asb-fork", "sh", "-c", counter)
+	thief := asbSandbox(ns, "thief", "e2e-asb-fork", "sh", "-c", asbCounter)
 	thief["metadata"].(obj)["annotations"] = obj{"agentbox.dev/fork-of": image, "agentbox.dev/forked-from": ns + "/src"}
 	thief["spec"].(obj)["podTemplate"].(obj)["metadata"].(obj)["annotations"].(obj)["agentbox.dev/restore-from"] = image
 	k.apply(t, thief)
@@ -185,4 +176,25 @@ func (k *kubeNode) forkHoldsNoClaimKey(t *testing.T, ns string, origin *authOrig
 		t.Fatalf("the copy's request record: %+v", req)
 	}
 	t.Logf("the copy %s of claimed %s: its request went without a key (%s)", c, name, req.Detail["claim_key"])
+}
+
+// asbCounter is an agent whose state is in memory: it counts, 5 a second.
+const asbCounter = `i=0; while :; do i=$((i+1)); echo "count $i"; sleep 0.2; done`
+
+// counterSandbox applies a Sandbox (of asbCounter) and waits for its pod
+// to run, linked to it by the node agent, and to count to 10: its
+// sandbox and the Sandbox's UID.
+func (k *kubeNode) counterSandbox(t *testing.T, ns string, sbx obj) (string, string) {
+	t.Helper()
+	name := sbx["metadata"].(obj)["name"].(string)
+	k.apply(t, sbx)
+	k.waitSandboxPod(t, ns, name)
+	p := k.waitPod(t, ns, name, 3*time.Minute, "Running", running)
+	sandbox := k.sandboxOf(t, p.Metadata.UID)
+	uid := k.mustKubectl(t, "-n", ns, "get", "sandbox", name, "-o", "jsonpath={.metadata.uid}")
+	if !eventually(t, time.Minute, func() bool { return len(k.ownerRecords(t, sandbox)) > 0 }) {
+		t.Fatal("the node agent did not link the pod to its Sandbox")
+	}
+	k.waitLogs(t, ns, name, "count 10\n", time.Minute)
+	return sandbox, uid
 }

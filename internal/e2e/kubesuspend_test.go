@@ -38,18 +38,9 @@ spec:
   role: e2e-asb-mem
   subjects: [{namespace: %s}, {namespace: %s}]
 `, ns, thief))
-	const counter = `i=0; while :; do i=$((i+1)); echo "count $i"; sleep 0.2; done`
-	sbx := asbSandbox(ns, "counter", "e2e-asb-mem", "sh", "-c", counter)
+	sbx := asbSandbox(ns, "counter", "e2e-asb-mem", "sh", "-c", asbCounter)
 	sbx["spec"].(obj)["podTemplate"].(obj)["spec"].(obj)["terminationGracePeriodSeconds"] = 30
-	k.apply(t, sbx)
-	k.waitSandboxPod(t, ns, "counter")
-	p := k.waitPod(t, ns, "counter", 3*time.Minute, "Running", running)
-	first := k.sandboxOf(t, p.Metadata.UID)
-	uid := k.mustKubectl(t, "-n", ns, "get", "sandbox", "counter", "-o", "jsonpath={.metadata.uid}")
-	if !eventually(t, time.Minute, func() bool { return len(k.ownerRecords(t, first)) > 0 }) {
-		t.Fatal("the node agent did not link the pod to its Sandbox")
-	}
-	k.waitLogs(t, ns, "counter", "count 10\n", time.Minute)
+	first, uid := k.counterSandbox(t, ns, sbx)
 
 	// Suspended: the pod goes, its memory stays.
 	last := counts(k.logs(t, ns, "counter"))
@@ -80,7 +71,7 @@ spec:
 	}
 
 	// Another namespace's Sandbox naming the checkpoint: refused.
-	steal := asbSandbox(thief, "thief", "e2e-asb-mem", "sh", "-c", counter)
+	steal := asbSandbox(thief, "thief", "e2e-asb-mem", "sh", "-c", asbCounter)
 	steal["spec"].(obj)["podTemplate"].(obj)["metadata"].(obj)["annotations"].(obj)["agentbox.dev/restore-from"] = name
 	k.apply(t, steal)
 	k.waitSandboxPod(t, thief, "thief")
@@ -88,7 +79,7 @@ spec:
 	k.kubectl("-n", thief, "delete", "sandbox", "thief", "--wait=false")
 	// A pod of the same namespace that names it, and is not the
 	// Sandbox's: its restore waits for a proof that never comes.
-	forged := podSpec(ns, "forged", "agentbox", "e2e-asb-mem", "sh", "-c", counter)
+	forged := podSpec(ns, "forged", "agentbox", "e2e-asb-mem", "sh", "-c", asbCounter)
 	forged["metadata"].(obj)["annotations"].(obj)["agentbox.dev/restore-from"] = name
 	k.apply(t, forged)
 	t.Logf("the same namespace, not the Sandbox's pod: %s", clip(k.waitEvent(t, ns, "forged", "FailedCreatePodSandBox", "did not prove this pod is that Sandbox's")))

@@ -238,13 +238,16 @@ func (c *Cluster) SecretValue(ctx context.Context, r policy.SecretRef) ([]byte, 
 
 // Sandbox reads an agent-sandbox Sandbox.
 func (c *Cluster) Sandbox(ctx context.Context, ns, name string) (Sandbox, error) {
-	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	u, err := c.Client.Resource(sandboxesGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := c.SandboxObject(ctx, ns, name)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	sb := Sandbox{Ref: Ref{Namespace: ns, Name: name, UID: string(u.GetUID())}, PodName: name}
+	return sandboxOf(u), nil
+}
+
+// sandboxOf is what the broker reads of a Sandbox object.
+func sandboxOf(u *unstructured.Unstructured) Sandbox {
+	sb := Sandbox{Ref: Ref{Namespace: u.GetNamespace(), Name: u.GetName(), UID: string(u.GetUID())}, PodName: u.GetName()}
 	if n := u.GetAnnotations()["agents.x-k8s.io/pod-name"]; n != "" {
 		sb.PodName = n
 	}
@@ -253,7 +256,7 @@ func (c *Cluster) Sandbox(ctx context.Context, ns, name string) (Sandbox, error)
 	sb.RestoreFrom, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "metadata", "annotations", policy.RestoreAnnotation)
 	sb.Selector, _, _ = unstructured.NestedString(u.Object, "spec", "podTemplate", "spec", "nodeSelector", HostnameLabel)
 	sb.ControllerKind, sb.ControllerGroup, sb.ControllerName, sb.ControllerUID = controllerOf(u)
-	return sb, nil
+	return sb
 }
 
 // SandboxObject reads an agent-sandbox Sandbox whole.

@@ -52,10 +52,7 @@ func ForkName(uid string, t time.Time) string {
 func ForkImage(checkpoint string) bool { return forkRE.MatchString(checkpoint) }
 
 // forkImageOf says whether checkpoint is a fork image of Sandbox uid.
-func forkImageOf(checkpoint, uid string) bool {
-	m := forkRE.FindStringSubmatch(checkpoint)
-	return m != nil && m[1] == strings.ToLower(uid)
-}
+func forkImageOf(checkpoint, uid string) bool { return imageOf(forkRE, checkpoint, uid) }
 
 // ForkCount reads ForkAnnotation's value: a number of copies, 1 to
 // MaxForkCopies.
@@ -81,10 +78,7 @@ func copyName(src, checkpoint string, i int) string {
 // it: the copies to create. hostname is the node's, which each copy is
 // pinned to.
 func ForkCopies(node, hostname string, w SandboxWrite, src *unstructured.Unstructured, pods []Pod) ([]*unstructured.Unstructured, error) {
-	sb := Sandbox{Ref: Ref{Namespace: src.GetNamespace(), Name: src.GetName(), UID: string(src.GetUID())}, PodName: src.GetName()}
-	if n := src.GetAnnotations()["agents.x-k8s.io/pod-name"]; n != "" {
-		sb.PodName = n
-	}
+	sb := sandboxOf(src)
 	switch {
 	case w.Op != OpForked:
 		return nil, fmt.Errorf("op %q is not %s", w.Op, OpForked)

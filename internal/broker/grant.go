@@ -214,8 +214,12 @@ var suspendRE = regexp.MustCompile(`^sb-([0-9a-f-]{1,40})-([0-9]{1,19})$`)
 
 // CheckpointOf says whether checkpoint is a suspend image of the Sandbox
 // of uid.
-func CheckpointOf(checkpoint, uid string) bool {
-	m := suspendRE.FindStringSubmatch(checkpoint)
+func CheckpointOf(checkpoint, uid string) bool { return imageOf(suspendRE, checkpoint, uid) }
+
+// imageOf says whether checkpoint is named by re (PREFIX-UID-TIME) for
+// the Sandbox of uid.
+func imageOf(re *regexp.Regexp, checkpoint, uid string) bool {
+	m := re.FindStringSubmatch(checkpoint)
 	return m != nil && m[1] == strings.ToLower(uid)
 }
 

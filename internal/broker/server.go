@@ -325,7 +325,7 @@ func (s *Server) fork(ctx context.Context, c Caller, w SandboxWrite) (any, error
 	if err != nil {
 		return nil, err
 	}
-	sb := Sandbox{Ref: Ref{Namespace: src.GetNamespace(), Name: src.GetName(), UID: string(src.GetUID())}}
+	sb := sandboxOf(src)
 	if err := s.API.PatchSandbox(ctx, sb, patch); err != nil {
 		return nil, fmt.Errorf("answering Sandbox %s's fork: %w", sb, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"agentbox.dev/agentbox/internal/mountguard"
 	"agentbox.dev/agentbox/internal/ocispec"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/runscctl"
 	"agentbox.dev/agentbox/internal/sentrystats"
 )
 
@@ -299,7 +300,8 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		log.G(ctx).Debugf("agentbox: spec: %s", c)
 	}
 	root := cfg.RunscRoot(s.containerdAddress)
-	if err := os.MkdirAll(filepath.Join(root, namespaceOf(ctx)), 0o711); err != nil {
+	nsRoot := filepath.Join(root, namespaceOf(ctx))
+	if err := os.MkdirAll(nsRoot, 0o711); err != nil {
 		return fmt.Errorf("create runsc root %s: %w", root, err)
 	}
 	flags := res.RunscFlags
@@ -318,12 +320,12 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		plan.sandbox.audit.receiver = rcv
 		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
 		plan.sandbox.cgroupsPath = plan.cgroupsPath
-		if st, ok := sentrystats.For(filepath.Join(root, namespaceOf(ctx)), r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
+		if st, ok := sentrystats.For(nsRoot, r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
 			plan.sandbox.stats = &st
 		}
 		sb := plan.sandbox
 		plan.push(func(string) { stopPortForward(ctx, sb) })
-		pf, err := startPortForward(ctx, sb, plan.profile.Network.PortForward, netnsPath(spec), sentrystats.ControlSocket(filepath.Join(root, namespaceOf(ctx)), r.ID))
+		pf, err := startPortForward(ctx, sb, plan.profile.Network.PortForward, netnsPath(spec), runscctl.Socket(nsRoot, r.ID))
 		if err != nil {
 			return err
 		}

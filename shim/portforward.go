@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -48,12 +49,12 @@ func stopPortForward(ctx context.Context, sb *sandboxState) {
 
 func recordPortForward(sb *sandboxState, c portfwd.Conn) {
 	detail := map[string]string{"port": fmt.Sprint(c.Port), "direction": "inbound"}
-	r := audit.TypePortForward.New("Success", fmt.Sprintf("port-forward to port %d: %d bytes in, %d out, %v", c.Port, c.In, c.Out, c.Duration.Round(1e6)), detail)
-	if c.Err != nil {
-		r = audit.TypePortForward.New("Failure", fmt.Sprintf("port-forward to port %d: %v", c.Port, c.Err), detail)
-	} else {
+	status, msg := "Failure", fmt.Sprintf("port-forward to port %d: %v", c.Port, c.Err)
+	if c.Err == nil {
+		status, msg = "Success", fmt.Sprintf("port-forward to port %d: %d bytes in, %d out, %v", c.Port, c.In, c.Out, c.Duration.Round(time.Millisecond))
 		detail["bytes_in"], detail["bytes_out"], detail["duration_ms"] = fmt.Sprint(c.In), fmt.Sprint(c.Out), fmt.Sprint(c.Duration.Milliseconds())
 	}
+	r := audit.TypePortForward.New(status, msg, detail)
 	r.Dst = &audit.Endpoint{IP: "127.0.0.1", Port: c.Port}
 	sb.audit.trail.Emit(r, true)
 }

@@ -107,14 +107,20 @@ func (k *kubeNode) waitSandboxPod(t *testing.T, ns, name string) {
 // it, in namespace ns instead of "agents".
 func (k *kubeNode) applyExample(t *testing.T, file, ns string) {
 	t.Helper()
+	if r := k.run(time.Minute, []byte(exampleIn(t, file, ns)), "kubectl", "apply", "-f", "-"); r.code != 0 {
+		t.Fatalf("kubectl apply %s: %v", file, r)
+	}
+}
+
+// exampleIn is one of examples/agent-sandbox/ in namespace ns instead of
+// "agents".
+func exampleIn(t *testing.T, file, ns string) string {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "agent-sandbox", file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	y := strings.ReplaceAll(string(b), "namespace: agents", "namespace: "+ns)
-	if r := k.run(time.Minute, []byte(y), "kubectl", "apply", "-f", "-"); r.code != 0 {
-		t.Fatalf("kubectl apply %s: %v", file, r)
-	}
+	return strings.ReplaceAll(string(b), "namespace: agents", "namespace: "+ns)
 }
 
 // ownerRecords are the agentbox/owner records of a sandbox's trail.

@@ -25,12 +25,8 @@ func sandboxdClient() string {
 // no pod starts before its node knows its role.
 func (k *kubeNode) applyRolesFirst(t *testing.T, file, ns string, roles ...string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "agent-sandbox", file))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var first, rest []string
-	for _, doc := range strings.Split(strings.ReplaceAll(string(b), "namespace: agents", "namespace: "+ns), "\n---\n") {
+	for _, doc := range strings.Split(exampleIn(t, file, ns), "\n---\n") {
 		if strings.Contains(doc, "\nkind: AgentRole") {
 			first = append(first, doc)
 		} else {
@@ -155,14 +151,10 @@ func (k *kubeNode) sandboxdTwin(t *testing.T, ns string) {
 			"spec": obj{"role": "sandboxd-closed", "subjects": []obj{{"namespace": ns}}}})
 	k.waitPolicy(t, "agentrolebinding", "sandboxd-closed", "enforced", enforced)
 	k.waitPolicy(t, "agentrole", "sandboxd-closed", "enforced", enforced)
-	b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "agent-sandbox", "sandboxd.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var tmpl string
-	for _, doc := range strings.Split(string(b), "\n---\n") {
+	for _, doc := range strings.Split(exampleIn(t, "sandboxd.yaml", ns), "\n---\n") {
 		if strings.Contains(doc, "\nkind: SandboxTemplate") {
-			tmpl = strings.NewReplacer("\n  name: sandboxd\n", "\n  name: sandboxd-closed\n", "namespace: agents", "namespace: "+ns,
+			tmpl = strings.NewReplacer("\n  name: sandboxd\n", "\n  name: sandboxd-closed\n",
 				"agentbox.dev/role: sandboxd-agent", "agentbox.dev/role: sandboxd-closed").Replace(doc)
 		}
 	}

@@ -31,6 +31,7 @@ import (
 	"gvisor.dev/gvisor/pkg/urpc"
 
 	"agentbox.dev/agentbox/internal/nsthread"
+	"agentbox.dev/agentbox/internal/runscctl"
 )
 
 const (
@@ -39,9 +40,6 @@ const (
 	maxConns = 64
 	// callTimeout bounds the control socket's answer.
 	callTimeout = 5 * time.Second
-	// maxSocketPath is the longest path a unix socket is dialed at
-	// directly; a longer one is dialed through /proc/self/fd.
-	maxSocketPath = 107
 	// method is runsc's control call (runsc/boot.ContMgrPortForward).
 	method = "containerManager.PortForward"
 )
@@ -252,16 +250,13 @@ func call(socket, id string, port int, stream *os.File) error {
 	return nil
 }
 
-// dial connects to the unix socket at path, through /proc/self/fd when
-// the path is too long for sockaddr_un.
+// dial connects to the unix socket at path (through /proc/self/fd when
+// it is too long for sockaddr_un).
 func dial(path string) (*unet.Socket, error) {
-	if len(path) > maxSocketPath {
-		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		defer unix.Close(fd)
-		path = fmt.Sprintf("/proc/self/fd/%d", fd)
+	path, done, err := runscctl.Dialable(path)
+	if err != nil {
+		return nil, err
 	}
+	defer done()
 	return unet.Connect(path, false)
 }

@@ -28,10 +28,10 @@ import (
 	runc "github.com/containerd/go-runc"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"agentbox.dev/agentbox/internal/cgroups"
+	"agentbox.dev/agentbox/internal/runscctl"
 )
 
 const (
@@ -43,10 +43,6 @@ const (
 	// callTimeout bounds a call when the caller's context sets no sooner
 	// deadline.
 	callTimeout = 5 * time.Second
-	// maxSocketPath is the longest path a unix socket can be dialed at
-	// (sun_path's 108 bytes, less its terminating NUL); a longer one is
-	// dialed through /proc/self/fd, as runsc does.
-	maxSocketPath = 107
 	// cgroupParentAnnotation is where gVisor's task service puts a pod's
 	// cgroup for its sandbox to join (runsc reads it).
 	cgroupParentAnnotation = "dev.gvisor.spec.cgroup-parent"
@@ -69,16 +65,12 @@ type Sandbox struct {
 // systemd cgroup (runsc reads it through systemd, and gVisor's task
 // service then answers cgroup v2 metrics).
 func For(root, id string, spec *specs.Spec, systemdCgroup bool) (Sandbox, bool) {
-	sb := Sandbox{Socket: ControlSocket(root, id), Cgroup: SandboxCgroup(spec)}
+	sb := Sandbox{Socket: runscctl.Socket(root, id), Cgroup: SandboxCgroup(spec)}
 	if systemdCgroup || strings.Contains(sb.Cgroup, ":") {
 		return Sandbox{}, false
 	}
 	return sb, true
 }
-
-// ControlSocket is the control socket of sandbox id under runsc root
-// root.
-func ControlSocket(root, id string) string { return filepath.Join(root, "runsc-"+id+".sock") }
 
 // SandboxCgroup is the cgroup runsc puts a sandbox in, from its root
 // container's spec as the shim passes it to gVisor's task service: the
@@ -139,14 +131,11 @@ type eventOut struct {
 func query(ctx context.Context, socket, id string) (*eventOut, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if len(socket) > maxSocketPath {
-		fd, err := unix.Open(socket, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox control socket: %w", err)
-		}
-		defer unix.Close(fd)
-		socket = fmt.Sprintf("/proc/self/fd/%d", fd)
+	socket, done, err := runscctl.Dialable(socket)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox control socket: %w", err)
 	}
+	defer done()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {

@@ -1,6 +1,7 @@
 package sentrystats
 
 import (
+	"agentbox.dev/agentbox/internal/runscctl"
 	"context"
 	"errors"
 	"fmt"
@@ -156,7 +157,7 @@ func TestLiveReadOverURPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "runsc-"+strings.Repeat("a", 64)+".sock")
-	if len(sock) <= maxSocketPath {
+	if len(sock) <= runscctl.MaxSocketPath {
 		t.Fatalf("socket path %d bytes: not past the bound", len(sock))
 	}
 	dirFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)

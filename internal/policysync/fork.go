@@ -9,8 +9,6 @@ package policysync
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,7 +16,6 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/broker"
-	"agentbox.dev/agentbox/internal/checkpoint"
 	"agentbox.dev/agentbox/internal/control"
 )
 
@@ -83,40 +80,5 @@ func (a *Agent) fork(ctx context.Context, l control.Listed, o *control.Owner, sb
 	if a.Trail != nil {
 		a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("Sandbox %s forked: %s", key, msg),
 			map[string]string{"checkpoint": name, "sandbox_object": key, "sandbox_uid": o.Sandbox.UID, "node": a.NodeName, "copies": strings.Join(made.Copies, ", ")}), true)
-	}
-}
-
-// forkKeep is how long a fork image stays at least: its copies are made
-// after it, and the node's view of them lags the API.
-const forkKeep = 2 * time.Minute
-
-// gcForks removes the fork images in the node's store that no Sandbox's
-// pod template names any more (named: the restore-from of the Sandboxes
-// the API has), once older than forkKeep.
-func (a *Agent) gcForks(named map[string]bool) {
-	if a.CheckpointDir == "" {
-		return
-	}
-	ents, err := os.ReadDir(a.CheckpointDir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if !e.IsDir() || !broker.ForkImage(e.Name()) || named[e.Name()] {
-			continue
-		}
-		fi, err := os.Stat(filepath.Join(a.CheckpointDir, e.Name()))
-		if err != nil || time.Since(fi.ModTime()) < forkKeep {
-			continue
-		}
-		if err := (&checkpoint.Store{Dir: a.CheckpointDir}).Remove(e.Name()); err != nil {
-			a.Log.WithError(err).Warn("removing a fork image no Sandbox names")
-			continue
-		}
-		a.Log.Infof("fork image %s removed from the node's store: no Sandbox names it", e.Name())
-		if a.Trail != nil {
-			a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("fork image %s removed from the node's store: no Sandbox names it", e.Name()),
-				map[string]string{"checkpoint": e.Name(), "node": a.NodeName, "removed": "true"}), true)
-		}
 	}
 }

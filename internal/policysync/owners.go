@@ -9,7 +9,6 @@ package policysync
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -429,58 +428,4 @@ func suspendUID(name string) (string, bool) {
 		return "", false
 	}
 	return rest[:i], true
-}
-
-// gcEvery is how often the node agent looks for the images of Sandboxes
-// that are gone.
-const gcEvery = 30 * time.Second
-
-// gcCheckpoints removes the suspend images of Sandboxes the API no longer
-// has (deleted while suspended), and records each in the node's trail.
-func (a *Agent) gcCheckpoints() {
-	inf := a.sandboxInf.Load()
-	if a.CheckpointDir == "" && a.SharedDir == "" || inf == nil || time.Since(a.lastGC) < gcEvery {
-		return
-	}
-	a.lastGC = time.Now()
-	live, named := map[string]bool{}, map[string]bool{}
-	for _, item := range (*inf).GetStore().List() {
-		if u, ok := item.(*unstructured.Unstructured); ok {
-			live[strings.ToLower(string(u.GetUID()))] = true
-			if r, _, _ := unstructured.NestedString(u.Object, "spec", "podTemplate", "metadata", "annotations", restoreAnnotation); r != "" {
-				named[r] = true
-			}
-		}
-	}
-	a.gcForks(named)
-	for _, st := range []struct {
-		dir, what string
-		remove    func(name string) error
-	}{
-		{a.CheckpointDir, "the node's store", (&checkpoint.Store{Dir: a.CheckpointDir}).Remove},
-		{a.SharedDir, "the shared store", func(name string) error { return checkpoint.RemoveShared(a.SharedDir, name) }},
-	} {
-		if st.dir == "" {
-			continue
-		}
-		ents, err := os.ReadDir(st.dir)
-		if err != nil {
-			continue
-		}
-		for _, e := range ents {
-			uid, ok := suspendUID(e.Name())
-			if !ok || live[uid] || !e.IsDir() {
-				continue
-			}
-			if err := st.remove(e.Name()); err != nil {
-				a.Log.WithError(err).Warn("removing the checkpoint of a deleted Sandbox from " + st.what)
-				continue
-			}
-			a.Log.Infof("checkpoint %s removed from %s: its Sandbox (uid %s) is gone", e.Name(), st.what, uid)
-			if a.Trail != nil {
-				a.Trail.Emit(audit.TypeCheckpointed.New("Success", fmt.Sprintf("checkpoint %s removed from %s: its Sandbox (uid %s) was deleted", e.Name(), st.what, uid),
-					map[string]string{"checkpoint": e.Name(), "sandbox_uid": uid, "node": a.NodeName, "removed": "true"}), true)
-			}
-		}
-	}
 }

@@ -147,11 +147,12 @@ func TestResumed(t *testing.T) {
 }
 
 // A fork image goes once no Sandbox names it and it is older than
-// forkKeep; a suspend image, a named fork image and a fresh one stay.
+// forkKeep; a live Sandbox's suspend image, a named fork image and a
+// fresh one stay. A deleted Sandbox's suspend image goes.
 func TestGCForks(t *testing.T) {
 	dir := t.TempDir()
 	old := time.Now().Add(-forkKeep - time.Minute)
-	for _, n := range []string{"fork-5c-1", "fork-5c-2", "fork-5c-3", "sb-5c-4"} {
+	for _, n := range []string{"fork-5c-1", "fork-5c-2", "fork-5c-3", "sb-5c-4", "sb-6d-5"} {
 		if err := os.MkdirAll(filepath.Join(dir, n), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -160,8 +161,8 @@ func TestGCForks(t *testing.T) {
 		}
 	}
 	a := &Agent{NodeName: "n1", CheckpointDir: dir, Log: logrus.NewEntry(logrus.New())}
-	a.gcForks(map[string]bool{"fork-5c-2": true})
-	for n, want := range map[string]bool{"fork-5c-1": false, "fork-5c-2": true, "fork-5c-3": true, "sb-5c-4": true} {
+	a.removeStale(dir, "the node's store", (&checkpoint.Store{Dir: dir}).Remove, map[string]bool{"5c": true}, map[string]bool{"fork-5c-2": true})
+	for n, want := range map[string]bool{"fork-5c-1": false, "fork-5c-2": true, "fork-5c-3": true, "sb-5c-4": true, "sb-6d-5": false} {
 		if _, err := os.Stat(filepath.Join(dir, n)); (err == nil) != want {
 			t.Errorf("%s: kept %v, want %v", n, err == nil, want)
 		}

@@ -322,6 +322,11 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		plan.sandbox.cgroupsPath = plan.cgroupsPath
 		if st, ok := sentrystats.For(nsRoot, r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
 			plan.sandbox.stats = &st
+			did, err := podLimits(st.Cgroup, spec)
+			if err != nil {
+				return err
+			}
+			changes = append(changes, did...)
 		}
 		sb := plan.sandbox
 		plan.push(func(string) { stopPortForward(ctx, sb) })

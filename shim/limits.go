@@ -1,19 +1,23 @@
 package shim
 
-// Limits the shim enforces itself: the wall clock, and stopping a sandbox
-// for a limit (its audit trail full).
+// Limits the shim enforces itself: the wall clock, stopping a sandbox for
+// a limit (its audit trail full), and the role's memory and CPU on a pod's
+// cgroup.
 
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/shim/v1/proc"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
@@ -125,4 +129,24 @@ func armWallClock(sb *sandboxState, root bool, fire func(string)) (time.Duration
 		return 0, false
 	}
 	return sb.clock.Arm(sb.profile.Limits.WallClock, func() { fire(sb.id) })
+}
+
+// podLimits puts the role's memory and CPU limits (spec's, as the profile
+// bounded them) on a sandbox's cgroup made before it (a pod's, which the
+// kubelet makes and runsc never sets: it sets only a cgroup it creates),
+// lowering what is there, never raising it. A cgroup that cannot take
+// them fails the create: the role's limits would not hold.
+func podLimits(cgroup string, spec *specs.Spec) ([]string, error) {
+	if spec.Linux == nil || !cgroups.Exists(cgroups.Root, cgroup) {
+		return nil, nil // runsc makes it, with spec's limits
+	}
+	mem, cpu := limitsOf(spec.Linux.Resources)
+	did, err := cgroups.Lower(cgroups.Root, cgroup, mem, cpu)
+	if err != nil {
+		return nil, fmt.Errorf("the role's limits on the pod's cgroup %s: %w", cgroup, err)
+	}
+	if len(did) == 0 {
+		return nil, nil
+	}
+	return []string{"the pod's cgroup " + cgroup + " (the kubelet's, which runsc does not set): " + strings.Join(did, ", ")}, nil
 }

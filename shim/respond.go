@@ -150,6 +150,9 @@ func (s *service) setOwner(ctx context.Context, sb *sandboxState, o *control.Own
 	if prev != nil && prev.SameHolder(o) && (prev.ClaimRead() || !o.ClaimRead()) {
 		// A claim's identity is bound once, when first read: the same
 		// holder never changes it.
+		if prev.Ready != o.Ready {
+			return s.readyChanged(sb, prev, o.Ready, detail), nil
+		}
 		return "unchanged: " + ownerText(prev), nil
 	}
 	if prev != nil && prev.Sandbox.UID != o.Sandbox.UID {
@@ -184,6 +187,7 @@ func (s *service) setOwner(ctx context.Context, sb *sandboxState, o *control.Own
 	if o.ClaimRefused != "" {
 		detail["claim_refused"] = o.ClaimRefused
 	}
+	warmCPU(sb, o, detail)
 	sb.owner.Store(o)
 	m := sb.audit.trail.Meta()
 	m.Claim, m.WarmPool = claimOf(o), ""

@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/control"
 	"agentbox.dev/agentbox/internal/dnsproxy"
@@ -77,6 +78,13 @@ type sandboxState struct {
 	// it took it (nil: its own request selects). claimrole.go.
 	// +checklocks:ops
 	claimRole *policy.Request
+	// cpuIdle: its cgroup is in the idle CPU class, while a warm pool
+	// holds it; cpuCap is the CPU bandwidth its cgroup had before the shim
+	// capped it, while it waits ready (nil: not capped). warmcpu.go.
+	// +checklocks:ops
+	cpuIdle bool
+	// +checklocks:ops
+	cpuCap *cgroups.Quota
 	// commands numbers the admin requests applied.
 	commands atomic.Int64
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"agentbox.dev/agentbox/internal/audit"
+	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/config"
 	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
@@ -127,6 +128,7 @@ func (s *service) retighten(ctx context.Context, sb *sandboxState, set *policy.S
 // limits); if that fails, the sandbox fails closed, and fallback says how
 // (frozen, stopped, and why neither when neither). It says how many
 // gateway connections it closed.
+// +checklocks:sb.ops
 func (s *service) takeChange(ctx context.Context, sb *sandboxState, c tighten.Change) (closed int, fallback string, err error) {
 	closed, err = s.loadLive(sb, c.Plan)
 	if err == nil && c.Resources != nil {
@@ -163,6 +165,7 @@ func (s *service) loadLive(sb *sandboxState, pl *netpolicy.Plan) (int, error) {
 
 // updateLimits applies res to the sandbox's cgroup (runsc update, through
 // gVisor's task service).
+// +checklocks:sb.ops
 func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs.LinuxResources) error {
 	b, err := json.Marshal(res)
 	if err != nil {
@@ -171,13 +174,40 @@ func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs
 	if _, err := s.next.Update(ctx, &task.UpdateTaskRequest{ID: sb.id, Resources: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: b}}); err != nil {
 		return fmt.Errorf("runsc update: %w", err)
 	}
+	if sb.stats != nil {
+		// runsc updates only a cgroup it made: a pod's is the kubelet's.
+		mem, cpu := limitsOf(res)
+		if sb.cpuCap != nil {
+			cpu = cgroups.Quota{} // capped lower: recapCPU keeps it for the claim
+		}
+		if _, err := cgroups.Lower(cgroups.Root, sb.stats.Cgroup, mem, cpu); err != nil {
+			return fmt.Errorf("the sandbox's cgroup: %w", err)
+		}
+	}
 	sb.tookLimits(res)
 	return nil
 }
 
+// limitsOf is the memory limit (bytes; 0 none) and CPU bandwidth (zero:
+// none) res sets.
+func limitsOf(res *specs.LinuxResources) (int64, cgroups.Quota) {
+	var mem int64
+	var cpu cgroups.Quota
+	if res == nil {
+		return 0, cpu
+	}
+	if res.Memory != nil && res.Memory.Limit != nil && *res.Memory.Limit > 0 {
+		mem = *res.Memory.Limit
+	}
+	if res.CPU != nil && res.CPU.Quota != nil && *res.CPU.Quota > 0 && res.CPU.Period != nil && *res.CPU.Period > 0 {
+		cpu = cgroups.Quota{Quota: *res.CPU.Quota, Period: int64(*res.CPU.Period)}
+	}
+	return mem, cpu
+}
+
 // tookLimits notes the memory and CPU limits an update applied to the
-// sandbox's cgroup (what a live tightening lowers from). The caller holds
-// sb.ops.
+// sandbox's cgroup (what a live tightening lowers from).
+// +checklocks:sb.ops
 func (sb *sandboxState) tookLimits(res *specs.LinuxResources) {
 	if res == nil {
 		return
@@ -187,5 +217,7 @@ func (sb *sandboxState) tookLimits(res *specs.LinuxResources) {
 	}
 	if res.CPU != nil && res.CPU.Quota != nil && res.CPU.Period != nil && *res.CPU.Period > 0 {
 		sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
+		_, q := limitsOf(res)
+		recapCPU(sb, q)
 	}
 }

@@ -1,7 +1,8 @@
 // Package cgroups removes a container's cgroup directories after a sandbox
 // that failed to start (runsc does not clean up after itself then, and a
 // later container with the same id would inherit the stale limits), and
-// reads what a sandbox's cgroup used before it goes.
+// reads what a sandbox's cgroup used before it goes, and puts a waiting
+// sandbox's cgroup in the idle CPU class.
 package cgroups
 
 import (

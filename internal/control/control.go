@@ -92,6 +92,9 @@ type Owner struct {
 	// names it, by name and UID ("": none). Its pod may restore that
 	// image, which is another Sandbox's.
 	ForkOf string `json:"forkOf,omitempty"`
+	// Ready: the pod's Ready condition is True (its probes passed). A warm
+	// pool's Sandbox whose pod is ready only waits: the shim caps its CPU.
+	Ready bool `json:"ready,omitempty"`
 }
 
 // SameHolder says whether o and p name the same Sandbox, held by the same
@@ -106,7 +109,7 @@ func (o *Owner) ClaimRead() bool { return o.Claim != nil || o.ClaimRefused != ""
 
 // Same says whether o and p say the same in every field.
 func (o *Owner) Same(p *Owner) bool {
-	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || o.Claim.Equal(p.Claim)) && o.ClaimRefused == p.ClaimRefused && o.ForkOf == p.ForkOf
+	return o.SameHolder(p) && (o.Claim == nil) == (p.Claim == nil) && (o.Claim == nil || o.Claim.Equal(p.Claim)) && o.ClaimRefused == p.ClaimRefused && o.ForkOf == p.ForkOf && o.Ready == p.Ready
 }
 
 // Claim is who a claimed sandbox works for, from its SandboxClaim.

@@ -40,6 +40,23 @@ func claimReady(ctx context.Context, c dynamic.Interface, ns, name string) (stri
 	}
 }
 
+// sandboxTemplate is a SandboxTemplate in ns whose pod runs argv under
+// runtimeClass and role.
+func sandboxTemplate(ns, name, runtimeClass, role string, argv ...string) obj {
+	pod := podSpec(ns, name, runtimeClass, role, argv...)
+	return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+		"metadata": obj{"name": name, "namespace": ns},
+		"spec": obj{"networkPolicyManagement": "Unmanaged", "podTemplate": obj{
+			"metadata": obj{"annotations": pod["metadata"].(obj)["annotations"]}, "spec": pod["spec"]}}}
+}
+
+// warmPool is a SandboxWarmPool in ns of replicas Sandboxes of template
+// tmpl.
+func warmPool(ns, name, tmpl string, replicas int) obj {
+	return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+		"metadata": obj{"name": name, "namespace": ns}, "spec": obj{"replicas": replicas, "sandboxTemplateRef": obj{"name": tmpl}}}
+}
+
 // TestBenchmarkClaim: agent-sandbox's SandboxClaim to the agent answering
 // an exec, on the hack/kube.sh cluster, interleaved: from a warm pool of
 // agentbox Sandboxes, a cold agentbox Sandbox, one whose role names a
@@ -69,16 +86,9 @@ spec:
   subjects: [{namespace: %s}]
 `, ns))
 	template := func(name, rc string) obj {
-		pod := podSpec(ns, name, rc, "bench-claim", "sh", "-c", "exec sleep infinity")
-		return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
-			"metadata": obj{"name": name, "namespace": ns},
-			"spec": obj{"networkPolicyManagement": "Unmanaged", "podTemplate": obj{
-				"metadata": obj{"annotations": pod["metadata"].(obj)["annotations"]}, "spec": pod["spec"]}}}
+		return sandboxTemplate(ns, name, rc, "bench-claim", "sh", "-c", "exec sleep infinity")
 	}
-	pool := func(name, tmpl string, replicas int) obj {
-		return obj{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
-			"metadata": obj{"name": name, "namespace": ns}, "spec": obj{"replicas": replicas, "sandboxTemplateRef": obj{"name": tmpl}}}
-	}
+	pool := func(name, tmpl string, replicas int) obj { return warmPool(ns, name, tmpl, replicas) }
 	k.apply(t, template("abx", "agentbox"), template("runc", "runc"),
 		pool("warm", "abx", 2), pool("cold-abx", "abx", 0), pool("cold-runc", "runc", 0))
 	// A warm pool whose role takes a vendor's key from its claim, and a

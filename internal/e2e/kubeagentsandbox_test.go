@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,8 +157,10 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 	k.applyExample(t, "warmpool.yaml", ns)
 	k.waitPoolReady(t, ns, "agents", "2")
 
-	// Each warm pod's trail says it is warm before any claim.
+	// Each warm pod's trail says it is warm before any claim, and it waits
+	// in the idle CPU class.
 	k.waitWarm(t, ns)
+	k.warmWaitsIdle(t, ns)
 	k.applyExample(t, "claim.yaml", ns)
 	var name string
 	if !eventually(t, 2*time.Minute, func() bool {
@@ -187,6 +190,17 @@ func TestKubeAgentSandboxClaim(t *testing.T) {
 		t.Errorf("the warm Sandbox's record: %+v", warm)
 	}
 	t.Logf("trail: %s", claimed.Message)
+	// From the claim, the agent is back in the normal CPU class, with
+	// the bandwidth it had: the role's 1 CPU, which the shim put on the
+	// kubelet's pod cgroup with the role's 512 MiB (runsc sets no limit on
+	// a cgroup it did not make).
+	if idle, quota := podCPU(t, p.Metadata.UID); idle != "0" || quota != "100000" || !strings.HasPrefix(claimed.Detail["cpu_class"], "normal") ||
+		!strings.Contains(claimed.Detail["cpu_class"], "uncapped: 1000m") {
+		t.Errorf("the claimed pod: cpu.idle %s, quota %s; its record's cpu_class %q", idle, quota, claimed.Detail["cpu_class"])
+	}
+	if mem := podMemoryLimit(t, p.Metadata.UID); mem != fmt.Sprint(512<<20) {
+		t.Errorf("the claimed pod's cgroup: memory limit %s, want the role's 512 MiB", mem)
+	}
 	for _, r := range k.trail(t, sandbox) {
 		if r.Event == "agentbox/role_resolved" && (r.Role != "sandbox-agent" || r.PodNS != ns || r.PodName != name) {
 			t.Errorf("the role record: %+v", r)

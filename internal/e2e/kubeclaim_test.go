@@ -3,6 +3,8 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,4 +164,59 @@ func (k *kubeNode) claimOn(t *testing.T, ns, node, role, tenant string) broker.R
 		t.Fatalf("the claimed pod %s is on %q, not %s", sb, p.Spec.NodeName, node)
 	}
 	return broker.Ref{Namespace: ns, Name: sb, UID: p.Metadata.UID}
+}
+
+// podCPU is the kernel's cpu.idle and cpu.cfs_quota_us of pod uid's
+// cgroup on node 1 (where runsc puts its sandbox: the Sentry and gofers),
+// whatever its QoS class.
+func podCPU(t *testing.T, uid string) (idle, quota string) {
+	t.Helper()
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/cpu/agentbox-kube/kubepods/*/pod" + uid)
+	guaranteed, _ := filepath.Glob("/sys/fs/cgroup/cpu/agentbox-kube/kubepods/pod" + uid)
+	if dirs = append(dirs, guaranteed...); len(dirs) != 1 {
+		t.Fatalf("pod %s: cgroups %v", uid, dirs)
+	}
+	read := func(f string) string {
+		b, err := os.ReadFile(filepath.Join(dirs[0], f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	return read("cpu.idle"), read("cpu.cfs_quota_us")
+}
+
+// podMemoryLimit is the memory limit of pod uid's cgroup on node 1.
+func podMemoryLimit(t *testing.T, uid string) string {
+	t.Helper()
+	files, _ := filepath.Glob("/sys/fs/cgroup/memory/agentbox-kube/kubepods/*/pod" + uid + "/memory.limit_in_bytes")
+	if len(files) != 1 {
+		t.Fatalf("pod %s: memory cgroups %v", uid, files)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// warmWaitsIdle: each of ns's warm pods, once ready, is in the idle CPU
+// class (its cgroup's cpu.idle 1) and capped at 50m (its quota 5000 of
+// 100000), as its owner records say.
+func (k *kubeNode) warmWaitsIdle(t *testing.T, ns string) {
+	t.Helper()
+	for _, uid := range strings.Fields(k.mustKubectl(t, "-n", ns, "get", "pods", "-o", "jsonpath={.items[*].metadata.uid}")) {
+		var idle, quota string
+		var said string
+		if !eventually(t, 30*time.Second, func() bool {
+			idle, quota = podCPU(t, uid)
+			said = ""
+			for _, r := range k.ownerRecords(t, k.sandboxOf(t, uid)) {
+				said += r.Detail["cpu_class"] + "; "
+			}
+			return idle == "1" && quota == "5000" && strings.Contains(said, "idle while the warm pool holds it") && strings.Contains(said, "capped at 50m while it waits ready")
+		}) {
+			t.Fatalf("warm pod %s: cpu.idle %s, quota %s; its owner records say %q", uid, idle, quota, said)
+		}
+	}
 }

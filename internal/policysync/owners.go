@@ -84,7 +84,7 @@ func OwnerOf(pod *unstructured.Unstructured, sandboxByKey func(key string) *unst
 	if podName != pod.GetName() {
 		return nil, fmt.Errorf("pod %s/%s names Sandbox %s, whose pod is %s", ns, pod.GetName(), sb.GetName(), podName)
 	}
-	o := &control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: ns, Name: sb.GetName(), UID: string(sb.GetUID())}}
+	o := &control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: ns, Name: sb.GetName(), UID: string(sb.GetUID())}, Ready: podReady(pod)}
 	if h, ok := controllerRef(sb); ok && groupOf(h.APIVersion) == SandboxExtensionsGroup && (h.Kind == "SandboxClaim" || h.Kind == "SandboxWarmPool") {
 		o.Holder = &control.ObjectRef{Kind: h.Kind, Namespace: ns, Name: h.Name, UID: string(h.UID)}
 	}
@@ -98,6 +98,17 @@ func OwnerOf(pod *unstructured.Unstructured, sandboxByKey func(key string) *unst
 		}
 	}
 	return o, nil
+}
+
+// podReady says whether pod's Ready condition is True.
+func podReady(pod *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(pod.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == "Ready" {
+			return m["status"] == "True"
+		}
+	}
+	return false
 }
 
 // sameOwner says whether a and b name the same objects.

@@ -31,6 +31,12 @@ func ownerRef(apiVersion, kind, name, uid string, controller bool) map[string]an
 	return map[string]any{"apiVersion": apiVersion, "kind": kind, "name": name, "uid": uid, "controller": controller}
 }
 
+// readyPod is pod with its Ready condition True (beside another).
+func readyPod(pod *unstructured.Unstructured) *unstructured.Unstructured {
+	pod.Object["status"] = map[string]any{"conditions": []any{map[string]any{"type": "PodScheduled", "status": "True"}, map[string]any{"type": "Ready", "status": "True"}}}
+	return pod
+}
+
 func TestOwnerOf(t *testing.T) {
 	claim := ownerRef("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", "c1", "claim-uid", true)
 	pool := ownerRef("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool", "pool", "pool-uid", true)
@@ -61,6 +67,8 @@ func TestOwnerOf(t *testing.T) {
 			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "sb", UID: "sb-uid"}, Holder: &control.ObjectRef{Kind: "SandboxClaim", Namespace: "ns", Name: "c1", UID: "claim-uid"}}, ""},
 		{"warm", object("v1", "Pod", "ns", "warm", "p2", sbRef("warm", "warm-uid"), nil),
 			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "warm", UID: "warm-uid"}, Holder: &control.ObjectRef{Kind: "SandboxWarmPool", Namespace: "ns", Name: "pool", UID: "pool-uid"}}, ""},
+		{"warm and ready", readyPod(object("v1", "Pod", "ns", "warm", "p2", sbRef("warm", "warm-uid"), nil)),
+			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "warm", UID: "warm-uid"}, Holder: &control.ObjectRef{Kind: "SandboxWarmPool", Namespace: "ns", Name: "pool", UID: "pool-uid"}, Ready: true}, ""},
 		{"no holder", object("v1", "Pod", "ns", "alone", "p3", sbRef("alone", "alone-uid"), nil),
 			&control.Owner{Sandbox: control.ObjectRef{Kind: "Sandbox", Namespace: "ns", Name: "alone", UID: "alone-uid"}}, ""},
 		{"adopted by annotation", object("v1", "Pod", "ns", "pool-abc", "p4", sbRef("adopted", "adopted-uid"), nil),

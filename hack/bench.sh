@@ -11,7 +11,8 @@
 # latency (idle, and under an audit flood), checkpoint and restore (idle and 200 MiB, and a
 # Python agent's pod start from its role's template vs cold vs runc), and, on the
 # hack/kube.sh cluster, agent-sandbox's SandboxClaim to the agent answering an exec (a warm
-# pool, one whose claims bind a role and a key, a cold agentbox Sandbox, a cold runc one), model
+# pool, one whose claims bind a role and a key, a cold agentbox Sandbox, a cold runc one; and a warm
+# claim beside busy warm pods: frozen, idle class and cap, idle class only, neither), model
 # calls through a model host rule vs passthrough (time to first byte, each streamed event's
 # delay, throughput, the shim's PSS), and an MCP tools/call through an api: mcp rule vs
 # passthrough (JSON, a streamed answer's first event). Prints medians and ratios; also writes them

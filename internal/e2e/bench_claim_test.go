@@ -40,6 +40,30 @@ func claimReady(ctx context.Context, c dynamic.Interface, ns, name string) (stri
 	}
 }
 
+// benchRole writes a node role name (baseline, with a wall clock of 2
+// hours) bound to namespaces.
+func benchRole(t *testing.T, k *kubeNode, name string, namespaces ...string) {
+	t.Helper()
+	var subjects []string
+	for _, ns := range namespaces {
+		subjects = append(subjects, "{namespace: "+ns+"}")
+	}
+	writeNodePolicy(t, k, name+".yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: %[1]s}
+spec:
+  inherits: baseline
+  limits: {wallClock: 2h}
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: %[1]s}
+spec:
+  role: %[1]s
+  subjects: [%[2]s]
+`, name, strings.Join(subjects, ", ")))
+}
+
 // sandboxTemplate is a SandboxTemplate in ns whose pod runs argv under
 // runtimeClass and role.
 func sandboxTemplate(ns, name, runtimeClass, role string, argv ...string) obj {
@@ -71,20 +95,7 @@ func TestBenchmarkClaim(t *testing.T) {
 	k := kubeCluster(t)
 	k.agentSandbox(t)
 	ns := k.namespace(t, "bench-claim")
-	writeNodePolicy(t, k, "bench-claim.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: bench-claim}
-spec:
-  inherits: baseline
-  limits: {wallClock: 2h}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: bench-claim}
-spec:
-  role: bench-claim
-  subjects: [{namespace: %s}]
-`, ns))
+	benchRole(t, k, "bench-claim", ns)
 	template := func(name, rc string) obj {
 		return sandboxTemplate(ns, name, rc, "bench-claim", "sh", "-c", "exec sleep infinity")
 	}

@@ -31,20 +31,7 @@ func TestBenchmarkWarmCPU(t *testing.T) {
 	k.agentSandbox(t)
 	ns := k.namespace(t, "bench-warmcpu")
 	busyNS := k.namespace(t, "bench-warmcpu-busy")
-	writeNodePolicy(t, k, "bench-warmcpu.yaml", fmt.Sprintf(`apiVersion: agentbox.dev/v1
-kind: Role
-metadata: {name: bench-warmcpu}
-spec:
-  inherits: baseline
-  limits: {wallClock: 2h}
----
-apiVersion: agentbox.dev/v1
-kind: RoleBinding
-metadata: {name: bench-warmcpu}
-spec:
-  role: bench-warmcpu
-  subjects: [{namespace: %s}, {namespace: %s}]
-`, ns, busyNS))
+	benchRole(t, k, "bench-warmcpu", ns, busyNS)
 	k.apply(t, sandboxTemplate(ns, "agent", "agentbox", "bench-warmcpu", "sh", "-c", "exec sleep infinity"), warmPool(ns, "agents", "agent", 1),
 		sandboxTemplate(busyNS, "busy", "agentbox", "bench-warmcpu", "sh", "-c", "for i in 1 2; do (while :; do :; done) & done; wait"),
 		warmPool(busyNS, "busy", "busy", 2))

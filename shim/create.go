@@ -327,6 +327,8 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 				return err
 			}
 			changes = append(changes, did...)
+		} else {
+			changes = append(changes, "the sandbox's cgroup is systemd's: the shim writes no limit on it (runsc sets a cgroup's only when it makes it)")
 		}
 		sb := plan.sandbox
 		plan.push(func(string) { stopPortForward(ctx, sb) })

@@ -78,13 +78,10 @@ type sandboxState struct {
 	// it took it (nil: its own request selects). claimrole.go.
 	// +checklocks:ops
 	claimRole *policy.Request
-	// cpuIdle: its cgroup is in the idle CPU class, while a warm pool
-	// holds it; cpuCap is the CPU bandwidth its cgroup had before the shim
-	// capped it, while it waits ready (nil: not capped). warmcpu.go.
+	// warm is its cgroup's CPU class and cap while a warm pool holds it.
+	// warmcpu.go.
 	// +checklocks:ops
-	cpuIdle bool
-	// +checklocks:ops
-	cpuCap *cgroups.Quota
+	warm cgroups.Warm
 	// commands numbers the admin requests applied.
 	commands atomic.Int64
 	// owner is the agent-sandbox Sandbox its pod belongs to, as the node

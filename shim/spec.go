@@ -36,17 +36,11 @@ func oomFloor() *int {
 // a sandbox root's spec asks runsc for: its role's, or the pod's own when
 // lower (0: none).
 func effectiveLimits(spec *specs.Spec) (memory, cpuMillis int64) {
-	if spec.Linux == nil || spec.Linux.Resources == nil {
+	if spec.Linux == nil {
 		return 0, 0
 	}
-	r := spec.Linux.Resources
-	if r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 {
-		memory = *r.Memory.Limit
-	}
-	if r.CPU != nil && r.CPU.Quota != nil && r.CPU.Period != nil && *r.CPU.Quota > 0 && *r.CPU.Period > 0 {
-		cpuMillis = *r.CPU.Quota * 1000 / int64(*r.CPU.Period)
-	}
-	return memory, cpuMillis
+	mem, q := limitsOf(spec.Linux.Resources)
+	return mem, q.Millis()
 }
 
 // pathKinds says what masked paths are at start: beneath a staged bind

@@ -177,7 +177,7 @@ func (s *service) updateLimits(ctx context.Context, sb *sandboxState, res *specs
 	if sb.stats != nil {
 		// runsc updates only a cgroup it made: a pod's is the kubelet's.
 		mem, cpu := limitsOf(res)
-		if sb.cpuCap != nil {
+		if sb.warm.Capped() {
 			cpu = cgroups.Quota{} // capped lower: recapCPU keeps it for the claim
 		}
 		if _, err := cgroups.Lower(cgroups.Root, sb.stats.Cgroup, mem, cpu); err != nil {

@@ -14,9 +14,6 @@ package shim
 // from the API.
 
 import (
-	"fmt"
-	"strings"
-
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/cgroups"
 	"agentbox.dev/agentbox/internal/control"
@@ -35,64 +32,14 @@ const WarmCPUMillis = 50
 func warmCPU(sb *sandboxState, o *control.Owner, detail map[string]string) {
 	idle := o.Holder != nil && o.Holder.Kind == "SandboxWarmPool"
 	capped := idle && o.Ready
-	if idle == sb.cpuIdle && capped == (sb.cpuCap != nil) {
+	if idle == sb.warm.Idle && capped == sb.warm.Capped() {
 		return
 	}
 	if sb.stats == nil {
 		detail["cpu_class"] = "unchanged: the sandbox's cgroup is systemd's, which the shim does not write"
 		return
 	}
-	var said []string
-	if idle != sb.cpuIdle {
-		switch f, err := cgroups.SetIdle(cgroups.Root, sb.stats.Cgroup, idle); {
-		case err != nil:
-			said = append(said, "class unchanged: "+err.Error())
-		case idle:
-			sb.cpuIdle = true
-			said = append(said, fmt.Sprintf("idle while the warm pool holds it (%s 1)", f))
-		default:
-			sb.cpuIdle = false
-			said = append(said, fmt.Sprintf("normal (%s 0)", f))
-		}
-	}
-	if capped != (sb.cpuCap != nil) {
-		said = append(said, capCPU(sb, capped))
-	}
-	detail["cpu_class"] = strings.Join(said, "; ")
-}
-
-// capCPU caps sb's cgroup at WarmCPUMillis, keeping the bandwidth it had,
-// or gives that back; it says what it did.
-// +checklocks:sb.ops
-func capCPU(sb *sandboxState, capped bool) string {
-	if !capped {
-		was := *sb.cpuCap
-		if err := cgroups.SetQuota(cgroups.Root, sb.stats.Cgroup, was); err != nil {
-			return "cap kept: " + err.Error()
-		}
-		sb.cpuCap = nil
-		return "uncapped: " + millisText(was.Millis())
-	}
-	q, err := cgroups.ReadQuota(cgroups.Root, sb.stats.Cgroup)
-	if err != nil {
-		return "not capped: " + err.Error()
-	}
-	if err := lowerQuota(sb, q); err != nil {
-		return "not capped: " + err.Error()
-	}
-	sb.cpuCap = &q
-	return fmt.Sprintf("capped at %dm while it waits ready (it had %s)", WarmCPUMillis, millisText(q.Millis()))
-}
-
-// lowerQuota writes to sb's cgroup the lower of the warm cap and q (the
-// bandwidth it would have uncapped).
-// +checklocks:sb.ops
-func lowerQuota(sb *sandboxState, q cgroups.Quota) error {
-	limit := cgroups.Quota{Quota: WarmCPUMillis * q.Period / 1000, Period: q.Period}
-	if q.Quota >= 0 && q.Quota < limit.Quota {
-		limit = q
-	}
-	return cgroups.SetQuota(cgroups.Root, sb.stats.Cgroup, limit)
+	detail["cpu_class"] = sb.warm.Set(cgroups.Root, sb.stats.Cgroup, idle, capped, WarmCPUMillis)
 }
 
 // recapCPU takes a CPU limit the shim applied to sb while it is capped (a
@@ -100,15 +47,8 @@ func lowerQuota(sb *sandboxState, q cgroups.Quota) error {
 // back, and the cap stays until then.
 // +checklocks:sb.ops
 func recapCPU(sb *sandboxState, q cgroups.Quota) {
-	if sb.cpuCap == nil || sb.stats == nil || q.Period <= 0 {
-		return
-	}
-	had := *sb.cpuCap
-	if want := q.Quota * had.Period / q.Period; had.Quota < 0 || want < had.Quota {
-		had.Quota = want
-	}
-	if err := lowerQuota(sb, had); err == nil {
-		sb.cpuCap = &had
+	if sb.stats != nil {
+		_ = sb.warm.Follow(cgroups.Root, sb.stats.Cgroup, q, WarmCPUMillis) // kept as it was on error: still capped
 	}
 }
 
@@ -133,12 +73,4 @@ func (s *service) readyChanged(sb *sandboxState, prev *control.Owner, ready bool
 		s.record(sb.id, audit.TypeOwner.New("Success", msg, detail), false)
 	}
 	return msg
-}
-
-// millisText says a CPU bandwidth.
-func millisText(m int64) string {
-	if m == 0 {
-		return "no CPU limit"
-	}
-	return fmt.Sprintf("%dm", m)
 }

@@ -66,14 +66,21 @@ func (q Quota) Millis() int64 {
 	return q.Quota * 1000 / q.Period
 }
 
+// quotaDir is the directory holding the CPU bandwidth of the cgroup at
+// path: v1's cpu.cfs_quota_us, else v2's cpu.max; and whether it is v2's.
+func quotaDir(root, path string) (string, bool, error) {
+	if d, v2, err := cpuDir(root, path, "cpu.cfs_quota_us"); err == nil {
+		return d, v2, nil
+	}
+	return cpuDir(root, path, "cpu.max")
+}
+
 // ReadQuota reads the CPU bandwidth of the cgroup at path (cgroupfs form):
 // v1's cpu.cfs_quota_us and cpu.cfs_period_us, or v2's cpu.max.
 func ReadQuota(root, path string) (Quota, error) {
-	d, v2, err := cpuDir(root, path, "cpu.cfs_quota_us")
+	d, v2, err := quotaDir(root, path)
 	if err != nil {
-		if d, v2, err = cpuDir(root, path, "cpu.max"); err != nil {
-			return Quota{}, err
-		}
+		return Quota{}, err
 	}
 	if v2 {
 		b, err := os.ReadFile(filepath.Join(d, "cpu.max"))
@@ -106,11 +113,9 @@ func ReadQuota(root, path string) (Quota, error) {
 // SetQuota sets the CPU bandwidth of the cgroup at path (cgroupfs form) to
 // q's quota, in its own period (v1's cpu.cfs_quota_us, v2's cpu.max).
 func SetQuota(root, path string, q Quota) error {
-	d, v2, err := cpuDir(root, path, "cpu.cfs_quota_us")
+	d, v2, err := quotaDir(root, path)
 	if err != nil {
-		if d, v2, err = cpuDir(root, path, "cpu.max"); err != nil {
-			return err
-		}
+		return err
 	}
 	f, v := filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(q.Quota, 10)
 	if v2 {

@@ -362,16 +362,30 @@ func (r *sandboxRegistry) expiredContainer(id string) bool {
 	return ok && sb.life.Now().StopReason == sandbox.StopWallClock
 }
 
-// oomKilledContainer reports whether a container's sandbox ran out of
-// memory.
+// suspendedContainer reports whether a container's sandbox was stopped by
+// its suspend.
 func (r *sandboxRegistry) suspendedContainer(id string) bool {
 	sb, ok := r.of(id)
 	return ok && sb.life.Now().SuspendedInto != ""
 }
 
+// oomKilledContainer reports whether a container's sandbox ran out of
+// memory: gVisor reported an OOM kill for its cgroup, or the kernel counts
+// one there. gVisor's event may come after the container's exit; the
+// kernel counted the kill before the sandbox died of it.
 func (r *sandboxRegistry) oomKilledContainer(id string) bool {
 	sb, ok := r.of(id)
-	return ok && sb.oomKills.Load() > 0
+	if !ok {
+		return false
+	}
+	if sb.oomKills.Load() > 0 {
+		return true
+	}
+	if sb.stats == nil {
+		return false
+	}
+	n, err := cgroups.OOMKills(cgroups.Root, sb.stats.Cgroup)
+	return err == nil && n > 0
 }
 
 // all lists the sandboxes.

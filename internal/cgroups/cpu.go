@@ -180,25 +180,6 @@ func Lower(root, path string, memory int64, cpu Quota) ([]string, error) {
 	return did, nil
 }
 
-// memDir is the directory of the cgroup at path in cgroup v1's memory
-// hierarchy or the v2 tree, and whether it is v2's.
-func memDir(root, path string) (string, bool, error) {
-	dir, ok := cleanPath(path)
-	if !ok {
-		return "", false, fmt.Errorf("cgroup %q: not a cgroupfs path below the root", path)
-	}
-	for _, c := range []struct {
-		h, file string
-		v2      bool
-	}{{"memory", "memory.limit_in_bytes", false}, {"", "memory.max", true}, {"unified", "memory.max", true}} {
-		d := filepath.Join(root, c.h, dir)
-		if _, err := os.Stat(filepath.Join(d, c.file)); err == nil {
-			return d, c.v2, nil
-		}
-	}
-	return "", false, fmt.Errorf("cgroup %s: no memory limit file", dir)
-}
-
 // Exists says whether the cgroup at path (cgroupfs form) is in cgroup v1's
 // memory or cpu hierarchy, or the v2 tree, below root: made by someone
 // before the runtime (the kubelet makes a pod's).

@@ -320,6 +320,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		plan.sandbox.audit.receiver = rcv
 		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
 		plan.sandbox.cgroupsPath = plan.cgroupsPath
+		plan.sandbox.control = runscctl.Socket(nsRoot, r.ID)
 		if st, ok := sentrystats.For(nsRoot, r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
 			plan.sandbox.stats = &st
 			did, err := podLimits(st.Cgroup, spec)

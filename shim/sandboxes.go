@@ -102,6 +102,9 @@ type sandboxState struct {
 	stats *sentrystats.Sandbox
 	// ctl is the sandbox's control socket.
 	ctl *control.Server
+	// control is runsc's control socket of the sandbox, where the shim
+	// waits for its containers' exits (runscwait.go).
+	control string
 	// oomKills counts the OOM kills gVisor reported for its cgroup.
 	oomKills atomic.Uint64
 	// audit is the sandbox's trail and receiver.

@@ -140,6 +140,7 @@ func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (
 		sd.Shutdown()
 		return nil, err
 	}
+	s.installWaits()
 	if adj := oomadj.Host(); adj.Refused != nil {
 		log.G(ctx).WithError(adj.Refused).Warnf("agentbox: this host refuses to lower oom_score_adj: the shim keeps %d and containers asking for less get %d", adj.Floor, adj.Floor)
 	}

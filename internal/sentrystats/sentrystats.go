@@ -15,11 +15,9 @@ package sentrystats
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -131,68 +129,33 @@ type eventOut struct {
 func query(ctx context.Context, socket, id string) (*eventOut, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	socket, done, err := runscctl.Dialable(socket)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox control socket: %w", err)
-	}
-	defer done()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
+	var ev eventOut
+	if err := runscctl.Call(ctx, socket, eventMethod, id, &ev, maxReply); err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	deadline, _ := ctx.Deadline()
-	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, err
-	}
-	call, err := json.Marshal(struct {
-		Method string `json:"method"`
-		Arg    string `json:"arg"`
-	}{eventMethod, id})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Write(call); err != nil {
-		return nil, fmt.Errorf("sandbox control socket: %w", err)
-	}
-	return decodeReply(io.LimitReader(conn, maxReply), id)
+	return checkEvent(&ev, id)
 }
 
 // decodeReply reads one urpc reply to containerManager.Event for id.
 func decodeReply(r io.Reader, id string) (*eventOut, error) {
-	var reply struct {
-		Success bool            `json:"success"`
-		Err     string          `json:"err"`
-		Result  json.RawMessage `json:"result"`
-	}
-	if err := json.NewDecoder(r).Decode(&reply); err != nil {
-		return nil, fmt.Errorf("sandbox control socket: reply: %w", err)
-	}
-	if !reply.Success {
-		return nil, fmt.Errorf("sandbox control socket: %s", brief(reply.Err))
-	}
 	var ev eventOut
-	if err := json.Unmarshal(reply.Result, &ev); err != nil {
-		return nil, fmt.Errorf("sandbox control socket: event: %w", err)
+	if err := runscctl.DecodeReply(r, &ev); err != nil {
+		return nil, err
 	}
+	return checkEvent(&ev, id)
+}
+
+// checkEvent checks that ev is container id's stats.
+func checkEvent(ev *eventOut, id string) (*eventOut, error) {
 	switch {
 	case ev.Event.Type != "stats":
-		return nil, fmt.Errorf("sandbox control socket: event of type %q, not stats", brief(ev.Event.Type))
+		return nil, fmt.Errorf("sandbox control socket: event of type %q, not stats", runscctl.Brief(ev.Event.Type))
 	case ev.Event.ID != id:
-		return nil, fmt.Errorf("sandbox control socket: stats of container %q, not %q", brief(ev.Event.ID), id)
+		return nil, fmt.Errorf("sandbox control socket: stats of container %q, not %q", runscctl.Brief(ev.Event.ID), id)
 	case ev.Event.Stats == nil:
 		return nil, errors.New("sandbox control socket: stats without data")
 	}
-	return &ev, nil
-}
-
-// brief bounds a string the sandbox sent before it is logged.
-func brief(s string) string {
-	if len(s) > 200 {
-		return s[:200] + "..."
-	}
-	return s
+	return ev, nil
 }
 
 // splitCPU is container id's share of its sandbox cgroup's CPU time

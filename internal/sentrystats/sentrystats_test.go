@@ -97,7 +97,7 @@ func TestDecodeReply(t *testing.T) {
 		{"another container's", strings.Replace(good, `"id":"c1"`, `"id":"c2"`, 1), `"c2", not "c1"`},
 		{"another event", strings.Replace(good, `"stats"`, `"oom"`, 1), `"oom"`},
 		{"no data", `{"success":true,"result":{"event":{"type":"stats","id":"c1"}}}`, "without data"},
-		{"a result of the wrong shape", `{"success":true,"result":[1,2]}`, "event"},
+		{"a result of the wrong shape", `{"success":true,"result":[1,2]}`, "result"},
 		{"a long error is cut", `{"success":false,"err":"` + strings.Repeat("x", 5000) + `"}`, "..."},
 	} {
 		_, err := decodeReply(strings.NewReader(c.reply), "c1")

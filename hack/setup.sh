@@ -55,12 +55,14 @@ go_tool() {
 # PKG, static, inside a copy of MODULE@VERSION with the patches applied,
 # unless the stamp (version and patches) matches. For what `go install
 # pkg@version` cannot do: patching (runsc), or a go.mod with exclude
-# directives (containerd 1.7).
+# directives (containerd 1.7). With GENERATE=FILE.go set, `go run FILE.go`
+# runs in the tree after the patches, before the build (part of the stamp).
 build_in_module() {
   local name=$1 module=$2 version=$3 pkg=$4 out=$5 ldflags=${6:-}
   shift 5; [ $# -eq 0 ] || shift
-  local patches=("$@") stamp=$version sf="$TOOLS_BIN/.$name.stamp"
+  local patches=("$@") stamp=$version sf="$TOOLS_BIN/.$name.stamp" generate=${GENERATE:-}
   [ ${#patches[@]} -eq 0 ] || stamp="$version patches=$(cat "${patches[@]}" | sha256sum | cut -c1-16)"
+  [ -z "$generate" ] || stamp="$stamp generate=$(sha256sum <"$generate" | cut -c1-16)"
   if [ -f "$sf" ] && [ "$(cat "$sf")" = "$stamp" ] && [ -x "$out" ]; then
     step "$name $version cached"
     return
@@ -73,6 +75,7 @@ build_in_module() {
     [ -d "$mod" ] || { echo "$module not downloaded"; exit 1; }
     rm -rf "$src"; mkdir -p "$(dirname "$src")"; cp -r "$mod" "$src"; chmod -R u+w "$src"
     for p in "${patches[@]}"; do (cd "$src" && git apply -p1 "$p"); done
+    if [ -n "$generate" ]; then cp "$generate" "$src/" && (cd "$src" && go run "$(basename "$generate")"); fi
     cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg"
   ) >"$log" 2>&1 &
   local pid=$!
@@ -87,8 +90,9 @@ build_in_module() {
 
 # runsc MUST be static: a cgo build dies at boot inside its own chroot. It
 # is built from the gVisor module go.mod pins, with hack/patches/ applied
-# (each says why).
-build_in_module runsc gvisor.dev/gvisor "$GVISOR_VERSION" ./runsc "$TOOLS_BIN/runsc" \
+# (each says why), and its seccomp filters precompiled as gVisor's own
+# build does (hack/runsc-precompile.go).
+GENERATE="$REPO_ROOT/hack/runsc-precompile.go" build_in_module runsc gvisor.dev/gvisor "$GVISOR_VERSION" ./runsc "$TOOLS_BIN/runsc" \
   "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" "$REPO_ROOT"/hack/patches/runsc-*.patch
 go_tool containerd "$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"os/exec"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -86,43 +85,13 @@ type service struct {
 	tasks runningTasks
 }
 
-// trimDelay is how long after the last start the shim gives its free heap
-// back to the kernel.
-const trimDelay = time.Second
-
-// idleTrim runs fn (debug.FreeOSMemory) once after the last of a burst of
-// calls to soon. A start leaves garbage (the policy directory parsed and
-// compiled, the spec, gVisor's options, the receiver's and the gateway's
-// setup) that Go would collect only at its next cycle, up to two minutes
-// later on an idle shim, and return to the kernel more slowly still. One
-// collection of a small heap costs about a millisecond of CPU.
-type idleTrim struct {
-	mu sync.Mutex
-	// delay and fn are set when it is made, read under mu.
-	// +checklocks:mu
-	delay time.Duration
-	// +checklocks:mu
-	fn func()
-	// +checklocks:mu
-	timer *time.Timer
-}
-
-func (t *idleTrim) soon() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.timer == nil {
-		t.timer = time.AfterFunc(t.delay, t.fn)
-		return
-	}
-	t.timer.Reset(t.delay)
-}
-
 var _ cdshim.TTRPCService = (*service)(nil)
 var _ task.TaskService = (*service)(nil)
 
 // New builds the agentbox task service on top of gVisor's runsc task service.
 func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (*service, error) {
-	s := &service{exits: newExitRepair(), sd: sd, shimCtx: ctx, sandboxes: newRegistry(), trim: &idleTrim{delay: trimDelay, fn: debug.FreeOSMemory}}
+	s := &service{exits: newExitRepair(), sd: sd, shimCtx: ctx, sandboxes: newRegistry(), trim: &idleTrim{delay: trimDelay, fn: collectAfterStart()}}
+	s.trim.soon()
 	s.exits.adjust = s.adjustExit
 	if f := flag.Lookup("address"); f != nil {
 		s.containerdAddress = f.Value.String()

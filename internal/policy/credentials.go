@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strings"
 )
 
@@ -84,8 +83,8 @@ func (p *Profile) compileCredentials(cr Credentials) []error {
 // dns1123 is a Kubernetes namespace's or Secret's name; secretKey a
 // Secret's key.
 var (
-	dns1123   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
-	secretKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+	dns1123   = lazy(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+	secretKey = lazy(`^[-._a-zA-Z0-9]+$`)
 )
 
 // checkSecretRef names what of r is not a Secret's key.
@@ -109,7 +108,7 @@ func ValidateSecretRef(r SecretRef) error { return errors.Join(checkSecretRef("s
 
 // claimKeyRE is a claim key's name: it goes into an annotation's name
 // (agentbox.dev/key.NAME).
-var claimKeyRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
+var claimKeyRE = lazy(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
 
 // ValidClaimKey says what is wrong with a claim key's name.
 func ValidClaimKey(name string) error {

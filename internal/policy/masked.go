@@ -13,7 +13,6 @@ package policy
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -63,7 +62,7 @@ var gvisorPaths = map[string]PathKind{
 
 // cpuThrottle is containerd 2.3+'s per-CPU masked path (for each CPU the
 // host has it on): gVisor's CPUs have no thermal_throttle.
-var cpuThrottle = regexp.MustCompile(`^/sys/devices/system/cpu/cpu[0-9]+/thermal_throttle$`)
+var cpuThrottle = lazy(`^/sys/devices/system/cpu/cpu[0-9]+/thermal_throttle$`)
 
 // GVisorPaths lists the paths gvisorPaths knows, and one of cpuThrottle's.
 func GVisorPaths() []string {

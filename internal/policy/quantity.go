@@ -5,7 +5,6 @@ package policy
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +41,7 @@ var byteUnits = map[string]int64{
 	"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
 }
 
-var bytesRE = regexp.MustCompile(`^([0-9]{1,15})([kKMGT]i?)?$`)
+var bytesRE = lazy(`^([0-9]{1,15})([kKMGT]i?)?$`)
 
 // parseBytes parses "512Mi", "2Gi", "1G", "1048576".
 func parseBytes(v *string, def int64) (int64, error) {

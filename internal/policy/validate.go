@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"path"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -28,12 +27,12 @@ func ferr(path, format string, args ...any) error {
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	envPatRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\*?$|^\*$`)
-	syscallRE = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
-	subjectRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
-	hostRE    = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.?$`)
+	nameRE    = lazy(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	envNameRE = lazy(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	envPatRE  = lazy(`^[A-Za-z_][A-Za-z0-9_]*\*?$|^\*$`)
+	syscallRE = lazy(`^[a-z0-9_]{1,64}$`)
+	subjectRE = lazy(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+	hostRE    = lazy(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.?$`)
 )
 
 // validateHeader checks what every object carries.
@@ -173,7 +172,7 @@ var hopHeaders = map[string]bool{
 }
 
 // headerRE is an HTTP header name (RFC 9110 token).
-var headerRE = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+var headerRE = lazy("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
 func checkInject(field string, in Inject) []error {
 	var errs []error
@@ -235,7 +234,7 @@ func checkHTTP(field string, h HTTPRule) []error {
 	return errs
 }
 
-var methodRE = regexp.MustCompile(`^[A-Z][A-Z-]{0,19}$`)
+var methodRE = lazy(`^[A-Z][A-Z-]{0,19}$`)
 
 var knownCapabilities = func() map[string]bool {
 	m := map[string]bool{}
@@ -253,7 +252,7 @@ var knownCapabilities = func() map[string]bool {
 
 // toolRE is a tool's name or a prefix of one ending in '*': printable,
 // no space, '*' only at the end.
-var toolRE = regexp.MustCompile(`^[^\s*\x00-\x1f\x7f]{1,128}\*?$|^\*$`)
+var toolRE = lazy(`^[^\s*\x00-\x1f\x7f]{1,128}\*?$|^\*$`)
 
 // checkTools names what is wrong with a host rule's tools: an api: mcp
 // rule lists the tools it allows, and only such a rule has tools.

@@ -121,6 +121,8 @@ fi
 
 file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
   || die "$TOOLS_BIN/runsc is not static; remove it and run again"
+grep -a -q 'Platform="systrap" HostNetwork=false' "$TOOLS_BIN/runsc" \
+  || die "$TOOLS_BIN/runsc has no precompiled seccomp programs (hack/runsc-precompile.go); remove it and run again"
 
 "$REPO_ROOT/hack/build.sh"
 "$REPO_ROOT/hack/images.sh"

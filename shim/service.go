@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"os/exec"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -90,8 +91,7 @@ var _ task.TaskService = (*service)(nil)
 
 // New builds the agentbox task service on top of gVisor's runsc task service.
 func New(ctx context.Context, publisher cdshim.Publisher, sd shutdown.Service) (*service, error) {
-	s := &service{exits: newExitRepair(), sd: sd, shimCtx: ctx, sandboxes: newRegistry(), trim: &idleTrim{delay: trimDelay, fn: collectAfterStart()}}
-	s.trim.soon()
+	s := &service{exits: newExitRepair(), sd: sd, shimCtx: ctx, sandboxes: newRegistry(), trim: &idleTrim{delay: trimDelay, fn: debug.FreeOSMemory}}
 	s.exits.adjust = s.adjustExit
 	if f := flag.Lookup("address"); f != nil {
 		s.containerdAddress = f.Value.String()

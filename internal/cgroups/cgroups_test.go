@@ -81,11 +81,7 @@ func TestReadUsage(t *testing.T) {
 // A plain directory tree stands in for cgroupfs: SetIdle writes the first
 // cpu.idle it finds, v1's cpu hierarchy before the v2 tree.
 func TestSetIdle(t *testing.T) {
-	root := t.TempDir()
-	for _, f := range []string{"cpu/kubepods/pod1/cpu.idle", "kubepods/pod2/cpu.idle"} {
-		os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755)
-		os.WriteFile(filepath.Join(root, f), []byte("0"), 0o644)
-	}
+	root := tree(t, map[string]string{"cpu/kubepods/pod1/cpu.idle": "0", "kubepods/pod2/cpu.idle": "0"})
 	for _, c := range []struct {
 		path, file string
 		idle       bool
@@ -115,12 +111,7 @@ func TestSetIdle(t *testing.T) {
 
 // Quotas read and written in v1's two files and v2's cpu.max.
 func TestQuota(t *testing.T) {
-	root := t.TempDir()
-	files := map[string]string{"cpu/pods/p1/cpu.cfs_quota_us": "-1", "cpu/pods/p1/cpu.cfs_period_us": "100000", "pods/p2/cpu.max": "max 100000", "pods/p3/cpu.max": "bad"}
-	for f, v := range files {
-		os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755)
-		os.WriteFile(filepath.Join(root, f), []byte(v), 0o644)
-	}
+	root := tree(t, map[string]string{"cpu/pods/p1/cpu.cfs_quota_us": "-1", "cpu/pods/p1/cpu.cfs_period_us": "100000", "pods/p2/cpu.max": "max 100000", "pods/p3/cpu.max": "bad"})
 	for _, c := range []struct{ path, file, want string }{
 		{"/pods/p1", "cpu/pods/p1/cpu.cfs_quota_us", "5000"},
 		{"/pods/p2", "pods/p2/cpu.max", "5000 100000"},
@@ -157,16 +148,11 @@ func TestQuota(t *testing.T) {
 
 // Lower lowers and never raises, in v1's files and v2's.
 func TestLower(t *testing.T) {
-	root := t.TempDir()
-	files := map[string]string{
+	root := tree(t, map[string]string{
 		"memory/pods/p1/memory.limit_in_bytes": "9223372036854771712", "cpu/pods/p1/cpu.cfs_quota_us": "-1", "cpu/pods/p1/cpu.cfs_period_us": "100000",
 		"memory/pods/p2/memory.limit_in_bytes": "1048576", "cpu/pods/p2/cpu.cfs_quota_us": "50000", "cpu/pods/p2/cpu.cfs_period_us": "100000",
 		"pods/p3/memory.max": "max", "pods/p3/cpu.max": "max 100000",
-	}
-	for f, v := range files {
-		os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755)
-		os.WriteFile(filepath.Join(root, f), []byte(v), 0o644)
-	}
+	})
 	for _, c := range []struct {
 		path string
 		did  string
@@ -192,4 +178,20 @@ func TestLower(t *testing.T) {
 	if _, err := Lower(root, "/pods/none", 1, Quota{}); err == nil {
 		t.Error("a missing cgroup: no error")
 	}
+}
+
+// tree is a plain directory tree standing in for cgroupfs: each file of
+// files (a path below the root) with its content.
+func tree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for f, v := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
 }

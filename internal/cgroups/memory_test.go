@@ -1,14 +1,11 @@
 package cgroups
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 )
 
 func TestOOMKills(t *testing.T) {
-	root := t.TempDir()
-	files := map[string]string{
+	root := tree(t, map[string]string{
 		"memory/pods/v1/memory.limit_in_bytes":  "268435456",
 		"memory/pods/v1/memory.oom_control":     "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 		"pods/v2/memory.max":                    "max",
@@ -19,11 +16,7 @@ func TestOOMKills(t *testing.T) {
 		"pods/bad/memory.events":                "oom_kill x\n",
 		"memory/pods/old/memory.limit_in_bytes": "1",
 		"memory/pods/old/memory.oom_control":    "oom_kill_disable 0\nunder_oom 0\n",
-	}
-	for f, v := range files {
-		os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755)
-		os.WriteFile(filepath.Join(root, f), []byte(v), 0o644)
-	}
+	})
 	for _, c := range []struct {
 		path string
 		want uint64

@@ -23,15 +23,11 @@ func TestWarm(t *testing.T) {
 			capped: "2000 100000", followed: "1000 100000"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			root := t.TempDir()
 			files := map[string]string{c.quotaFile: c.start, c.idleFile: "0"}
 			if c.name == "v1" {
 				files["cpu/pods/p/cpu.cfs_period_us"] = "100000"
 			}
-			for f, v := range files {
-				os.MkdirAll(filepath.Dir(filepath.Join(root, f)), 0o755)
-				os.WriteFile(filepath.Join(root, f), []byte(v), 0o644)
-			}
+			root := tree(t, files)
 			read := func(f string) string { b, _ := os.ReadFile(filepath.Join(root, f)); return string(b) }
 			var w Warm
 			if said := w.Set(root, "/pods/p", true, false, 50); !strings.HasPrefix(said, "idle while the warm pool holds it") || !w.Idle || w.Capped() || read(c.idleFile) != "1" {
@@ -64,9 +60,7 @@ func TestWarm(t *testing.T) {
 		})
 	}
 	t.Run("no cpu.idle", func(t *testing.T) {
-		root := t.TempDir()
-		os.MkdirAll(filepath.Join(root, "pods/p"), 0o755)
-		os.WriteFile(filepath.Join(root, "pods/p/cpu.max"), []byte("max 100000"), 0o644)
+		root := tree(t, map[string]string{"pods/p/cpu.max": "max 100000"})
 		var w Warm
 		said := w.Set(root, "/pods/p", true, true, 50)
 		if !strings.HasPrefix(said, "class unchanged: "+ErrNoIdle.Error()) || w.Idle || !w.Capped() {

@@ -320,8 +320,9 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		plan.sandbox.audit.receiver = rcv
 		plan.sandbox.memoryLimit, plan.sandbox.cpuMillis = effectiveLimits(spec)
 		plan.sandbox.cgroupsPath = plan.cgroupsPath
-		plan.sandbox.control = runscctl.Socket(nsRoot, r.ID)
-		if st, ok := sentrystats.For(nsRoot, r.ID, spec, flags["systemd-cgroup"] == "true"); ok {
+		control := runscctl.Socket(nsRoot, r.ID)
+		plan.sandbox.control = control
+		if st, ok := sentrystats.For(control, spec, flags["systemd-cgroup"] == "true"); ok {
 			plan.sandbox.stats = &st
 			did, err := podLimits(st.Cgroup, spec)
 			if err != nil {
@@ -333,7 +334,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		}
 		sb := plan.sandbox
 		plan.push(func(string) { stopPortForward(ctx, sb) })
-		pf, err := startPortForward(ctx, sb, plan.profile.Network.PortForward, netnsPath(spec), runscctl.Socket(nsRoot, r.ID))
+		pf, err := startPortForward(ctx, sb, plan.profile.Network.PortForward, netnsPath(spec), control)
 		if err != nil {
 			return err
 		}

@@ -209,15 +209,28 @@ func limitsOf(res *specs.LinuxResources) (int64, cgroups.Quota) {
 // sandbox's cgroup (what a live tightening lowers from).
 // +checklocks:sb.ops
 func (sb *sandboxState) tookLimits(res *specs.LinuxResources) {
+	var cpu *cgroups.Quota
+	sb.memoryLimit, sb.cpuMillis, cpu = limitsAfter(sb.memoryLimit, sb.cpuMillis, res)
+	if cpu != nil {
+		recapCPU(sb, *cpu)
+	}
+}
+
+// limitsAfter is a sandbox's memory limit (bytes) and CPU limit
+// (millicores) after an update res applied to its cgroup, from memory and
+// cpuMillis before it (0: none, as limitsOf reads them; an update's -1 is
+// none). cpu is the bandwidth res set, nil when it left the CPU as it was
+// (no quota, or no period to read it by).
+func limitsAfter(memory, cpuMillis int64, res *specs.LinuxResources) (int64, int64, *cgroups.Quota) {
 	if res == nil {
-		return
+		return memory, cpuMillis, nil
 	}
+	mem, q := limitsOf(res)
 	if res.Memory != nil && res.Memory.Limit != nil {
-		sb.memoryLimit = *res.Memory.Limit
+		memory = mem
 	}
-	if res.CPU != nil && res.CPU.Quota != nil && res.CPU.Period != nil && *res.CPU.Period > 0 {
-		sb.cpuMillis = *res.CPU.Quota * 1000 / int64(*res.CPU.Period)
-		_, q := limitsOf(res)
-		recapCPU(sb, q)
+	if res.CPU == nil || res.CPU.Quota == nil || res.CPU.Period == nil || *res.CPU.Period == 0 {
+		return memory, cpuMillis, nil
 	}
+	return memory, q.Millis(), &q
 }

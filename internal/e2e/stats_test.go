@@ -101,9 +101,7 @@ func TestStatsReadInShim(t *testing.T) {
 			t.Errorf("the shim ran runsc for a running container's stats: %s", l)
 		}
 	}
-	if !strings.Contains(string(after), "start") {
-		t.Fatalf("the wrapper logged no runsc command: the test proves nothing (%q)", after)
-	}
+	runscCommands(t, calls) // the wrapper was the shim's runsc: it saw the start
 }
 
 // loggingRunsc writes a shim config whose runsc is a wrapper that logs each
@@ -138,7 +136,9 @@ func wrappedRunsc(t *testing.T, pre, auditDir string) (cfg string) {
 }
 
 // runscCommands are the runsc commands a logging wrapper saw (the word
-// after runsc's global flags), from its log.
+// after runsc's global flags), from its log. It fails the test when they
+// hold no start: then the wrapper was not the runsc the shim ran, and no
+// command's absence proves anything.
 func runscCommands(t *testing.T, calls string) []string {
 	t.Helper()
 	b, err := os.ReadFile(calls)
@@ -153,6 +153,9 @@ func runscCommands(t *testing.T, calls string) []string {
 				break
 			}
 		}
+	}
+	if !slices.Contains(cmds, "start") {
+		t.Fatalf("the wrapper logged no start: the test proves nothing (%q)", cmds)
 	}
 	return cmds
 }
@@ -183,11 +186,7 @@ func TestStateAnsweredInShim(t *testing.T) {
 			t.Fatalf("ctr tasks ls says %q, want RUNNING", st)
 		}
 	}
-	cmds := runscCommands(t, calls)
-	if !slices.Contains(cmds, "start") {
-		t.Fatalf("the wrapper logged no start: the test proves nothing (%q)", cmds)
-	}
-	if slices.Contains(cmds, "state") {
+	if cmds := runscCommands(t, calls); slices.Contains(cmds, "state") {
 		t.Errorf("runsc state ran for a running container: %q", cmds)
 	}
 	// Paused: its State is runsc's.

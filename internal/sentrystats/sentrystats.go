@@ -58,12 +58,12 @@ type Sandbox struct {
 	Cgroup string
 }
 
-// For is the Sandbox of sandbox id under runsc root root, whose root
+// For is the Sandbox whose runsc control socket is socket and whose root
 // container has spec; ok is false when its stats are left to runsc: a
 // systemd cgroup (runsc reads it through systemd, and gVisor's task
 // service then answers cgroup v2 metrics).
-func For(root, id string, spec *specs.Spec, systemdCgroup bool) (Sandbox, bool) {
-	sb := Sandbox{Socket: runscctl.Socket(root, id), Cgroup: SandboxCgroup(spec)}
+func For(socket string, spec *specs.Spec, systemdCgroup bool) (Sandbox, bool) {
+	sb := Sandbox{Socket: socket, Cgroup: SandboxCgroup(spec)}
 	if systemdCgroup || strings.Contains(sb.Cgroup, ":") {
 		return Sandbox{}, false
 	}

@@ -47,14 +47,14 @@ func TestSandboxCgroup(t *testing.T) {
 
 func TestFor(t *testing.T) {
 	spec := &specs.Spec{Linux: &specs.Linux{CgroupsPath: "/kubepods/pod1/abc"}}
-	sb, ok := For("/run/agentbox/runsc/k8s.io", "abc", spec, false)
+	sb, ok := For("/run/agentbox/runsc/k8s.io/runsc-abc.sock", spec, false)
 	if !ok || sb.Socket != "/run/agentbox/runsc/k8s.io/runsc-abc.sock" || sb.Cgroup != "/kubepods/pod1" {
 		t.Errorf("%+v %v", sb, ok)
 	}
-	if _, ok := For("/run", "abc", spec, true); ok {
+	if _, ok := For("/run/runsc-abc.sock", spec, true); ok {
 		t.Error("a systemd cgroup is left to runsc")
 	}
-	if _, ok := For("/run", "abc", &specs.Spec{Linux: &specs.Linux{CgroupsPath: "kubepods.slice:cri:abc"}}, false); ok {
+	if _, ok := For("/run/runsc-abc.sock", &specs.Spec{Linux: &specs.Linux{CgroupsPath: "kubepods.slice:cri:abc"}}, false); ok {
 		t.Error("a systemd-style path is left to runsc")
 	}
 }

@@ -1,7 +1,8 @@
 package shim
 
 // The task API calls the shim forwards to gVisor's task service as they
-// are, or nearly: State of a running container is answered in the shim,
+// are, or nearly: State of a created or running container is answered in
+// the shim,
 // Kill thaws a frozen sandbox first, Stats adds the OOM kills, Shutdown
 // waits for Delete's cleanup.
 
@@ -28,8 +29,8 @@ import (
 	"agentbox.dev/agentbox/shim/sandbox"
 )
 
-// State of a running container is the shim's to answer while its sandbox
-// runs (runningTasks); anything else is gVisor's.
+// State of a created or running container is the shim's to answer while
+// its sandbox runs (runningTasks); anything else is gVisor's.
 func (s *service) State(ctx context.Context, r *task.StateRequest) (*task.StateResponse, error) {
 	if r.ExecID == "" {
 		if sb, ok := s.sandboxes.of(r.ID); ok && sb.life.Now().Phase == sandbox.Running {
@@ -53,6 +54,9 @@ func (s *service) Pids(ctx context.Context, r *task.PidsRequest) (*task.PidsResp
 // SIGKILL for a frozen sandbox resumes it first: runsc signals no
 // container of a paused sandbox (containerd stopping a frozen pod).
 func (s *service) Kill(ctx context.Context, r *task.KillRequest) (*types.Empty, error) {
+	if r.ExecID == "" {
+		s.tasks.unsure(r.ID)
+	}
 	if sb, ok := s.sandboxes.of(r.ID); ok {
 		if r.ExecID == "" {
 			holdForSuspend(ctx, sb)

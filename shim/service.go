@@ -216,7 +216,7 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 			"container joins the sandbox under its pod's profile", map[string]string{"container_id": r.ID}), true)
 	}
 	s.stagers.Store(r.ID, plan.stager)
-	s.tasks.create(r)
+	s.tasks.create(r, resp.Pid)
 	ph.mark("register")
 	log.G(ctx).WithFields(log.Fields{"role": plan.profile.Role, "policy_digest": plan.profile.Digest}).Info("agentbox: profile applied")
 	return resp, nil
@@ -226,6 +226,9 @@ func (s *service) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.
 func (s *service) Start(ctx context.Context, r *task.StartRequest) (*task.StartResponse, error) {
 	ph := newPhases("start", r.ID)
 	defer ph.done()
+	if r.ExecID == "" {
+		s.tasks.unsure(r.ID)
+	}
 	resp, restored, err := s.restoreStart(ctx, r)
 	if !restored {
 		resp, err = s.next.Start(ctx, r)

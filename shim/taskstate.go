@@ -11,23 +11,28 @@ import (
 	"agentbox.dev/agentbox/internal/sentrystats"
 )
 
-// runningTasks holds the containers started and not exited, and answers
-// their State and Stats without runsc.
+// runningTasks holds the containers created or started and not exited,
+// and answers their State and Stats without runsc.
 //
 // gVisor's task service answers every State by running `runsc state`
-// (about 30 ms of CPU), and containerd asks for it after every Start: two
-// runsc processes on each CRI pod's start path, one for its sandbox and
-// one for its container. What that answer says of a running container the
-// shim knows itself: its pid (Start's answer), its bundle and stdio (its
-// Create request), and that it runs (started, no exit seen, not deleted).
-// Only that case is answered here, and only while its sandbox runs (not
-// frozen, checkpointing or stopping): anything else, and every exec'd
-// process, is asked of gVisor's task service as before. Their Stats are
-// read from their sandbox's control socket (internal/sentrystats), for the
-// same reason: containerd's CRI asks every container once a second.
+// (about 30 ms of CPU), and containerd asks for it after every Start, and
+// for a pod's container also between its Create and its Start (the CRI's
+// NRI adaptation reads the new task's pid): three runsc processes on each
+// CRI pod's start path. What that answer says the shim knows itself: the
+// pid (Create's answer, which Start's repeats), the bundle and stdio (the
+// Create request), and whether it was started (no exit seen, not deleted,
+// and for a created one neither signalled nor being started). Only those
+// cases are answered here, and only while the container's sandbox runs
+// (not creating, frozen, checkpointing or stopping): anything else, and
+// every exec'd process, is asked of gVisor's task service as before. Their
+// Stats are read from their sandbox's control socket
+// (internal/sentrystats), for the same reason: containerd's CRI asks every
+// container once a second.
 type runningTasks struct {
 	mu sync.Mutex
-	// created holds what a container's Create said, until it starts.
+	// created holds what a container's Create said, until it starts;
+	// its pid is 0 until the Create succeeded, and again once the
+	// container was signalled or its start began (unsure).
 	// +checklocks:mu
 	created map[string]taskState
 	// running holds each container started and not exited.
@@ -45,15 +50,28 @@ type taskState struct {
 	stats *sentrystats.Sandbox
 }
 
-// created remembers what a container's State will say of its bundle and
-// stdio.
-func (t *runningTasks) create(r *task.CreateTaskRequest) {
+// create remembers what a container's State will say of its bundle,
+// stdio and pid (its Create's answer).
+func (t *runningTasks) create(r *task.CreateTaskRequest, pid uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.created == nil {
 		t.created = map[string]taskState{}
 	}
-	t.created[r.ID] = taskState{bundle: r.Bundle, stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+	t.created[r.ID] = taskState{bundle: r.Bundle, stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal, pid: pid}
+}
+
+// unsure notes that a container not yet started may be leaving that
+// state (signalled, or being started): until it is seen started, its
+// State is runsc's to say, which gVisor's task service answers only once
+// a start under way has ended.
+func (t *runningTasks) unsure(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st, ok := t.created[id]; ok {
+		st.pid = 0
+		t.created[id] = st
+	}
 }
 
 // start marks a created container running with its pid, its stats read
@@ -81,11 +99,17 @@ func (t *runningTasks) end(id string) {
 	delete(t.running, id)
 }
 
-// state is the State of a running container, as gVisor's task service
-// would answer it, if it is one.
+// state is the State of a running or created container, as gVisor's task
+// service would answer it, if it is one.
 func (t *runningTasks) state(id string) (*task.StateResponse, bool) {
 	t.mu.Lock()
+	status := tasktypes.Status_RUNNING
 	st, ok := t.running[id]
+	if !ok {
+		status = tasktypes.Status_CREATED
+		st, ok = t.created[id]
+		ok = ok && st.pid != 0
+	}
 	t.mu.Unlock()
 	if !ok {
 		return nil, false
@@ -94,7 +118,7 @@ func (t *runningTasks) state(id string) (*task.StateResponse, bool) {
 		ID:       id,
 		Bundle:   st.bundle,
 		Pid:      st.pid,
-		Status:   tasktypes.Status_RUNNING,
+		Status:   status,
 		Stdin:    st.stdin,
 		Stdout:   st.stdout,
 		Stderr:   st.stderr,

@@ -122,17 +122,54 @@ func wrappedRunsc(t *testing.T, pre, auditDir string) (cfg string) {
 	if auditDir == "" {
 		auditDir = filepath.Join(dir, "audit")
 	}
-	wrapper := filepath.Join(dir, "runsc")
-	real := filepath.Join(cacheDir(), "bin", "runsc")
-	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\n%s\nexec %s \"$@\"\n", pre, real)), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	wrapper := runscWrapper(t, dir, pre)
 	cfg = filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("version = 1\n[runsc]\nbinary = %q\n[policy]\ndir = %q\nhandler = \"agentbox\"\n[audit]\ndir = %q\n",
 		wrapper, filepath.Join(dev.dir, "agentbox", "policies"), auditDir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// runscWrapper writes dir/runsc, a shell script that runs pre, then the
+// real runsc with the same arguments.
+func runscWrapper(t *testing.T, dir, pre string) string {
+	t.Helper()
+	wrapper := filepath.Join(dir, "runsc")
+	real := filepath.Join(cacheDir(), "bin", "runsc")
+	if err := os.WriteFile(wrapper, []byte(fmt.Sprintf("#!/bin/sh\n%s\nexec %s \"$@\"\n", pre, real)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper
+}
+
+// loggingHandler points the CRI handler's shim config at a runsc wrapper
+// that logs each command, a line each, to the returned file, for the
+// shims started until the test ends (the suite's tests run one at a
+// time); the config is put back after the test's pods are gone.
+func loggingHandler(t *testing.T) (calls string) {
+	t.Helper()
+	cfg := filepath.Join(dev.dir, "agentbox", "config.toml")
+	orig, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := fmt.Sprintf("binary = %q", filepath.Join(cacheDir(), "bin", "runsc"))
+	if strings.Count(string(orig), real) != 1 {
+		t.Fatalf("the handler's config does not name runsc once as %s", real)
+	}
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "runsc-calls.log")
+	wrapper := runscWrapper(t, dir, fmt.Sprintf("echo \"$*\" >>%s", calls))
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(orig), real, fmt.Sprintf("binary = %q", wrapper), 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(cfg, orig, 0o644); err != nil {
+			t.Errorf("putting the handler's config back: %v", err)
+		}
+	})
+	return calls
 }
 
 // runscCommands are the runsc commands a logging wrapper saw (the word
@@ -204,5 +241,31 @@ func TestStateAnsweredInShim(t *testing.T) {
 	}
 	if st := status(); st != "RUNNING" {
 		t.Errorf("a resumed container's state is %q, want RUNNING", st)
+	}
+}
+
+// TestCRIStartAsksNoState: a CRI pod's start runs no `runsc state`.
+// containerd asks for the new container's State between its Create and its
+// Start (the CRI's NRI adaptation reads the task), and for each container's
+// after its Start; a created or a running container's State is the
+// shim's. The twins: the container runs and reads RUNNING, and once
+// stopped it reads EXITED with its status.
+func TestCRIStartAsksNoState(t *testing.T) {
+	requireEnv(t)
+	expectNoLeaks(t, dev)
+	calls := loggingHandler(t)
+	p := newPod(t, "nostate", nil)
+	id := p.container(t, "c", "sh", "-c", "trap 'exit 7' TERM; sleep 600 & wait")
+	if st, _ := containerState(t, id); st != "CONTAINER_RUNNING" {
+		t.Fatalf("the container is %s, want CONTAINER_RUNNING", st)
+	}
+	if cmds := runscCommands(t, calls); slices.Contains(cmds, "state") {
+		t.Errorf("runsc state ran during the pod's start: %q", cmds)
+	}
+	if r := dev.crictl(60*time.Second, "stop", "-t", "10", id); r.code != 0 {
+		t.Fatalf("crictl stop: %v", r)
+	}
+	if code := waitState(t, id, "CONTAINER_EXITED"); code != 7 {
+		t.Errorf("the stopped container exited %d, want 7", code)
 	}
 }

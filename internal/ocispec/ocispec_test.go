@@ -1,7 +1,9 @@
 package ocispec
 
 import (
+	"math/rand"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -131,5 +133,33 @@ func TestMountResolvConf(t *testing.T) {
 	}
 	if msg, _ := MountResolvConf("/b/r")(plain); !strings.Contains(msg, "mounted") || len(plain.Mounts) != 1 || plain.Mounts[0].Destination != "/etc/resolv.conf" {
 		t.Errorf("%s %+v", msg, plain.Mounts)
+	}
+}
+
+// TestPlainUIDIsTheExpression: the loop accepts exactly what the regular
+// expression it replaced did.
+func TestPlainUIDIsTheExpression(t *testing.T) {
+	re := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,127}$`)
+	alphabet := "azAZ09-._/ \x00\xff"
+	r := rand.New(rand.NewSource(1))
+	for i := 0; i < 20000; i++ {
+		b := make([]byte, r.Intn(131))
+		for j := range b {
+			b[j] = alphabet[r.Intn(len(alphabet))]
+		}
+		if i%2 == 0 && len(b) > 0 { // mostly valid, to reach the length bound
+			for j := range b {
+				b[j] = "azAZ09-"[r.Intn(7)]
+			}
+			b[0] = 'a'
+		}
+		if s := string(b); plainUID(s) != re.MatchString(s) {
+			t.Fatalf("%q: loop %v, expression %v", s, plainUID(s), re.MatchString(s))
+		}
+	}
+	for uid, ok := range map[string]bool{"": false, "-a": false, "a-": true, strings.Repeat("a", 128): true, strings.Repeat("a", 129): false, "../x": false} {
+		if plainUID(uid) != ok {
+			t.Errorf("plainUID(%q) = %v, want %v", uid, !ok, ok)
+		}
 	}
 }

@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -93,15 +95,9 @@ func LoadPaths(paths ...string) (*Set, error) {
 	}
 	sort.Strings(files)
 	var docs []parsed
-	for _, f := range files {
-		data, err := readLimited(f)
-		if err != nil {
-			problems = append(problems, Problem{File: f, Msg: errMsg(err)})
-			continue
-		}
-		d, errs := parseFile(f, data)
-		docs = append(docs, d...)
-		problems = append(problems, errs...)
+	for _, r := range parseFiles(files) {
+		docs = append(docs, r.docs...)
+		problems = append(problems, r.problems...)
 	}
 	set, errs := assemble(docs)
 	problems = append(problems, errs...)
@@ -110,6 +106,42 @@ func LoadPaths(paths ...string) (*Set, error) {
 	}
 	set.Files = files
 	return set, nil
+}
+
+// fileResult is one file's objects and problems.
+type fileResult struct {
+	docs     []parsed
+	problems []error
+}
+
+// parseFiles reads and parses each file, on as many cores as there are
+// (each shim process loads the whole directory on a pod's start path; the
+// files are independent until assemble), and gives their results in the
+// files' order.
+func parseFiles(files []string) []fileResult {
+	out := make([]fileResult, len(files))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), len(files)); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				data, err := readLimited(files[i])
+				if err != nil {
+					out[i].problems = []error{Problem{File: files[i], Msg: errMsg(err)}}
+					continue
+				}
+				out[i].docs, out[i].problems = parseFile(files[i], data)
+			}
+		}()
+	}
+	for i := range files {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
 }
 
 // Parse loads one file's content as a set on its own.
@@ -325,6 +357,20 @@ func joinPath(path, key string) string {
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldsOf.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := fieldsByTag(t)
+	fieldsOf.Store(t, m)
+	return m
+}
+
+// fieldsOf memoizes fieldsByTag by type: checkFields asks it for every
+// mapping of every policy object, and each shim process loads the whole
+// directory (read only once made).
+var fieldsOf sync.Map
+
+func fieldsByTag(t reflect.Type) map[string]reflect.Type {
 	m := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -389,11 +435,14 @@ func assemble(docs []parsed) (*Set, []error) {
 					continue
 				}
 			}
-			if _, err := set.resolve(d.role.Metadata.Name); err != nil {
+			spec, err := set.resolve(d.role.Metadata.Name)
+			if err != nil {
 				at(d, "spec.inherits", err.Error())
 				continue
 			}
-			if _, err := set.Profile(d.role.Metadata.Name); err != nil {
+			// What Profile would refuse; not its digest, which only a
+			// role a pod selects needs.
+			if _, err := compileSpec(spec); err != nil {
 				for _, e := range Errors(err) {
 					var fe fieldError
 					if errors.As(e, &fe) {

@@ -5,16 +5,30 @@ package naming
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 )
 
-// nameRE is what a checkpoint name may be: a name, never a path.
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+// plainName says whether name is what a checkpoint name may be: 1 to 63
+// of a-z, 0-9, '.', '_' and '-', starting with a letter or digit. (A loop,
+// not a regular expression: this package is in every shim process, and
+// compiling one with a repetition count cost each of them 0.3 ms at init.)
+func plainName(name string) bool {
+	if len(name) == 0 || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Valid says why name cannot name a checkpoint (nil: it can).
 func Valid(name string) error {
-	if !nameRE.MatchString(name) || strings.Contains(name, "..") {
+	if !plainName(name) || strings.Contains(name, "..") {
 		return fmt.Errorf("checkpoint name %q: want 1 to 63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit (a name in the node's store, never a path)", name)
 	}
 	return nil

@@ -2,9 +2,8 @@ package shim
 
 // The task API calls the shim forwards to gVisor's task service as they
 // are, or nearly: State of a created or running container is answered in
-// the shim,
-// Kill thaws a frozen sandbox first, Stats adds the OOM kills, Shutdown
-// waits for Delete's cleanup.
+// the shim, Kill thaws a frozen sandbox first, Stats adds the OOM kills,
+// Shutdown waits for Delete's cleanup.
 
 import (
 	"context"

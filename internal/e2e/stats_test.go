@@ -109,7 +109,13 @@ func TestStatsReadInShim(t *testing.T) {
 func loggingRunsc(t *testing.T) (cfg, calls string) {
 	t.Helper()
 	calls = filepath.Join(t.TempDir(), "runsc-calls.log")
-	return wrappedRunsc(t, fmt.Sprintf("echo \"$*\" >>%s", calls), ""), calls
+	return wrappedRunsc(t, logCommand(calls), ""), calls
+}
+
+// logCommand is the wrapper's line that appends its arguments to calls,
+// a line each command, as runscCommands reads them.
+func logCommand(calls string) string {
+	return fmt.Sprintf("echo \"$*\" >>%s", calls)
 }
 
 // wrappedRunsc writes a shim config (the suite's policies, the audit
@@ -160,7 +166,7 @@ func loggingHandler(t *testing.T) (calls string) {
 	}
 	dir := t.TempDir()
 	calls = filepath.Join(dir, "runsc-calls.log")
-	wrapper := runscWrapper(t, dir, fmt.Sprintf("echo \"$*\" >>%s", calls))
+	wrapper := runscWrapper(t, dir, logCommand(calls))
 	if err := os.WriteFile(cfg, []byte(strings.Replace(string(orig), real, fmt.Sprintf("binary = %q", wrapper), 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func (s *service) prepareClaimRole(sb *sandboxState, role string) (*roleChange, 
 	if role == "" || sb.profile == nil {
 		return nil, nil
 	}
-	set, err := s.policies.Load(sb.cfg.Policy.Dir)
+	set, err := s.loadPolicies(sb.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("role %s: the policy directory does not load: %w", role, err)
 	}

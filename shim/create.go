@@ -183,7 +183,7 @@ func (s *service) resolve(ctx context.Context, r *task.CreateTaskRequest, plan *
 			}
 			plan.phases.mark("resolve_checkpoint")
 		}
-		if plan.policies, err = s.policies.Load(cfg.Policy.Dir); err != nil {
+		if plan.policies, err = s.loadPolicies(cfg); err != nil {
 			return errkind.InvalidArgument(err)
 		}
 		plan.phases.mark("resolve_policies")

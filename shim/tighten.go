@@ -31,6 +31,15 @@ import (
 // (a stat of its files; parsed only when one changed).
 const policyPoll = time.Second
 
+// loadPolicies returns the set in cfg's policy directory: this process's
+// copy while the directory is unchanged, else the node's stored copy of the
+// same files' bytes, else the files parsed and checked (and stored).
+func (s *service) loadPolicies(cfg *config.Config) (*policy.Set, error) {
+	return s.policies.LoadStored(cfg.Policy.Dir, policy.Store{Dir: cfg.PolicyStoreDir(), Warn: func(err error) {
+		log.L.WithError(err).Warn("agentbox: the node's policy store is not used for this load")
+	}})
+}
+
 // watchPolicies starts, once per shim, following the policy directory of
 // the config its first sandbox was created under.
 func (s *service) watchPolicies(cfg *config.Config) {
@@ -40,7 +49,7 @@ func (s *service) watchPolicies(cfg *config.Config) {
 			var lastErr string
 			for {
 				time.Sleep(policyPoll)
-				set, err := s.policies.Load(cfg.Policy.Dir)
+				set, err := s.loadPolicies(cfg)
 				if err != nil {
 					// A directory that does not load changes nothing that
 					// runs; the next Create is refused with the reason.

@@ -186,6 +186,11 @@ func (c *Config) RunscRoot(containerdAddress string) string {
 	return InstanceRunscRoot(containerdAddress)
 }
 
+// PolicyStoreDir is the node's store of loaded policy sets
+// (policy.Store): inside the control directory, which is root's alone and
+// which no sandbox may mount.
+func (c *Config) PolicyStoreDir() string { return filepath.Join(c.Shim.ControlDir, "policy-store") }
+
 // InstanceRunscRoot is the default runsc root of the containerd instance
 // reached at containerdAddress: short (runsc puts sockets below it) and
 // distinct per instance.

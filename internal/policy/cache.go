@@ -25,7 +25,13 @@ type cacheEntry struct {
 // Load returns the set in dir, from the cache when nothing changed. A
 // directory that fails to load is never served from an older good copy:
 // the caller gets the error.
-func (c *Cache) Load(dir string) (*Set, error) {
+func (c *Cache) Load(dir string) (*Set, error) { return c.LoadStored(dir, Store{}) }
+
+// LoadStored is Load, with the node's Store in front of parsing: a set
+// this process has not loaded yet is taken from the store when one was
+// stored for the same files' bytes by the same binary, and stored when it
+// was not.
+func (c *Cache) LoadStored(dir string, st Store) (*Set, error) {
 	fp, err := fingerprint(dir)
 	if err != nil {
 		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
@@ -36,7 +42,7 @@ func (c *Cache) Load(dir string) (*Set, error) {
 		return e.set, nil
 	}
 	c.mu.Unlock()
-	set, err := LoadPaths(dir)
+	set, err := loadStored(dir, st)
 	if err != nil {
 		return nil, err
 	}
@@ -47,6 +53,30 @@ func (c *Cache) Load(dir string) (*Set, error) {
 	}
 	c.entries[dir] = cacheEntry{fingerprint: fp, set: set}
 	return set, nil
+}
+
+// loadStored reads dir's files once, and takes their set from the store,
+// or parses them and stores it.
+func loadStored(dir string, st Store) (*Set, error) {
+	in := readInput(dir)
+	key := ""
+	if st.Dir != "" {
+		if err := st.open(); err != nil {
+			st.warn(err)
+		} else {
+			key = in.key(buildID())
+		}
+	}
+	if key != "" {
+		if set := st.get(key); set != nil {
+			return set, nil
+		}
+	}
+	set, err := in.load()
+	if err == nil && key != "" {
+		st.put(key, set)
+	}
+	return set, err
 }
 
 func fingerprint(dir string) (string, error) {

@@ -65,37 +65,65 @@ func PolicyFileName(name string) bool {
 // directly in a named directory, as one set. All problems in all files are reported
 // together; a set with any problem is not returned.
 func LoadPaths(paths ...string) (*Set, error) {
-	var files []string
-	var problems []error
+	return readInput(paths...).load()
+}
+
+// input is what a load parses: the policy files named by its paths, in
+// order, with their bytes as read, and what could not be read.
+type input struct {
+	files    []string
+	data     [][]byte
+	problems []error
+}
+
+// readInput lists and reads the policy files of paths. What is parsed, and
+// what a stored set is keyed by, is these bytes: never a second read.
+func readInput(paths ...string) *input {
+	in := &input{}
 	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil {
-			problems = append(problems, Problem{File: p, Msg: errMsg(err)})
+			in.problems = append(in.problems, Problem{File: p, Msg: errMsg(err)})
 			continue
 		}
 		if !st.IsDir() {
-			files = append(files, p)
+			in.files = append(in.files, p)
 			continue
 		}
 		entries, err := os.ReadDir(p)
 		if err != nil {
-			problems = append(problems, Problem{File: p, Msg: errMsg(err)})
+			in.problems = append(in.problems, Problem{File: p, Msg: errMsg(err)})
 			continue
 		}
 		n := 0
 		for _, e := range entries {
 			if !e.IsDir() && PolicyFileName(e.Name()) {
-				files = append(files, filepath.Join(p, e.Name()))
+				in.files = append(in.files, filepath.Join(p, e.Name()))
 				n++
 			}
 		}
 		if n == 0 {
-			problems = append(problems, Problem{File: p, Msg: "policy directory holds no *.yaml or *.yml file"})
+			in.problems = append(in.problems, Problem{File: p, Msg: "policy directory holds no *.yaml or *.yml file"})
 		}
 	}
-	sort.Strings(files)
+	sort.Strings(in.files)
+	in.data = make([][]byte, len(in.files))
+	for i, f := range in.files {
+		data, err := readLimited(f)
+		if err != nil {
+			in.problems = append(in.problems, Problem{File: f, Msg: errMsg(err)})
+			continue
+		}
+		in.data[i] = data
+	}
+	return in
+}
+
+// load parses, checks and assembles the input's files as one set.
+func (in *input) load() (*Set, error) {
+	problems := in.problems
 	var docs []parsed
-	for _, r := range parseFiles(files) {
+	for _, r := range parseFiles(in.files, in.data) {
 		docs = append(docs, r.docs...)
 		problems = append(problems, r.problems...)
 	}
@@ -104,7 +132,7 @@ func LoadPaths(paths ...string) (*Set, error) {
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
 	}
-	set.Files = files
+	set.Files = in.files
 	return set, nil
 }
 
@@ -114,11 +142,11 @@ type fileResult struct {
 	problems []error
 }
 
-// parseFiles reads and parses each file, on as many cores as there are
-// (each shim process loads the whole directory on a pod's start path; the
-// files are independent until assemble), and gives their results in the
-// files' order.
-func parseFiles(files []string) []fileResult {
+// parseFiles parses each file's bytes (nil: it could not be read, and that
+// problem is the input's), on as many cores as there are (the files are
+// independent until assemble), and gives their results in the files'
+// order.
+func parseFiles(files []string, data [][]byte) []fileResult {
 	out := make([]fileResult, len(files))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -127,12 +155,9 @@ func parseFiles(files []string) []fileResult {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				data, err := readLimited(files[i])
-				if err != nil {
-					out[i].problems = []error{Problem{File: files[i], Msg: errMsg(err)}}
-					continue
+				if data[i] != nil {
+					out[i].docs, out[i].problems = parseFile(files[i], data[i])
 				}
-				out[i].docs, out[i].problems = parseFile(files[i], data)
 			}
 		}()
 	}

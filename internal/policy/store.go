@@ -1,0 +1,214 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+)
+
+// Store is a node-wide directory of policy sets already loaded, shared by
+// every shim process on the node: each pod's shim is a fresh process, and
+// parsing and checking the whole policy directory was the largest part of
+// agentbox's own work on a pod's start.
+//
+// An entry is keyed by the SHA-256 of the exact bytes of every policy file
+// (with its path) and of the Go build ID of the binary that checked them,
+// so an entry never answers for a changed file, nor for a binary whose
+// parsing or checks differ. Only sets that loaded without a problem are
+// stored: a broken directory is parsed on every load, and its problems are
+// reported in full. The directory must be the caller's own and closed to
+// everyone else (it is under the runtime's state directory, which no
+// sandbox may mount); one that is not is not used.
+type Store struct {
+	// Dir is the store's directory; empty: no store.
+	Dir string
+	// Warn is told what kept the store from serving or keeping a set (a
+	// full disk, a corrupt entry); the load itself goes on without it.
+	Warn func(error)
+}
+
+// storeVersion names the entry format; part of every key.
+const storeVersion = "agentbox policy store v1"
+
+// maxStoredEntries bounds the store: the oldest entries beyond it are
+// removed when one is written.
+const maxStoredEntries = 16
+
+// maxEntrySize bounds what is read from (and written to) the store.
+const maxEntrySize = 64 << 20
+
+// storedSet is an entry: the set, and the key it answers for.
+type storedSet struct {
+	Key string
+	Set *Set
+}
+
+// buildID is this binary's Go build ID, which changes with any change to
+// the code or the toolchain that built it; "" when it cannot be read (the
+// store is then not used).
+var buildID = sync.OnceValue(func() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sec := f.Section(".note.go.buildid")
+	if sec == nil {
+		return ""
+	}
+	note, err := sec.Data()
+	if err != nil || len(note) <= 16 {
+		return ""
+	}
+	return string(note[16:]) // after the note's header and "Go\x00\x00"
+})
+
+// key is the input's store key: "" when it has problems or the binary has
+// no build ID.
+func (in *input) key(build string) string {
+	if len(in.problems) > 0 || build == "" {
+		return ""
+	}
+	h := sha256.New()
+	io.WriteString(h, storeVersion+"\x00"+build+"\x00")
+	for i, f := range in.files {
+		io.WriteString(h, f+"\x00"+strconv.Itoa(len(in.data[i]))+"\x00")
+		h.Write(in.data[i])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// open checks the store's directory, creating it: a directory (not a
+// link) owned by this process's user, that no one else may write.
+func (st Store) open() error {
+	if err := os.MkdirAll(st.Dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(st.Dir)
+	if err != nil {
+		return err
+	}
+	sys, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", st.Dir)
+	case !ok || int(sys.Uid) != os.Geteuid():
+		return fmt.Errorf("%s is not owned by uid %d", st.Dir, os.Geteuid())
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s may be written by others (mode %v)", st.Dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
+func (st Store) warn(err error) {
+	if st.Warn != nil {
+		st.Warn(fmt.Errorf("policy store %s: %w", st.Dir, err))
+	}
+}
+
+// get returns the set stored under key, or nil.
+func (st Store) get(key string) *Set {
+	f, err := os.Open(filepath.Join(st.Dir, key+".set"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		st.warn(err)
+		return nil
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxEntrySize+1))
+	if err != nil {
+		st.warn(err)
+		return nil
+	}
+	if len(data) > maxEntrySize {
+		st.warn(fmt.Errorf("entry %s is larger than %d bytes: loading the policy files instead", key, maxEntrySize))
+		return nil
+	}
+	e, err := decodeStored(data)
+	if err == nil && (e.Key != key || e.Set == nil) {
+		err = fmt.Errorf("it is not the entry for its name")
+	}
+	if err != nil {
+		st.warn(fmt.Errorf("entry %s: %w: loading the policy files instead", key, err))
+		return nil
+	}
+	return e.Set
+}
+
+// put stores set under key (written whole, then renamed into place), and
+// removes the oldest entries beyond maxStoredEntries.
+func (st Store) put(key string, set *Set) {
+	data, err := encodeStored(&storedSet{Key: key, Set: set})
+	if err == nil && len(data) > maxEntrySize {
+		err = fmt.Errorf("%d bytes, more than %d", len(data), maxEntrySize)
+	}
+	if err == nil {
+		// What a later load is given must be what this one checked: an
+		// entry that does not read back as the same set is not kept.
+		var back *storedSet
+		if back, err = decodeStored(data); err == nil && !reflect.DeepEqual(back.Set, set) {
+			err = fmt.Errorf("it does not read back as the set loaded")
+		}
+	}
+	if err != nil {
+		st.warn(fmt.Errorf("entry %s not kept: %w", key, err))
+		return
+	}
+	tmp, err := os.CreateTemp(st.Dir, ".entry-*")
+	if err != nil {
+		st.warn(err)
+		return
+	}
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(st.Dir, key+".set"))
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		st.warn(err)
+		return
+	}
+	st.prune()
+}
+
+// prune removes the oldest entries beyond maxStoredEntries, and temporary
+// files a killed writer left.
+func (st Store) prune() {
+	entries, err := os.ReadDir(st.Dir)
+	if err != nil || len(entries) <= maxStoredEntries {
+		return
+	}
+	type aged struct {
+		name string
+		mod  int64
+	}
+	var all []aged
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil {
+			all = append(all, aged{e.Name(), fi.ModTime().UnixNano()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].mod > all[j].mod })
+	for _, a := range all[min(len(all), maxStoredEntries):] {
+		os.Remove(filepath.Join(st.Dir, a.name))
+	}
+}

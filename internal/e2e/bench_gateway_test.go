@@ -191,7 +191,9 @@ func gatewayThroughput(t *testing.T, rounds int) string {
 
 // TestBenchmarkGatewayMemory reports what an idle pod costs with the
 // gateway: pods under e2e-gw-inspect (resolver, gateway with inspected
-// rules and an injected secret, the sandbox's CA) against baseline pods.
+// rules and an injected secret, the sandbox's CA) against baseline pods,
+// 20 of each as TestBenchmarkPodMemory counts (a PSS shares the binaries'
+// pages among the pods running: fewer pods, more each).
 // The gateway lives in the shim, so the shim's share is what grows.
 // AGENTBOX_BENCH=1 only.
 func TestBenchmarkGatewayMemory(t *testing.T) {
@@ -200,7 +202,7 @@ func TestBenchmarkGatewayMemory(t *testing.T) {
 	// The allowlist role without host rules has the resolver and the pod's
 	// network stack but no gateway: the difference to it is the gateway's.
 	none := idleCPU(t)
-	report := podMemory(t, 10, gw, none) + podMemory(t, 10, criVariants[1], none) + podMemory(t, 10, criVariants[0], none)
+	report := podMemory(t, 20, gw, none) + podMemory(t, 20, criVariants[1], none) + podMemory(t, 20, criVariants[0], none)
 	t.Log("\n" + report)
 	benchOut(t, report)
 }

@@ -55,13 +55,12 @@ type storedSet struct {
 
 // buildID is this binary's Go build ID, which changes with any change to
 // the code or the toolchain that built it; "" when it cannot be read (the
-// store is then not used).
+// store is then not used). It is read from /proc/self/exe, the running
+// process's own file: after an upgrade replaced the binary on disk, a shim
+// still running the old one must not key its sets with the new one's ID
+// (os.Executable would name the new file).
 var buildID = sync.OnceValue(func() string {
-	exe, err := os.Executable()
-	if err != nil {
-		return ""
-	}
-	f, err := elf.Open(exe)
+	f, err := elf.Open("/proc/self/exe")
 	if err != nil {
 		return ""
 	}

@@ -5,6 +5,7 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,22 +69,7 @@ func TestPolicyStoreNeverStale(t *testing.T) {
 	os.Chtimes(path, at, at)
 	run("STORE_B=from-b", "STORE_A")
 	after, _ := filepath.Glob(filepath.Join(store, "*.set"))
-	if fresh := newNames(before, after); len(fresh) == 0 {
+	if !slices.ContainsFunc(after, func(a string) bool { return !slices.Contains(before, a) }) {
 		t.Fatalf("the edited role's set was not stored: %v then %v", before, after)
 	}
-}
-
-// newNames is what after holds that before did not.
-func newNames(before, after []string) []string {
-	seen := map[string]bool{}
-	for _, b := range before {
-		seen[b] = true
-	}
-	var out []string
-	for _, a := range after {
-		if !seen[a] {
-			out = append(out, a)
-		}
-	}
-	return out
 }

@@ -24,6 +24,7 @@ import (
 	"agentbox.dev/agentbox/internal/netenforce"
 	"agentbox.dev/agentbox/internal/netpolicy"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/policystore"
 	"agentbox.dev/agentbox/internal/tighten"
 )
 
@@ -35,7 +36,7 @@ const policyPoll = time.Second
 // copy while the directory is unchanged, else the node's stored copy of the
 // same files' bytes, else the files parsed and checked (and stored).
 func (s *service) loadPolicies(cfg *config.Config) (*policy.Set, error) {
-	return s.policies.LoadStored(cfg.Policy.Dir, policy.Store{Dir: cfg.PolicyStoreDir(), Warn: func(err error) {
+	return s.policies.LoadStored(cfg.Policy.Dir, policystore.Dir{Path: cfg.PolicyStoreDir(), Warn: func(err error) {
 		log.L.WithError(err).Warn("agentbox: the node's policy store is not used for this load")
 	}})
 }

@@ -187,7 +187,7 @@ func (c *Config) RunscRoot(containerdAddress string) string {
 }
 
 // PolicyStoreDir is the node's store of loaded policy sets
-// (policy.Store): inside the control directory, which is root's alone and
+// (policystore.Dir): inside the control directory, which is root's alone and
 // which no sandbox may mount.
 func (c *Config) PolicyStoreDir() string { return filepath.Join(c.Shim.ControlDir, "policy-store") }
 

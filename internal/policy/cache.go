@@ -1,10 +1,14 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -25,12 +29,19 @@ type cacheEntry struct {
 // Load returns the set in dir, from the cache when nothing changed. A
 // directory that fails to load is never served from an older good copy:
 // the caller gets the error.
-func (c *Cache) Load(dir string) (*Set, error) { return c.LoadStored(dir, Store{}) }
+func (c *Cache) Load(dir string) (*Set, error) { return c.LoadStored(dir, nil) }
 
-// LoadStored is Load, with the node's Store in front of parsing: a set
-// this process has not loaded yet is taken from the store when one was
-// stored for the same files' bytes by the same binary, and stored when it
-// was not.
+// Store keeps checked sets across processes, by the digest of the files
+// they were loaded from (policystore.Dir is the node's).
+type Store interface {
+	// Load returns the set kept for digest, or else load's, which it
+	// keeps when it loaded.
+	Load(digest string, load func() (*Set, error)) (*Set, error)
+}
+
+// LoadStored is Load, with a Store in front of parsing (nil: none): a set
+// this process has not loaded yet is the store's when it keeps one for the
+// same files' bytes.
 func (c *Cache) LoadStored(dir string, st Store) (*Set, error) {
 	fp, err := fingerprint(dir)
 	if err != nil {
@@ -56,27 +67,29 @@ func (c *Cache) LoadStored(dir string, st Store) (*Set, error) {
 }
 
 // loadStored reads dir's files once, and takes their set from the store,
-// or parses them and stores it.
+// or parses them (and the store keeps it).
 func loadStored(dir string, st Store) (*Set, error) {
 	in := readInput(dir)
-	key := ""
-	if st.Dir != "" {
-		if err := st.open(); err != nil {
-			st.warn(err)
-		} else {
-			key = in.key(buildID())
-		}
+	d := in.digest()
+	if st == nil || d == "" {
+		return in.load()
 	}
-	if key != "" {
-		if set := st.get(key); set != nil {
-			return set, nil
-		}
+	return st.Load(d, in.load)
+}
+
+// digest is the SHA-256 of every file's path, length and bytes as read
+// (what load parses); "" when the input has problems: a set that does not
+// load is never kept.
+func (in *input) digest() string {
+	if len(in.problems) > 0 {
+		return ""
 	}
-	set, err := in.load()
-	if err == nil && key != "" {
-		st.put(key, set)
+	h := sha256.New()
+	for i, f := range in.files {
+		io.WriteString(h, f+"\x00"+strconv.Itoa(len(in.data[i]))+"\x00")
+		h.Write(in.data[i])
 	}
-	return set, err
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func fingerprint(dir string) (string, error) {

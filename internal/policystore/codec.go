@@ -1,4 +1,4 @@
-package policy
+package policystore
 
 import (
 	"encoding/binary"
@@ -8,7 +8,7 @@ import (
 	"sort"
 )
 
-// The store's encoding of a set: every field in the order of its Go type
+// The store's encoding of a set (pure): every field in the order of its Go type
 // (an entry is only ever read by the binary that wrote it: its build ID is
 // in the key), nil apart from empty, numbers exact. Not the policy types'
 // JSON: it omits empty lists, and an empty list is not an absent one (a

@@ -1,7 +1,6 @@
-package policy
+package policystore
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,12 +8,31 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"agentbox.dev/agentbox/internal/policy"
 )
 
 // storeRoles has what a lossy encoding would get wrong: a child's empty
 // list that drops its parent's (absent, it would inherit it), a pointer to
-// a zero value, a uid above int32, a map, and bindings.
-const storeRoles = family + `---
+// a zero value, a uid above int32, a map, host mounts, a secret, and
+// bindings.
+const storeRoles = `apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: base}
+spec:
+  filesystem: {writable: [/tmp], maskedPaths: [/proc/kallsyms]}
+  process: {maxProcesses: 32, runAsUser: 1000}
+  limits: {memory: 256Mi, wallClock: 10m}
+  network: {portForward: [9090, 8080]}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: child}
+spec:
+  inherits: base
+  filesystem: {writable: [/workspace]}
+  limits: {memory: 1Gi}
+---
 apiVersion: agentbox.dev/v1
 kind: Role
 metadata: {name: none-writable}
@@ -24,18 +42,44 @@ spec:
   process: {runAsUser: 4294967294}
   network: {egress: allowlist, allow: [{host: mcp.example.test, ports: [443], api: mcp, tools: {allow: [search]}}]}
   limits: {mcp: {calls: 5, tools: {search: 2}}}
+---
+apiVersion: agentbox.dev/v1
+kind: Role
+metadata: {name: full}
+spec:
+  filesystem:
+    rootfs: overlay
+    hostMounts: [{path: /srv/models}, {path: /srv/cache, readOnly: false}]
+  process: {capabilities: [NET_BIND_SERVICE], deniedSyscalls: [ptrace]}
+  credentials:
+    env: {allow: [PATH, "AGENT_*"]}
+    secrets: [{env: API_TOKEN, file: /etc/agentbox/secrets/api}]
+    serviceAccountToken: true
+---
+apiVersion: agentbox.dev/v1
+kind: RoleBinding
+metadata: {name: b}
+spec:
+  role: child
+  subjects:
+    - {namespace: agents}
+    - {containerdNamespace: default, runtimeHandler: agentbox-coder}
 `
 
-// storeDir is a policy directory with storeRoles, the shipped roles, and
-// the golden roles, in three files.
+// storeDir is a policy directory with storeRoles and two of the shipped
+// roles' files.
 func storeDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	shipped, err := os.ReadFile(filepath.Join(repoPolicies(t), "baseline.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	files := map[string]string{"a.yaml": storeRoles}
+	for _, f := range []string{"baseline.yaml", "coder.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "policies", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files["b-"+f] = string(b)
 	}
-	for name, body := range map[string]string{"a.yaml": storeRoles, "b.yaml": string(shipped), "c.yaml": goldenRoles} {
+	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -43,11 +87,20 @@ func storeDir(t *testing.T) string {
 	return dir
 }
 
+func mustParse(t *testing.T, y string) *policy.Set {
+	t.Helper()
+	s, err := policy.Parse("t.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // warnings collects what a store warns of.
 type warnings struct{ got []error }
 
-func (w *warnings) store(dir string) Store {
-	return Store{Dir: dir, Warn: func(err error) { w.got = append(w.got, err) }}
+func (w *warnings) store(dir string) Dir {
+	return Dir{Path: dir, Warn: func(err error) { w.got = append(w.got, err) }}
 }
 
 // A set stored by one process is the set a second one gets, read back
@@ -59,11 +112,11 @@ func TestStoreServesTheSameSet(t *testing.T) {
 	}
 	dir, st := storeDir(t), filepath.Join(t.TempDir(), "store")
 	var w warnings
-	want, err := LoadPaths(dir)
+	want, err := policy.LoadPaths(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var first Cache
+	var first policy.Cache
 	got, err := first.LoadStored(dir, w.store(st))
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("first load: %v (equal %v)", err, reflect.DeepEqual(got, want))
@@ -72,7 +125,7 @@ func TestStoreServesTheSameSet(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("entries after a load: %v", entries)
 	}
-	var second Cache
+	var second policy.Cache
 	got, err = second.LoadStored(dir, w.store(st))
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("second load, from the store: %v (equal %v)", err, reflect.DeepEqual(got, want))
@@ -88,7 +141,7 @@ func TestStoreServesTheSameSet(t *testing.T) {
 	// renamed m.yaml in every source), the mark comes back.
 	data, _ := os.ReadFile(entries[0])
 	os.WriteFile(entries[0], []byte(strings.ReplaceAll(string(data), filepath.Join(dir, "a.yaml"), filepath.Join(dir, "m.yaml"))), 0o600)
-	var third Cache
+	var third policy.Cache
 	if got, _ = third.LoadStored(dir, w.store(st)); got.Roles["base"].Source != filepath.Join(dir, "m.yaml")+":1" {
 		t.Fatalf("the store was not read: base's source %q", got.Roles["base"].Source)
 	}
@@ -100,7 +153,7 @@ func TestStoreServesTheSameSet(t *testing.T) {
 	body, _ := os.ReadFile(path)
 	os.WriteFile(path, []byte(strings.Replace(string(body), "memory: 1Gi", "memory: 2Gi", 1)), 0o644)
 	os.Chtimes(path, fi.ModTime(), fi.ModTime())
-	var fourth Cache
+	var fourth policy.Cache
 	got, err = fourth.LoadStored(dir, w.store(st))
 	if err != nil || *got.Roles["child"].Spec.Limits.Memory != "2Gi" || strings.Contains(got.Roles["base"].Source, "m.yaml") {
 		t.Fatalf("a changed file was answered from the store: %v", err)
@@ -110,20 +163,15 @@ func TestStoreServesTheSameSet(t *testing.T) {
 	}
 }
 
-// Another binary (another build ID) has its own entries; a binary without
-// one has none; an input that had problems has no key.
+// Another binary (another build ID) has its own entries for the same
+// files; a binary without one has none.
 func TestStoreKey(t *testing.T) {
-	in := readInput(storeDir(t))
-	a, b := in.key("build-a"), in.key("build-b")
-	if a == "" || b == "" || a == b {
+	a, b := key("build-a", "digest"), key("build-b", "digest")
+	if a == "" || b == "" || a == b || key("build-a", "other") == a {
 		t.Fatalf("keys: %q %q", a, b)
 	}
-	if k := in.key(""); k != "" {
+	if k := key("", "digest"); k != "" {
 		t.Fatalf("a binary without a build ID keyed %q", k)
-	}
-	in.problems = []error{errors.New("unreadable")}
-	if k := in.key("build-a"); k != "" {
-		t.Fatalf("an input with problems keyed %q", k)
 	}
 }
 
@@ -134,11 +182,11 @@ func TestStoreRefusals(t *testing.T) {
 	base := t.TempDir()
 	broken := filepath.Join(base, "broken")
 	os.Mkdir(broken, 0o755)
-	os.WriteFile(filepath.Join(broken, "r.yaml"), []byte(roleHead+"spec: {limits: {memory: lots}}\n"), 0o644)
+	os.WriteFile(filepath.Join(broken, "r.yaml"), []byte("apiVersion: agentbox.dev/v1\nkind: Role\nmetadata: {name: r}\nspec: {limits: {memory: lots}}\n"), 0o644)
 	st := filepath.Join(base, "store")
 	var w warnings
 	for range 2 {
-		var c Cache
+		var c policy.Cache
 		if _, err := c.LoadStored(broken, w.store(st)); err == nil || !strings.Contains(err.Error(), "limits.memory") {
 			t.Fatalf("broken directory: %v", err)
 		}
@@ -148,15 +196,15 @@ func TestStoreRefusals(t *testing.T) {
 	}
 
 	dir := storeDir(t)
-	var c Cache
+	var c policy.Cache
 	c.LoadStored(dir, w.store(st))
 	entries, _ := filepath.Glob(filepath.Join(st, "*.set"))
 	good, _ := os.ReadFile(entries[0])
-	other, _ := encodeStored(&storedSet{Key: "other", Set: mustParse(t, family)})
+	other, _ := encodeStored(&storedSet{Key: "other", Set: mustParse(t, storeRoles)})
 	for _, junk := range []string{"{", string(good[:len(good)/2]), string(good) + "\x00", string(other)} {
 		os.WriteFile(entries[0], []byte(junk), 0o600)
 		w.got = nil
-		var fresh Cache
+		var fresh policy.Cache
 		set, err := fresh.LoadStored(dir, w.store(st))
 		if err != nil || len(set.Roles) < 4 || len(w.got) != 1 {
 			t.Fatalf("entry %q: %v, warnings %v", junk, err, w.got)
@@ -170,7 +218,7 @@ func TestStoreRefusals(t *testing.T) {
 	os.Mkdir(open, 0o777)
 	os.Chmod(open, 0o777)
 	w.got = nil
-	var d Cache
+	var d policy.Cache
 	if _, err := d.LoadStored(dir, w.store(open)); err != nil || len(w.got) != 1 || !strings.Contains(w.got[0].Error(), "written by others") {
 		t.Fatalf("a store others may write: %v, warnings %v", err, w.got)
 	}
@@ -181,18 +229,18 @@ func TestStoreRefusals(t *testing.T) {
 
 // The store keeps at most maxStoredEntries, the newest.
 func TestStorePrunes(t *testing.T) {
-	st := Store{Dir: t.TempDir()}
-	set := mustParse(t, family)
+	st := Dir{Path: t.TempDir()}
+	set := mustParse(t, storeRoles)
 	for i := range maxStoredEntries + 4 {
 		key := strings.Repeat(string(rune('a'+i)), 8)
 		st.put(key, set)
-		os.Chtimes(filepath.Join(st.Dir, key+".set"), time.Unix(int64(1000+i), 0), time.Unix(int64(1000+i), 0))
+		os.Chtimes(filepath.Join(st.Path, key+".set"), time.Unix(int64(1000+i), 0), time.Unix(int64(1000+i), 0))
 	}
-	entries, _ := os.ReadDir(st.Dir)
+	entries, _ := os.ReadDir(st.Path)
 	if len(entries) != maxStoredEntries {
 		t.Fatalf("%d entries kept", len(entries))
 	}
-	if _, err := os.Stat(filepath.Join(st.Dir, "aaaaaaaa.set")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(st.Path, "aaaaaaaa.set")); !os.IsNotExist(err) {
 		t.Fatalf("the oldest entry was kept: %v", err)
 	}
 }

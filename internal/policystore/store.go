@@ -1,4 +1,18 @@
-package policy
+// Package policystore keeps checked policy sets in a node-wide directory
+// shared by every shim process on the node (policy.Store): each pod's shim
+// is a fresh process, and parsing and checking the whole policy directory
+// was the largest part of agentbox's own work on a pod's start.
+//
+// An entry is keyed by the digest of the exact bytes of every policy file,
+// with its path (policy computes it from the bytes it parses), and the Go
+// build ID of the binary that checked
+// them, so an entry never answers for a changed file, nor for a binary
+// whose parsing or checks differ. Only sets that loaded without a problem
+// are kept: a broken directory is parsed on every load, and its problems
+// are reported in full. The directory must be the caller's own and closed
+// to everyone else (it is under the runtime's control directory, which no
+// sandbox may mount); one that is not is not used.
+package policystore
 
 import (
 	"crypto/sha256"
@@ -11,27 +25,16 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strconv"
 	"sync"
 	"syscall"
+
+	"agentbox.dev/agentbox/internal/policy"
 )
 
-// Store is a node-wide directory of policy sets already loaded, shared by
-// every shim process on the node: each pod's shim is a fresh process, and
-// parsing and checking the whole policy directory was the largest part of
-// agentbox's own work on a pod's start.
-//
-// An entry is keyed by the SHA-256 of the exact bytes of every policy file
-// (with its path) and of the Go build ID of the binary that checked them,
-// so an entry never answers for a changed file, nor for a binary whose
-// parsing or checks differ. Only sets that loaded without a problem are
-// stored: a broken directory is parsed on every load, and its problems are
-// reported in full. The directory must be the caller's own and closed to
-// everyone else (it is under the runtime's state directory, which no
-// sandbox may mount); one that is not is not used.
-type Store struct {
-	// Dir is the store's directory; empty: no store.
-	Dir string
+// Dir is a store in a directory.
+type Dir struct {
+	// Path is the store's directory.
+	Path string
 	// Warn is told what kept the store from serving or keeping a set (a
 	// full disk, a corrupt entry); the load itself goes on without it.
 	Warn func(error)
@@ -50,7 +53,7 @@ const maxEntrySize = 64 << 20
 // storedSet is an entry: the set, and the key it answers for.
 type storedSet struct {
 	Key string
-	Set *Set
+	Set *policy.Set
 }
 
 // buildID is this binary's Go build ID, which changes with any change to
@@ -76,52 +79,68 @@ var buildID = sync.OnceValue(func() string {
 	return string(note[16:]) // after the note's header and "Go\x00\x00"
 })
 
-// key is the input's store key: "" when it has problems or the binary has
-// no build ID.
-func (in *input) key(build string) string {
-	if len(in.problems) > 0 || build == "" {
+// key is the entry's name for the files' digest under build; "" when the
+// binary has no build ID (the store is then not used).
+func key(build, digest string) string {
+	if build == "" {
 		return ""
 	}
-	h := sha256.New()
-	io.WriteString(h, storeVersion+"\x00"+build+"\x00")
-	for i, f := range in.files {
-		io.WriteString(h, f+"\x00"+strconv.Itoa(len(in.data[i]))+"\x00")
-		h.Write(in.data[i])
+	sum := sha256.Sum256([]byte(storeVersion + "\x00" + build + "\x00" + digest))
+	return hex.EncodeToString(sum[:])
+}
+
+// Load is policy.Store's: the set kept for digest, or else load's, kept
+// when it loaded.
+func (st Dir) Load(digest string, load func() (*policy.Set, error)) (*policy.Set, error) {
+	if err := st.open(); err != nil {
+		st.warn(err)
+		return load()
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	k := key(buildID(), digest)
+	if k == "" {
+		return load()
+	}
+	if set := st.get(k); set != nil {
+		return set, nil
+	}
+	set, err := load()
+	if err == nil {
+		st.put(k, set)
+	}
+	return set, err
 }
 
 // open checks the store's directory, creating it: a directory (not a
 // link) owned by this process's user, that no one else may write.
-func (st Store) open() error {
-	if err := os.MkdirAll(st.Dir, 0o700); err != nil {
+func (st Dir) open() error {
+	if err := os.MkdirAll(st.Path, 0o700); err != nil {
 		return err
 	}
-	fi, err := os.Lstat(st.Dir)
+	fi, err := os.Lstat(st.Path)
 	if err != nil {
 		return err
 	}
 	sys, ok := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case !fi.IsDir():
-		return fmt.Errorf("%s is not a directory", st.Dir)
+		return fmt.Errorf("%s is not a directory", st.Path)
 	case !ok || int(sys.Uid) != os.Geteuid():
-		return fmt.Errorf("%s is not owned by uid %d", st.Dir, os.Geteuid())
+		return fmt.Errorf("%s is not owned by uid %d", st.Path, os.Geteuid())
 	case fi.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("%s may be written by others (mode %v)", st.Dir, fi.Mode().Perm())
+		return fmt.Errorf("%s may be written by others (mode %v)", st.Path, fi.Mode().Perm())
 	}
 	return nil
 }
 
-func (st Store) warn(err error) {
+func (st Dir) warn(err error) {
 	if st.Warn != nil {
-		st.Warn(fmt.Errorf("policy store %s: %w", st.Dir, err))
+		st.Warn(fmt.Errorf("policy store %s: %w", st.Path, err))
 	}
 }
 
 // get returns the set stored under key, or nil.
-func (st Store) get(key string) *Set {
-	f, err := os.Open(filepath.Join(st.Dir, key+".set"))
+func (st Dir) get(key string) *policy.Set {
+	f, err := os.Open(filepath.Join(st.Path, key+".set"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -152,7 +171,7 @@ func (st Store) get(key string) *Set {
 
 // put stores set under key (written whole, then renamed into place), and
 // removes the oldest entries beyond maxStoredEntries.
-func (st Store) put(key string, set *Set) {
+func (st Dir) put(key string, set *policy.Set) {
 	data, err := encodeStored(&storedSet{Key: key, Set: set})
 	if err == nil && len(data) > maxEntrySize {
 		err = fmt.Errorf("%d bytes, more than %d", len(data), maxEntrySize)
@@ -169,7 +188,7 @@ func (st Store) put(key string, set *Set) {
 		st.warn(fmt.Errorf("entry %s not kept: %w", key, err))
 		return
 	}
-	tmp, err := os.CreateTemp(st.Dir, ".entry-*")
+	tmp, err := os.CreateTemp(st.Path, ".entry-*")
 	if err != nil {
 		st.warn(err)
 		return
@@ -179,7 +198,7 @@ func (st Store) put(key string, set *Set) {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(st.Dir, key+".set"))
+		err = os.Rename(tmp.Name(), filepath.Join(st.Path, key+".set"))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
@@ -191,8 +210,8 @@ func (st Store) put(key string, set *Set) {
 
 // prune removes the oldest entries beyond maxStoredEntries, and temporary
 // files a killed writer left.
-func (st Store) prune() {
-	entries, err := os.ReadDir(st.Dir)
+func (st Dir) prune() {
+	entries, err := os.ReadDir(st.Path)
 	if err != nil || len(entries) <= maxStoredEntries {
 		return
 	}
@@ -208,6 +227,6 @@ func (st Store) prune() {
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].mod > all[j].mod })
 	for _, a := range all[min(len(all), maxStoredEntries):] {
-		os.Remove(filepath.Join(st.Dir, a.name))
+		os.Remove(filepath.Join(st.Path, a.name))
 	}
 }

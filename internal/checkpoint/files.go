@@ -13,24 +13,16 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/privdir"
 )
 
 func ensureDir(dir string) error {
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("checkpoint store %q: not an absolute path", dir)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("checkpoint store: %w", err)
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return fmt.Errorf("checkpoint store: %w", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("checkpoint store %s: not a directory (a symlink?)", dir)
-	}
-	if !private(&st) {
-		return fmt.Errorf("checkpoint store %s: owned by uid %d with mode %o: it must be uid %d's alone (mode 0700): images hold agents' memory", dir, st.Uid, st.Mode&0o777, os.Geteuid())
+	if err := privdir.Ensure(dir, privdir.Private); err != nil {
+		return fmt.Errorf("checkpoint store: %w: it must be uid %d's alone (mode 0700): images hold agents' memory", err, os.Geteuid())
 	}
 	return nil
 }

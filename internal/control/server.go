@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox.dev/agentbox/internal/privdir"
 )
 
 // Handler applies a request from peer. It is called for valid requests
@@ -39,12 +41,9 @@ type Server struct {
 // Listen creates the socket at path (its directory 0700, the socket 0600)
 // and serves it: only a peer whose uid is allowUID is answered.
 func Listen(path string, allowUID uint32, h Handler) (*Server, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("control socket dir: %w", err)
-	}
-	if err := checkDir(dir, uint32(os.Geteuid())); err != nil {
-		return nil, err
+	// Whoever could replace the socket could answer for the sandbox.
+	if err := privdir.Ensure(filepath.Dir(path), privdir.Private); err != nil {
+		return nil, fmt.Errorf("control socket dir: %w; it must be owned by uid %d with mode 0700", err, os.Geteuid())
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("stale control socket: %w", err)
@@ -62,22 +61,6 @@ func Listen(path string, allowUID uint32, h Handler) (*Server, error) {
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
-}
-
-// checkDir refuses a socket directory another user could write to or
-// list: whoever can replace the socket could answer for the sandbox.
-func checkDir(dir string, owner uint32) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return fmt.Errorf("control socket dir %s: %w", dir, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("control socket dir %s is not a directory", dir)
-	}
-	if st.Uid != owner || st.Mode&0o077 != 0 {
-		return fmt.Errorf("control socket dir %s: owner %d mode %#o; it must be owned by uid %d with mode 0700", dir, st.Uid, st.Mode&0o777, owner)
-	}
-	return nil
 }
 
 // Path is the socket's path.

@@ -26,9 +26,9 @@ import (
 	"reflect"
 	"sort"
 	"sync"
-	"syscall"
 
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/privdir"
 )
 
 // Dir is a store in a directory.
@@ -113,23 +113,7 @@ func (st Dir) Load(digest string, load func() (*policy.Set, error)) (*policy.Set
 // open checks the store's directory, creating it: a directory (not a
 // link) owned by this process's user, that no one else may write.
 func (st Dir) open() error {
-	if err := os.MkdirAll(st.Path, 0o700); err != nil {
-		return err
-	}
-	fi, err := os.Lstat(st.Path)
-	if err != nil {
-		return err
-	}
-	sys, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is not a directory", st.Path)
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return fmt.Errorf("%s is not owned by uid %d", st.Path, os.Geteuid())
-	case fi.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("%s may be written by others (mode %v)", st.Path, fi.Mode().Perm())
-	}
-	return nil
+	return privdir.Ensure(st.Path, privdir.NoOthersWrite)
 }
 
 func (st Dir) warn(err error) {

@@ -219,7 +219,7 @@ func TestStoreRefusals(t *testing.T) {
 	os.Chmod(open, 0o777)
 	w.got = nil
 	var d policy.Cache
-	if _, err := d.LoadStored(dir, w.store(open)); err != nil || len(w.got) != 1 || !strings.Contains(w.got[0].Error(), "written by others") {
+	if _, err := d.LoadStored(dir, w.store(open)); err != nil || len(w.got) != 1 || !strings.Contains(w.got[0].Error(), "others may write to it") {
 		t.Fatalf("a store others may write: %v, warnings %v", err, w.got)
 	}
 	if entries, _ := filepath.Glob(filepath.Join(open, "*")); len(entries) != 0 {

@@ -23,6 +23,7 @@ import (
 
 	"agentbox.dev/agentbox/internal/audit"
 	"agentbox.dev/agentbox/internal/policy"
+	"agentbox.dev/agentbox/internal/privdir"
 )
 
 // SyncSecrets writes the value of every key the broker gives this node
@@ -115,17 +116,10 @@ func (a *Agent) recordSecret(status, msg, source string) {
 var errNoBroker = errors.New("no broker is configured (agentbox sync --broker-url)")
 
 // ensurePrivateDir makes dir root's alone (0700), refusing one that is a
-// symlink or that others may enter.
+// symlink, that another user owns or that others may enter.
 func ensurePrivateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if !st.IsDir() || st.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("secrets directory %s: %v: it must be a directory of mode 0700", dir, st.Mode())
+	if err := privdir.Ensure(dir, privdir.Private); err != nil {
+		return fmt.Errorf("secrets directory: %w: it must be a directory of mode 0700, uid %d's", err, os.Geteuid())
 	}
 	return nil
 }

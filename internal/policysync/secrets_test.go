@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -56,6 +57,21 @@ func TestEnsurePrivateDir(t *testing.T) {
 	os.Symlink(dir, link)
 	if err := ensurePrivateDir(link); err == nil {
 		t.Fatal("a symlink was accepted")
+	}
+	// Another user's 0700 directory: its owner would read every key
+	// written into it.
+	if os.Geteuid() != 0 {
+		return
+	}
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	if err := os.Mkdir(theirs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensurePrivateDir(theirs); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Fatalf("another user's directory: got %v", err)
 	}
 }
 

@@ -25,7 +25,7 @@ var effects = []string{
 	"internal/install", "internal/mountguard", "internal/policysync", "internal/kubeapi",
 	"internal/control", "internal/netenforce", "internal/egressgw", "internal/dnsproxy",
 	"internal/checkpoint$", "internal/broker", "internal/audit/ingest", "internal/audit/forward",
-	"internal/sentrystats", "internal/policystore",
+	"internal/sentrystats", "internal/policystore", "internal/privdir",
 }
 
 // rule: from packages matching from (a prefix, or exact with a trailing

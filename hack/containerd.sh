@@ -13,6 +13,8 @@
 #
 # AGENTBOX_METRICS_ADDRESS=127.0.0.1:PORT serves containerd's metrics there
 # (the benchmarks read its CRI timers).
+# AGENTBOX_DEV_IMAGES=base imports only the small images (agent, pause,
+# probe), not the real-agent and agent-CLI ones (hack/e2e.sh's kube parts).
 # AGENTBOX_REGISTRY_MIRROR=http://HOST:PORT sends registry.k8s.io, gcr.io
 # and k8s.gcr.io pulls there and nowhere else (hack/critest.sh's loopback
 # registry).
@@ -216,7 +218,9 @@ start() {
     ctrq --address "$SOCK" -n "$ns" images import --index-name "$PROBE_IMAGE" "$AGENTBOX_CACHE/images/probe.tar" >/dev/null
     # The real-agent and agent-CLI images (hack/images.sh realagent,
     # agentcli), when built: the test suite's; the quickstart does not
-    # need them.
+    # need them, nor do the Kubernetes tests (AGENTBOX_DEV_IMAGES=base:
+    # hack/e2e.sh), whose nodes have containerds of their own.
+    [ "${AGENTBOX_DEV_IMAGES:-all}" = all ] || continue
     if [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
       ctrq --address "$SOCK" -n "$ns" images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
     fi

@@ -32,7 +32,10 @@
 # and nothing on the host changes. The kubelet insists on some host sysctls
 # (vm.overcommit_memory=1, kernel.panic=10, ...): read-only files with those
 # values shadow /proc/sys there. Everything is under $AGENTBOX_KUBE
-# (default /tmp/agentbox-kube).
+# (default /tmp/agentbox-kube). AGENTBOX_KUBE_AGENT_IMAGES names the
+# agent images node 1 imports, when built (default "realagent agentcli";
+# 1.2 GB together, most of a minute): the e2e suite's two-node and release
+# clusters run no agent and import neither.
 #
 # The cluster's broker (agentbox broker: the keys, shared checkpoints' data
 # keys and the writes on Sandboxes each node's agent may have) runs on the
@@ -324,12 +327,17 @@ node_up() {
   done
   # The real-agent and agent-CLI images (hack/images.sh), when built: node
   # 1's alone (the agents' tests run there).
-  if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/realagent.tar" ]; then
-    ctrq --address "$SOCK" -n k8s.io images import --index-name "$REALAGENT_IMAGE" "$AGENTBOX_CACHE/images/realagent.tar" >/dev/null
-  fi
-  if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/agentcli.tar" ]; then
-    ctrq --address "$SOCK" -n k8s.io images import --index-name "$AGENTCLI_IMAGE" "$AGENTBOX_CACHE/images/agentcli.tar" >/dev/null
-  fi
+  local img ref
+  for img in ${AGENTBOX_KUBE_AGENT_IMAGES-realagent agentcli}; do
+    case "$img" in
+      realagent) ref=$REALAGENT_IMAGE ;;
+      agentcli) ref=$AGENTCLI_IMAGE ;;
+      *) die "AGENTBOX_KUBE_AGENT_IMAGES: unknown image $img (realagent, agentcli)" ;;
+    esac
+    if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/$img.tar" ]; then
+      ctrq --address "$SOCK" -n k8s.io images import --index-name "$ref" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
+    fi
+  done
   ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null
 }
 

@@ -107,3 +107,31 @@ unmount_under() {
     umount -l "$m" 2>/dev/null || true
   done
 }
+
+# Lanes: long steps that run beside others (hack/test.sh). lane_start NAME
+# NICE CMD... runs CMD in the background at that niceness, its output in
+# _output/lanes/NAME.log; lane_wait NAME waits for it (a progress line
+# every 30 s), prints its log and returns its exit status.
+declare -A LANE_PID=()
+lane_log() { echo "$REPO_ROOT/_output/lanes/$1.log"; }
+lane_start() {
+  local name=$1 niceness=$2; shift 2
+  local log; log=$(lane_log "$name")
+  mkdir -p "$(dirname "$log")" && : >"$log"
+  nice -n "$niceness" "$@" >"$log" 2>&1 </dev/null &
+  LANE_PID[$name]=$!
+  step "$name: started beside the rest (log: _output/lanes/$name.log)"
+}
+lane_wait() {
+  local name=$1 log; log=$(lane_log "$1")
+  local pid=${LANE_PID[$name]:?no lane $1} rc=0 n=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ $((n % 30)) = 0 ]; then step "waiting for $name ($(tail -n1 "$log" | cut -c1-90))"; fi
+    n=$((n + 1)); sleep 1
+  done
+  wait "$pid" || rc=$?
+  step "$name: its log (_output/lanes/$name.log)"
+  sed "s/^/  [$name] /" "$log" >&2
+  [ "$rc" = 0 ] || step "$name failed (exit $rc)"
+  return "$rc"
+}

@@ -9,10 +9,24 @@
 #   hack/setup.sh              # everything the tests need
 #   hack/setup.sh quickstart   # only what hack/quickstart.sh runs: no
 #                              # compatibility containerds, no real-agent image
+#   hack/setup.sh core         # everything but what extras builds
+#   hack/setup.sh extras       # only the compatibility containerds and the
+#                              # OpenTelemetry Collector (hack/test.sh builds
+#                              # them beside the Kubernetes tests, which
+#                              # need neither)
 source "$(dirname "$0")/lib.sh"
 need_root
 setup_mode=${1:-full}
-case "$setup_mode" in full|quickstart) ;; *) die "usage: $0 [quickstart]" ;; esac
+case "$setup_mode" in full|quickstart|core|extras) ;; *) die "usage: $0 [quickstart|core|extras]" ;; esac
+# has PART: whether this mode sets up PART (core: the toolchain, the
+# project's binaries and the images; extras: see above; tests: what only
+# the test suite needs, in core).
+has() {
+  case "$1.$setup_mode" in
+    core.full|core.quickstart|core.core|extras.full|extras.extras|tests.full|tests.core) return 0 ;;
+  esac
+  return 1
+}
 mkdir -p "$TOOLS_BIN" "$AGENTBOX_CACHE/logs" "$OUT_BIN"
 
 missing=()
@@ -92,18 +106,35 @@ build_in_module() {
 # is built from the gVisor module go.mod pins, with hack/patches/ applied
 # (each says why), and its seccomp filters precompiled as gVisor's own
 # build does (hack/runsc-precompile.go).
-GENERATE="$REPO_ROOT/hack/runsc-precompile.go" build_in_module runsc gvisor.dev/gvisor "$GVISOR_VERSION" ./runsc "$TOOLS_BIN/runsc" \
-  "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" "$REPO_ROOT"/hack/patches/runsc-*.patch
-go_tool containerd "$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
-  "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
-go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+if has core; then
+  GENERATE="$REPO_ROOT/hack/runsc-precompile.go" build_in_module runsc gvisor.dev/gvisor "$GVISOR_VERSION" ./runsc "$TOOLS_BIN/runsc" \
+    "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" "$REPO_ROOT"/hack/patches/runsc-*.patch
+  go_tool containerd "$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+  go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+fi
+
+if has core; then
+  file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
+    || die "$TOOLS_BIN/runsc is not static; remove it and run again"
+  grep -a -q 'Platform="systrap" HostNetwork=false' "$TOOLS_BIN/runsc" \
+    || die "$TOOLS_BIN/runsc has no precompiled seccomp programs (hack/runsc-precompile.go); remove it and run again"
+
+  "$REPO_ROOT/hack/build.sh"
+  "$REPO_ROOT/hack/images.sh"
+  # The agent images: the Kubernetes tests run the examples/agents/ pods.
+  if has tests; then
+    "$REPO_ROOT/hack/images.sh" realagent
+    "$REPO_ROOT/hack/images.sh" agentcli
+  fi
+fi
 
 # containerd 1.7 and an older 2.x, for the compatibility tests (1.7's
 # go.mod has exclude directives, so `go install pkg@version` refuses it;
 # 2.x's binary name would collide with the pinned one's).
-if [ "$setup_mode" = full ]; then
+if has extras; then
   build_in_module containerd17 github.com/containerd/containerd "$CONTAINERD17_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD17_VERSION"
   build_in_module containerd22 github.com/containerd/containerd/v2 "$CONTAINERD22_VERSION" ./cmd/containerd "$TOOLS_BIN/containerd-$CONTAINERD22_VERSION"
   # The OpenTelemetry Collector the OTLP sink's test ships to: its own
@@ -119,15 +150,4 @@ if [ "$setup_mode" = full ]; then
   fi
 fi
 
-file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
-  || die "$TOOLS_BIN/runsc is not static; remove it and run again"
-grep -a -q 'Platform="systrap" HostNetwork=false' "$TOOLS_BIN/runsc" \
-  || die "$TOOLS_BIN/runsc has no precompiled seccomp programs (hack/runsc-precompile.go); remove it and run again"
-
-"$REPO_ROOT/hack/build.sh"
-"$REPO_ROOT/hack/images.sh"
-if [ "$setup_mode" = full ]; then
-  "$REPO_ROOT/hack/images.sh" realagent
-  "$REPO_ROOT/hack/images.sh" agentcli
-fi
-step "setup done"
+step "setup done ($setup_mode)"

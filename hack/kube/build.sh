@@ -3,7 +3,7 @@
 # scheduler, kubelet and kubectl in one binary) from the Go module proxy into
 # the toolchain cache, keyed by version and by the build's inputs. The
 # versions are the ones hack/kube/*/go.mod pin. Safe to run again: a
-# finished build is reused. Cold, Kubernetes costs about 16 CPU-minutes and
+# finished build is reused. Cold, Kubernetes costs about 20 CPU-minutes and
 # 3 GB of memory at link; its build cache is removed once it has linked.
 #
 #   hack/kube/build.sh    # prints the bin directory on stdout
@@ -42,7 +42,7 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 ld="$ld -X k8s.io/component-base/version.gitTreeState=clean"
 log=$AGENTBOX_CACHE/logs/kube-all.log
-step "building Kubernetes $KUBE_VERSION (about 16 CPU-minutes cold, 3 GB at link; log: $log)"
+step "building Kubernetes $KUBE_VERSION (about 20 CPU-minutes cold, 3 GB at link; log: $log)"
 (cd "$KDIR/kube-all" && go build -trimpath -ldflags "$ld" -o "$bin_dir/kube-all" .) >"$log" 2>&1 &
 watch $! "$log" "Kubernetes $KUBE_VERSION"
 for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do

@@ -36,8 +36,13 @@ func kubeDir() string {
 
 // kubeScript runs hack/kube.sh ARGS, its output to the log file.
 func kubeScript(log string, args ...string) error {
+	return kubeScriptEnv(nil, log, args...)
+}
+
+// kubeScriptEnv is kubeScript with env added to the environment.
+func kubeScriptEnv(env []string, log string, args ...string) error {
 	cmd := exec.Command(filepath.Join(repoRoot, "hack", "kube.sh"), args...)
-	cmd.Env = append(os.Environ(), "AGENTBOX_KUBE="+kubeDir())
+	cmd.Env = append(append(os.Environ(), "AGENTBOX_KUBE="+kubeDir()), env...)
 	if log == "" {
 		return cmd.Run()
 	}

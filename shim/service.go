@@ -16,6 +16,7 @@ import (
 	"time"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
+	task3 "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	types "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	cdshim "github.com/containerd/containerd/v2/pkg/shim"
@@ -142,6 +143,7 @@ func runReaped(cmd *exec.Cmd) error {
 // RegisterTTRPC implements shim.TTRPCService.
 func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 	task.RegisterTaskService(server, s)
+	task3.RegisterTTRPCTaskService(server, taskV3{s})
 	return nil
 }
 

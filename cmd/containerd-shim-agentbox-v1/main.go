@@ -12,5 +12,5 @@ import (
 )
 
 func main() {
-	cdshim.Run(context.Background(), manager.New(shim.RuntimeName))
+	cdshim.Run(context.Background(), manager.New(shim.RuntimeName, manager.TaskV3()))
 }

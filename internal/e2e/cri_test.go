@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -180,6 +181,19 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 	}
 	if n := countSandboxes(dev); n != 1 {
 		t.Fatalf("want 1 runsc sandbox process for the pod, found %d", n)
+	}
+	// The shim answered containerd 2.4 with task API v3, so containerd
+	// joined the containers to the pod's shim itself: no `shim start` ran
+	// for them (it writes "address" into the bundle; containerd writes
+	// "sandbox" when it joins).
+	for _, c := range []string{worker, helper} {
+		b := filepath.Join(dev.dir, "state", "io.containerd.runtime.v2.task", "k8s.io", c)
+		if _, err := os.Stat(filepath.Join(b, "sandbox")); err != nil {
+			t.Errorf("container %s was not joined to the pod's shim by containerd: %v", c, err)
+		}
+		if _, err := os.Stat(filepath.Join(b, "address")); err == nil {
+			t.Errorf("`shim start` ran for container %s (its bundle has an address file)", c)
+		}
 	}
 
 	// Logs: stdout and stderr each arrive on their stream.

@@ -44,9 +44,28 @@ const shimOOMScoreAdj = -999
 //
 // Unlike the stock gVisor manager it does not fail when the host refuses to
 // lower the shim's oom_score_adj: it says why once and carries on.
-func New(name string) cdshim.Manager { return &manager{name: name} }
+func New(name string, opts ...Option) cdshim.Manager {
+	m := &manager{name: name}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
 
-type manager struct{ name string }
+// Option configures a manager.
+type Option func(*manager)
+
+// TaskV3 says the shim daemon also serves containerd's task API v3. `shim
+// start` then answers version 3 to a containerd that speaks it (2.x), which
+// joins a pod's later containers to the pod's shim itself instead of
+// running `shim start` for each: one process start of this binary less per
+// container. containerd 1.7 refuses version 3, so it gets 2 (containerdV3).
+func TaskV3() Option { return func(m *manager) { m.taskV3 = true } }
+
+type manager struct {
+	name   string
+	taskV3 bool
+}
 
 var _ cdshim.Manager = (*manager)(nil)
 
@@ -77,8 +96,12 @@ func groupID(id string) (string, error) {
 // Start implements shim.Manager: it starts (or finds) the shim daemon that
 // serves id and returns its address.
 func (m *manager) Start(ctx context.Context, id string, opts cdshim.StartOpts) (_ cdshim.BootstrapParams, retErr error) {
+	version := 2
+	if m.taskV3 && containerdV3(os.Args) {
+		version = 3
+	}
 	params := func(addr string) cdshim.BootstrapParams {
-		return cdshim.BootstrapParams{Version: 2, Address: addr, Protocol: "ttrpc"}
+		return cdshim.BootstrapParams{Version: version, Address: addr, Protocol: "ttrpc"}
 	}
 	group, err := groupID(id)
 	if err != nil {

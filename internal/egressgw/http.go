@@ -288,10 +288,9 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request, port int, pr
 			// Its calls are answered on an SSE-transport stream: the
 			// record waits for the answers. A POST the server did not
 			// take (not 2xx) gets none: recorded at once.
-			e, t := *ev, x.mcp
-			if t.stream.hold(t, func() { e.MCP.Each = t.callsNow(); g.cfg.Record(e) }) {
-				return
-			}
+			e := *ev
+			x.mcp.stream.recordAnswered(x.mcp, func(calls []MCPCallDone) { e.MCP.Each = calls; g.cfg.Record(e) })
+			return
 		}
 		g.cfg.Record(*ev)
 	}()

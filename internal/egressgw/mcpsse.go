@@ -144,6 +144,16 @@ func (s *sseStream) answered(answers []mcp.Answer) {
 	}
 }
 
+// recordAnswered has record called with t's calls once the stream
+// answered them all (or ended, or maxAnswerWait passed): at once when it
+// did already. The calls are taken when record is called: an answer that
+// came between the POST's response and now is in them.
+func (s *sseStream) recordAnswered(t *mcpTap, record func([]MCPCallDone)) {
+	if !s.hold(t, func() { record(t.callsNow()) }) {
+		record(t.callsNow())
+	}
+}
+
 // hold keeps a POST's record until its calls are answered; false when
 // none waits (record it now).
 func (s *sseStream) hold(t *mcpTap, record func()) bool {

@@ -2,6 +2,7 @@ package egressgw
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox.dev/agentbox/internal/mcp"
 	"agentbox.dev/agentbox/internal/policy"
 )
 
@@ -223,6 +225,34 @@ func TestSSEEndpoints(t *testing.T) {
 		ok := ss.register("a.test", base, []byte(fmt.Sprintf("/m?s=%d", i)), newSSEStream())
 		if ok != (i < maxStreams) {
 			t.Errorf("stream %d: kept %v", i, ok)
+		}
+	}
+}
+
+// A POST's record carries what its stream answered, whether the answer
+// came after the POST's response (the record waits) or before the record
+// was made: the server may send it on the stream before its 202 reaches
+// the gateway.
+func TestSSERecordAnswered(t *testing.T) {
+	answer := []mcp.Answer{{ID: json.RawMessage("2"), Bytes: 10}}
+	for _, early := range []bool{true, false} {
+		s := newSSEStream()
+		tap := &mcpTap{calls: []MCPCallDone{{Tool: "get_issue"}}, byID: map[string]int{"2": 0}}
+		s.expect(tap)
+		if early {
+			s.answered(answer)
+		}
+		var got []MCPCallDone
+		recorded := 0
+		s.recordAnswered(tap, func(c []MCPCallDone) { got = c; recorded++ })
+		if !early {
+			if recorded != 0 {
+				t.Fatalf("recorded before its answer came: %+v", got)
+			}
+			s.answered(answer)
+		}
+		if recorded != 1 || len(got) != 1 || !got[0].Answered || got[0].ResultBytes != 10 {
+			t.Errorf("answer before the record %v: recorded %d times, %+v", early, recorded, got)
 		}
 	}
 }

@@ -26,10 +26,13 @@ var _ task3.TTRPCTaskService = taskV3{}
 func call[Q2, A2, A3 any, PQ2 interface {
 	*Q2
 	proto.Message
+}, PA2 interface {
+	*A2
+	proto.Message
 }, PA3 interface {
 	*A3
 	proto.Message
-}](ctx context.Context, req proto.Message, method func(context.Context, PQ2) (*A2, error)) (PA3, error) {
+}](ctx context.Context, req proto.Message, method func(context.Context, PQ2) (PA2, error)) (PA3, error) {
 	in := PQ2(new(Q2))
 	if err := recode(req, in); err != nil {
 		return nil, err
@@ -39,10 +42,8 @@ func call[Q2, A2, A3 any, PQ2 interface {
 		return nil, err
 	}
 	out := PA3(new(A3))
-	if m, ok := any(res).(proto.Message); ok {
-		if err := recode(m, out); err != nil {
-			return nil, err
-		}
+	if err := recode(res, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

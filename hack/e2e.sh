@@ -25,17 +25,15 @@ for part in "${parts[@]}"; do
   # The Kubernetes parts use the nodes' own containerds: the suite's
   # private one needs only the small images (no real-agent or agent-CLI
   # image, about a minute of imports).
-  images=all
+  # The release's cluster runs no agent: neither agent image (hack/kube.sh).
+  images=all agents="realagent agentcli"
   case "$part" in
     node) what="the node's tests (private containerd, real shim, runsc, ctr, crictl)"; sel=(-timeout 45m -skip '^TestKube') ;;
     kube) what="the Kubernetes tests (a real kubelet and control plane)"; sel=(-timeout 45m -run '^TestKube' -skip '^TestKubeRelease$'); images=base ;;
-    release) what="the release on a cluster of its own (TestKubeRelease)"; sel=(-timeout 20m -run '^TestKubeRelease$'); images=base ;;
+    release) what="the release on a cluster of its own (TestKubeRelease)"; sel=(-timeout 20m -run '^TestKubeRelease$'); images=base agents= ;;
     *) die "unknown part $part (node, kube or release)" ;;
   esac
   step "end-to-end, $part: $what"
-  # The release's cluster runs no agent: neither agent image (hack/kube.sh).
-  agents="realagent agentcli"
-  [ "$part" != release ] || agents=
   AGENTBOX_DEV_IMAGES=$images AGENTBOX_KUBE_AGENT_IMAGES=$agents go test -tags e2e -count=1 -v "${sel[@]}" ./internal/e2e 2>&1 | tee "_output/e2e-$part.log" | filter
   [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; step "end-to-end, $part: FAILED (log: _output/e2e-$part.log)"; }
 done

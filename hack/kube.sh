@@ -328,16 +328,18 @@ node_up() {
   # The real-agent and agent-CLI images (hack/images.sh), when built: node
   # 1's alone (the agents' tests run there).
   local img ref
-  for img in ${AGENTBOX_KUBE_AGENT_IMAGES-realagent agentcli}; do
-    case "$img" in
-      realagent) ref=$REALAGENT_IMAGE ;;
-      agentcli) ref=$AGENTCLI_IMAGE ;;
-      *) die "AGENTBOX_KUBE_AGENT_IMAGES: unknown image $img (realagent, agentcli)" ;;
-    esac
-    if [ "$1" = 1 ] && [ -f "$AGENTBOX_CACHE/images/$img.tar" ]; then
-      ctrq --address "$SOCK" -n k8s.io images import --index-name "$ref" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
-    fi
-  done
+  if [ "$1" = 1 ]; then
+    for img in ${AGENTBOX_KUBE_AGENT_IMAGES-realagent agentcli}; do
+      case "$img" in
+        realagent) ref=$REALAGENT_IMAGE ;;
+        agentcli) ref=$AGENTCLI_IMAGE ;;
+        *) die "AGENTBOX_KUBE_AGENT_IMAGES: unknown image $img (realagent, agentcli)" ;;
+      esac
+      if [ -f "$AGENTBOX_CACHE/images/$img.tar" ]; then
+        ctrq --address "$SOCK" -n k8s.io images import --index-name "$ref" "$AGENTBOX_CACHE/images/$img.tar" >/dev/null
+      fi
+    done
+  fi
   ctrq --address "$SOCK" -n k8s.io images import --index-name "$INSTALLER_IMAGE" "$REPO_ROOT/_output/images/installer.tar" >/dev/null
 }
 

@@ -114,9 +114,7 @@ if has core; then
     "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
   go_tool crictl "$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-fi
 
-if has core; then
   file "$TOOLS_BIN/runsc" 2>/dev/null | grep -q "statically linked" || ldd "$TOOLS_BIN/runsc" 2>&1 | grep -q "not a dynamic" \
     || die "$TOOLS_BIN/runsc is not static; remove it and run again"
   grep -a -q 'Platform="systrap" HostNetwork=false' "$TOOLS_BIN/runsc" \

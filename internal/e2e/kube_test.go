@@ -221,7 +221,9 @@ func TestKubeExitStatus(t *testing.T) {
 		if cs.RestartCount != 1 || cs.LastState.Terminated == nil || cs.LastState.Terminated.ExitCode != 1 {
 			t.Errorf("restarts %d, last state %+v, want 1 restart after exit 1", cs.RestartCount, cs.LastState.Terminated)
 		}
-		now, before := k.logs(t, ns, "again"), k.logs(t, ns, "again", "--previous")
+		// Running is the kubelet's word before the run's first line is
+		// in its log: wait for the line.
+		now, before := k.waitLogs(t, ns, "again", "run uid=", 30*time.Second), k.logs(t, ns, "again", "--previous")
 		for _, l := range []string{before, now} {
 			if !strings.Contains(l, "run uid=65532 gvisor=1") {
 				t.Errorf("a run not under the role's profile in gVisor: %q", l)

@@ -65,21 +65,22 @@ var runtimeTypes = map[string]string{"agentbox": runtimeType, "runc": "io.contai
 func TestBenchmarkCRIPhases(t *testing.T) {
 	requireBench(t)
 	rounds := benchRounds("AGENTBOX_BENCH_CRI_ROUNDS", 15)
-	variants := []criVariant{criVariants[0], runscFloor, criVariants[2]}
+	variants := []criVariant{criVariants[0], runscAsAgentbox, runscFloor, criVariants[2]}
 	one, four := map[string][]criSample{}, map[string][]criSample{}
 	rate := map[string]float64{}
-	alone := newRunscAlone(t)
+	alone := map[string]*runscAlone{runscFloor.name: newRunscAlone(t), runscAsAgentbox.name: newRunscAsAgentbox(t)}
 	startPod := func(v criVariant, name string) (*pod, error) {
-		if v.name != runscFloor.name {
+		r := alone[v.name]
+		if r == nil {
 			p, _, err := criPod(v, name, sleeper)
 			return p, err
 		}
-		calls, err := alone.pod(name)
+		calls, err := r.pod(name)
 		return &pod{calls: calls}, err
 	}
 	remove := func(v criVariant, p *pod) error {
-		if v.name == runscFloor.name {
-			alone.remove()
+		if r := alone[v.name]; r != nil {
+			r.remove()
 			return nil
 		}
 		_, err := removePod(p)
@@ -158,6 +159,13 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 		med("agentbox-baseline", one)/med("runsc alone", one), med("agentbox-baseline", four)/med("runsc alone", four))
 	fmt.Fprintf(&b, "ratio pods/s 4 at a time: agentbox/runc %.2fx (goal >= 0.6x); runsc alone/runc %.2fx; agentbox/runsc alone %.2fx\n",
 		rate["agentbox-baseline"]/rate["runc"], rate["runsc alone"]/rate["runc"], rate["agentbox-baseline"]/rate["runsc alone"])
+	// The floor under the role: runsc doing what agentbox asks of it,
+	// with no containerd or shim around it.
+	as := runscAsAgentbox.name
+	fmt.Fprintf(&b, "the role's floor: runsc alone with agentbox's specs/runsc alone pod start %.2fx alone, %.2fx 4 at a time; pods/s 4 at a time %.2fx; agentbox/it pod start %.2fx alone, %.2fx 4 at a time; agentbox/it pods/s %.2fx; it/runc pod start %.2fx alone, pods/s %.2fx\n",
+		med(as, one)/med("runsc alone", one), med(as, four)/med("runsc alone", four), rate[as]/rate["runsc alone"],
+		med("agentbox-baseline", one)/med(as, one), med("agentbox-baseline", four)/med(as, four), rate["agentbox-baseline"]/rate[as],
+		med(as, one)/med("runc", one), rate[as]/rate["runc"])
 	t.Log("\n" + b.String())
 	benchOut(t, b.String())
 }

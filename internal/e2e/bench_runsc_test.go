@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -26,24 +28,38 @@ type runscAlone struct {
 	bin    string
 	root   string
 	rootfs string
-	spec   map[string]any
-	mu     sync.Mutex
-	ids    []string
+	// specs are the sandbox's spec and the container's; flags runsc's
+	// global flags (--root aside).
+	specs [2]map[string]any
+	flags []string
+	mu    sync.Mutex
+	ids   []string
 }
 
-func newRunscAlone(t *testing.T) *runscAlone {
+func newRunscAlone(t *testing.T) *runscAlone { return newRunscOn(t, false) }
+
+// newRunscOn is runscAlone on a writable mount of the image when rw (its
+// spec may still say read-only: gVisor enforces that): runsc's gofer makes
+// a bind mount's missing mount point in the rootfs, as a CRI pod's
+// snapshot lets it.
+func newRunscOn(t *testing.T, rw bool) *runscAlone {
 	t.Helper()
 	dir := t.TempDir()
-	r := &runscAlone{t: t, bin: filepath.Join(cacheDir(), "bin", "runsc"), root: filepath.Join(dir, "root"), rootfs: filepath.Join(dir, "rootfs")}
+	r := &runscAlone{t: t, bin: filepath.Join(cacheDir(), "bin", "runsc"), root: filepath.Join(dir, "root"), rootfs: filepath.Join(dir, "rootfs"),
+		flags: []string{"--network=none"}}
 	if err := os.MkdirAll(r.rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if res := dev.ctr(2*time.Minute, "images", "mount", agentImage, r.rootfs); res.code != 0 {
+	mount := []string{"images", "mount", agentImage, r.rootfs}
+	if rw {
+		mount = []string{"images", "mount", "--rw", agentImage, r.rootfs}
+	}
+	if res := dev.ctr(2*time.Minute, mount...); res.code != 0 {
 		t.Fatalf("mounting the agent image's rootfs: %v", res)
 	}
 	t.Cleanup(func() {
 		r.remove()
-		dev.ctr(time.Minute, "images", "unmount", r.rootfs)
+		dev.ctr(time.Minute, "images", "unmount", "--rm", r.rootfs)
 		// runsc pins its placeholder network namespace in its root, a
 		// bind mount that outlives the sandboxes (stacked if two runsc
 		// pinned it at once).
@@ -59,25 +75,46 @@ func newRunscAlone(t *testing.T) *runscAlone {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &r.spec); err != nil {
+	var spec map[string]any
+	if err := json.Unmarshal(b, &spec); err != nil {
 		t.Fatal(err)
 	}
-	r.spec["root"] = map[string]any{"path": r.rootfs, "readonly": true}
+	spec["root"] = map[string]any{"readonly": true}
+	r.specs = [2]map[string]any{spec, spec}
 	return r
 }
 
 // bundle writes a bundle for a sandbox (container == "") or a container
 // in it, as containerd's CRI annotates them.
 func (r *runscAlone) bundle(dir, sandbox, container string) error {
-	ann := map[string]any{"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": sandbox}
+	from, id := r.specs[0], sandbox
+	if container != "" {
+		from, id = r.specs[1], container
+	}
+	spec := map[string]any{}
+	for k, v := range from {
+		spec[k] = v
+	}
+	ann := map[string]any{}
+	if a, ok := from["annotations"].(map[string]any); ok {
+		maps.Copy(ann, a)
+	}
+	ann["io.kubernetes.cri.container-type"], ann["io.kubernetes.cri.sandbox-id"] = "sandbox", sandbox
 	if container != "" {
 		ann["io.kubernetes.cri.container-type"] = "container"
 	}
-	spec := map[string]any{}
-	for k, v := range r.spec {
-		spec[k] = v
-	}
 	spec["annotations"] = ann
+	root := maps.Clone(from["root"].(map[string]any))
+	root["path"] = r.rootfs
+	spec["root"] = root
+	if l, ok := from["linux"].(map[string]any); ok {
+		// Each its own cgroup, beside the pod's.
+		if p, ok := l["cgroupsPath"].(string); ok && p != "" {
+			l = maps.Clone(l)
+			l["cgroupsPath"] = filepath.Join(filepath.Dir(p), id)
+			spec["linux"] = l
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -98,7 +135,7 @@ func (r *runscAlone) runsc(dir string, args ...string) error {
 		return err
 	}
 	defer log.Close()
-	cmd := exec.CommandContext(ctx, r.bin, append([]string{"--root", r.root, "--network", "none"}, args...)...)
+	cmd := exec.CommandContext(ctx, r.bin, slices.Concat([]string{"--root", r.root}, r.flags, args)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Run(); err != nil {
 		out, _ := os.ReadFile(log.Name())
@@ -151,7 +188,7 @@ func (r *runscAlone) remove() {
 	r.ids = nil
 	r.mu.Unlock()
 	for _, id := range ids {
-		if out, err := exec.Command(r.bin, "--root", r.root, "delete", "--force", id).CombinedOutput(); err != nil {
+		if out, err := exec.Command(r.bin, slices.Concat([]string{"--root", r.root}, r.flags, []string{"delete", "--force", id})...).CombinedOutput(); err != nil {
 			r.t.Errorf("runsc delete --force %s: %v: %s", id, err, clip(string(out)))
 		}
 	}

@@ -36,7 +36,7 @@ func Check(dir string, owner int, forbid fs.FileMode) error {
 		return fmt.Errorf("%s is owned by uid %d, not uid %d", dir, st.Uid, owner)
 	case mode&forbid != 0:
 		what := "others may enter or read it"
-		if mode&forbid&0o022 != 0 {
+		if mode&forbid&NoOthersWrite != 0 {
 			what = "others may write to it"
 		}
 		return fmt.Errorf("%s has mode %#o: %s", dir, uint32(mode), what)

@@ -2,18 +2,18 @@ package manager
 
 import (
 	"debug/buildinfo"
+	"flag"
 	"strconv"
 	"strings"
 )
 
-// containerdV3 reports whether the containerd that ran `shim start` takes
-// a shim of version 3 (task API v3). Every containerd passes its own
-// binary as -publish-binary; 2.x is built from the module
+// containerdV3 reports whether the containerd whose binary is bin (the
+// -publish-binary it ran `shim start` with) takes a shim of version 3
+// (task API v3). 2.x is built from the module
 // github.com/containerd/containerd/v2, 1.7 (which refuses a version above 2)
 // from github.com/containerd/containerd. Anything unreadable or unknown is
 // answered as 1.7: version 2 works with every containerd, only slower.
-func containerdV3(args []string) bool {
-	bin := publishBinary(args)
+func containerdV3(bin string) bool {
 	if bin == "" {
 		return false
 	}
@@ -32,17 +32,12 @@ func takesV3(module string) bool {
 	return ok && err == nil && n >= 2
 }
 
-// publishBinary is the value of -publish-binary in a shim's arguments.
-func publishBinary(args []string) string {
-	for i, a := range args {
-		for _, name := range []string{"-publish-binary", "--publish-binary"} {
-			if a == name && i+1 < len(args) {
-				return args[i+1]
-			}
-			if v, ok := strings.CutPrefix(a, name+"="); ok {
-				return v
-			}
-		}
+// publishBinary is the -publish-binary containerd's shim library parsed
+// from the command line (pkg/shim registers it in the flag set before
+// Start runs); "" when it was not given.
+func publishBinary() string {
+	if f := flag.Lookup("publish-binary"); f != nil {
+		return f.Value.String()
 	}
 	return ""
 }

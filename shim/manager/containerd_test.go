@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"flag"
 	"os"
 	"testing"
 )
@@ -23,19 +24,19 @@ func TestTakesV3(t *testing.T) {
 	}
 }
 
+// publishBinary reads the flag containerd's shim library registered and
+// parsed, as it parsed it.
 func TestPublishBinary(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"shim", "-namespace", "k8s.io", "-address", "/a", "-publish-binary", "/usr/bin/containerd", "-id", "x", "start"}, "/usr/bin/containerd"},
-		{[]string{"shim", "--publish-binary=/opt/containerd", "start"}, "/opt/containerd"},
-		{[]string{"shim", "-publish-binary"}, ""},
-		{[]string{"shim", "-namespace", "k8s.io", "start"}, ""},
-	} {
-		if got := publishBinary(c.args); got != c.want {
-			t.Errorf("publishBinary(%q) = %q, want %q", c.args, got, c.want)
-		}
+	if got := publishBinary(); got != "" {
+		t.Errorf("publishBinary() without the flag registered = %q, want \"\"", got)
+	}
+	var v string
+	flag.StringVar(&v, "publish-binary", "", "")
+	if err := flag.CommandLine.Parse([]string{"-publish-binary", "/usr/bin/containerd", "start"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := publishBinary(); got != "/usr/bin/containerd" {
+		t.Errorf("publishBinary() = %q, want /usr/bin/containerd", got)
 	}
 }
 
@@ -47,11 +48,11 @@ func TestContainerdV3FallsBackToV2(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bin := range []string{self, "/nonexistent/containerd", "/etc/hostname"} {
-		if containerdV3([]string{"shim", "-publish-binary", bin, "start"}) {
+		if containerdV3(bin) {
 			t.Errorf("containerdV3 with -publish-binary %s: want false", bin)
 		}
 	}
-	if containerdV3([]string{"shim", "start"}) {
+	if containerdV3("") {
 		t.Error("containerdV3 without -publish-binary: want false")
 	}
 }

@@ -97,7 +97,7 @@ func groupID(id string) (string, error) {
 // serves id and returns its address.
 func (m *manager) Start(ctx context.Context, id string, opts cdshim.StartOpts) (_ cdshim.BootstrapParams, retErr error) {
 	version := 2
-	if m.taskV3 && containerdV3(os.Args) {
+	if m.taskV3 && containerdV3(publishBinary()) {
 		version = 3
 	}
 	params := func(addr string) cdshim.BootstrapParams {

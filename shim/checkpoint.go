@@ -265,7 +265,7 @@ func (s *service) checkpoint(ctx context.Context, sb *sandboxState, name string,
 	m := &checkpoint.Manifest{Name: name, Created: time.Now().UTC(), SandboxID: sb.id, Namespace: meta.Namespace, Pod: pod, PodNamespace: podNS,
 		Quarantined: sb.life.Now().Quarantine, Placeholders: sb.placeholdersNow(),
 		Role: sb.profile.Role, PolicyDigest: sb.liveDigestNow(), Profile: profile, Egress: egress,
-		Containers: sb.members.List(), WallClockUsed: used, Suspended: !leaveRunning,
+		Containers: sb.members.List(), WallClockUsed: used, Suspended: !leaveRunning, PauseImage: sb.pauseImage,
 		Trail: checkpoint.Trail{Sandbox: sb.id, LastSeq: seq, LastHash: hash}}
 	if o := sb.owner.Load(); o != nil {
 		m.SandboxObject, m.SandboxUID = o.Sandbox.Namespace+"/"+o.Sandbox.Name, o.Sandbox.UID

@@ -266,7 +266,20 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 	} else {
 		sb, _ = s.sandboxes.sandbox(plan.joins)
 	}
-	if sb != nil && sb.dnsAddr.IsValid() {
+	// A pod's pause container runs from the node's image of its rootfs
+	// when it can, and then needs none of the pod's files.
+	fromImage, change, err := pauseFromImage(ctx, plan)
+	if err != nil {
+		return errkind.PermissionDenied(err)
+	}
+	if change != "" {
+		changes = append(changes, change)
+	}
+	if plan.sandbox != nil {
+		plan.sandbox.pauseImage = fromImage
+	}
+	plan.phases.mark("pause_image")
+	if !fromImage && sb != nil && sb.dnsAddr.IsValid() {
 		// Every container of the pod resolves through its resolver.
 		more, err := ocispec.Apply(spec, bundle.ResolvConf(r.Bundle, sb.dnsAddr))
 		if err != nil {
@@ -283,7 +296,7 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 			changes = append(changes, more...)
 		}
 	}
-	if ca := sb.gatewayCA(); ca != nil {
+	if ca := sb.gatewayCA(); ca != nil && !fromImage {
 		// Every container of the pod trusts the gateway's CA, after its
 		// image's own roots.
 		more, err := ocispec.Apply(spec, bundle.Trust(r.Bundle, ca.PEM(), plan.layers))

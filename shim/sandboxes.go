@@ -45,6 +45,9 @@ type sandboxState struct {
 	// and the kubelet's directories for it.
 	inCRI  bool
 	podUID string
+	// pauseImage: the pod's pause container runs from the node's image
+	// of its rootfs (pauseroot.go); set at its create.
+	pauseImage bool
 	// started is when the sandbox was created.
 	started time.Time
 	// ops serializes what changes the sandbox's enforcement: an admin's

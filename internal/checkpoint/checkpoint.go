@@ -94,6 +94,11 @@ type Manifest struct {
 	MCPCalls map[string]int64 `json:"mcpCalls,omitempty"`
 	// Suspended: the sandbox was stopped after the checkpoint.
 	Suspended bool `json:"suspended"`
+	// PauseImage: the pod's pause container ran from the node's image of
+	// its rootfs, not on a gofer. gVisor restores a container only with
+	// the mounts it was checkpointed with: the restored pod's pause is
+	// served the same way.
+	PauseImage bool `json:"pauseImage,omitempty"`
 	// SandboxObject and SandboxUID name the agent-sandbox Sandbox the pod
 	// belonged to (NAMESPACE/NAME), as the node agent proved it: only a
 	// pod proven to be that Sandbox's (by UID) is restored from it.

@@ -76,7 +76,16 @@ type Runsc struct {
 	// Flags are runsc global flags (without the leading dashes), applied to
 	// every sandbox this config starts.
 	Flags map[string]string `toml:"flags"`
+	// PauseImageDir holds the node's read-only EROFS images of pod sandbox
+	// (pause) images, root's alone: a pod's pause container is served from
+	// one with no gofer process. "none": serve it through a gofer, as
+	// gVisor does by default.
+	PauseImageDir string `toml:"pause_image_dir"`
 }
+
+// DefaultPauseImageDir is where the pause images are kept unless the
+// config says otherwise.
+const DefaultPauseImageDir = "/run/agentbox/pause-images"
 
 // Shim configures the shim process.
 type Shim struct {
@@ -283,7 +292,7 @@ const DefaultResolverAddress = "169.254.53.53"
 func Default() *Config {
 	return &Config{
 		Version: 1,
-		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}},
+		Runsc:   Runsc{Binary: "runsc", Flags: map[string]string{}, PauseImageDir: DefaultPauseImageDir},
 		Shim:    Shim{LogLevel: "info", ControlDir: DefaultControlDir},
 		Policy:  Policy{Dir: DefaultPolicyDir, DefaultRole: "baseline", SecretsDir: DefaultSecretsDir},
 		Audit: Audit{Dir: "/var/log/agentbox/audit", SocketDir: "/run/agentbox/audit", MaxFileBytes: 64 << 20, SentryRetries: 10, SentrySendBuffer: DefaultSentrySendBuffer,

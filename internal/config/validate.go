@@ -84,6 +84,9 @@ func (c *Config) Validate() error {
 	if !cleanAbs(c.Checkpoint.KeyFile) {
 		errs = append(errs, fmt.Errorf("checkpoint.key_file: %q must be a clean absolute path", c.Checkpoint.KeyFile))
 	}
+	if d := c.Runsc.PauseImageDir; d != "none" && !cleanAbs(d) {
+		errs = append(errs, fmt.Errorf("runsc.pause_image_dir: %q must be a clean absolute path, or \"none\"", d))
+	}
 	if d := c.Shim.ControlDir; !cleanAbs(d) || len(d) > 80 {
 		errs = append(errs, fmt.Errorf("shim.control_dir: %q must be a clean absolute path of at most 80 characters (unix socket paths are short)", d))
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // pod is one CRI pod sandbox created with crictl, as a kubelet does for a
@@ -182,6 +184,22 @@ func TestCRIPodSharesOneSandbox(t *testing.T) {
 	if n := countSandboxes(dev); n != 1 {
 		t.Fatalf("want 1 runsc sandbox process for the pod, found %d", n)
 	}
+	// The pause container's root is the node's EROFS image of its rootfs:
+	// runsc started a gofer for each of the pod's containers and none for
+	// the pause.
+	for id, want := range map[string]int{p.id: 0, worker: 1, helper: 1} {
+		if n := countGofers(id); n != want {
+			t.Errorf("container %s has %d gofer processes, want %d", id, n, want)
+		}
+	}
+	var pause specs.Spec
+	b, err := os.ReadFile(filepath.Join(dev.dir, "state", "io.containerd.runtime.v2.task", "k8s.io", p.id, "config.json"))
+	if err != nil || json.Unmarshal(b, &pause) != nil {
+		t.Fatalf("the pause's spec: %v", err)
+	}
+	if src := pause.Annotations["dev.gvisor.spec.rootfs.source"]; pause.Annotations["dev.gvisor.spec.rootfs.type"] != "erofs" || !strings.HasSuffix(src, ".erofs") {
+		t.Errorf("the pause spec's root annotations: %v", pause.Annotations)
+	}
 	// The shim answered containerd 2.4 with task API v3, so containerd
 	// joined the containers to the pod's shim itself: no `shim start` ran
 	// for them (it writes "address" into the bundle; containerd writes
@@ -229,6 +247,17 @@ func (p *pod) remove() {
 }
 
 // countSandboxes counts runsc sandbox processes under d's runsc root.
+// countGofers counts the runsc gofer processes serving container id.
+func countGofers(id string) int {
+	n := 0
+	for _, cmd := range cmdlines() {
+		if strings.HasPrefix(cmd, "runsc-gofer") && strings.HasSuffix(strings.TrimSpace(cmd), " "+id) {
+			n++
+		}
+	}
+	return n
+}
+
 func countSandboxes(d *daemon) int {
 	n := 0
 	for _, cmd := range cmdlines() {

@@ -1,6 +1,7 @@
 package ocispec
 
 import (
+	"fmt"
 	"math/rand"
 	"reflect"
 	"regexp"
@@ -160,6 +161,60 @@ func TestPlainUIDIsTheExpression(t *testing.T) {
 	for uid, ok := range map[string]bool{"": false, "-a": false, "a-": true, strings.Repeat("a", 128): true, strings.Repeat("a", 129): false, "../x": false} {
 		if plainUID(uid) != ok {
 			t.Errorf("plainUID(%q) = %v, want %v", uid, !ok, ok)
+		}
+	}
+}
+
+func TestRootFromImage(t *testing.T) {
+	base := func() *specs.Spec {
+		return &specs.Spec{Root: &specs.Root{Path: "rootfs"}, Annotations: map[string]string{ContainerTypeAnnotation: ContainerTypeSandbox}, Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev/shm", Type: "bind", Source: "/run/x/shm", Options: []string{"rbind"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/b/resolv.conf", Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/hostname/", Type: "", Source: "/b/hostname", Options: []string{"rbind"}},
+		}}
+	}
+	s := base()
+	msg, err := RootFromImage("/run/agentbox/pause/k.erofs")(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Root.Readonly || s.Annotations[RootfsSourceAnnotation] != "/run/agentbox/pause/k.erofs" || s.Annotations[RootfsTypeAnnotation] != "erofs" {
+		t.Errorf("root %+v, annotations %v", s.Root, s.Annotations)
+	}
+	var dsts []string
+	for _, m := range s.Mounts {
+		dsts = append(dsts, m.Destination)
+	}
+	if strings.Join(dsts, " ") != "/proc /dev/shm" {
+		t.Errorf("mounts left %v, want /proc and /dev/shm (gVisor's shim makes it a tmpfs)", dsts)
+	}
+	if strings.Contains(msg, "gofer still") {
+		t.Errorf("message %q: /dev/shm needs no gofer", msg)
+	}
+	if !strings.Contains(msg, "/etc/resolv.conf, /etc/hostname dropped") {
+		t.Errorf("message %q does not name what it dropped", msg)
+	}
+
+	s = base()
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/data", Type: "none", Source: "/srv", Options: []string{"bind"}})
+	msg, err = RootFromImage("/i")(s)
+	if err != nil || !strings.Contains(msg, "a gofer still serves its host mounts at /data") || len(s.Mounts) != 3 {
+		t.Errorf("a bind by option: %q, %v, mounts %v: want it kept and named", msg, err, s.Mounts)
+	}
+
+	for name, bad := range map[string]func(*specs.Spec){
+		"a root image of its own":  func(s *specs.Spec) { s.Annotations[RootfsTypeAnnotation] = "erofs" },
+		"a root source of its own": func(s *specs.Spec) { s.Annotations[RootfsSourceAnnotation] = "/x" },
+		"no root":                  func(s *specs.Spec) { s.Root = nil },
+	} {
+		s := base()
+		bad(s)
+		before := fmt.Sprint(s.Mounts, s.Annotations, s.Root)
+		if _, err := RootFromImage("/i")(s); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if fmt.Sprint(s.Mounts, s.Annotations, s.Root) != before {
+			t.Errorf("%s: refused (%v) but changed the spec", name, err)
 		}
 	}
 }

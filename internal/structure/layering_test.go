@@ -16,7 +16,7 @@ var pure = []string{
 	"internal/policy", "internal/compile", "internal/tighten", "internal/netpolicy",
 	"internal/egressrec", "internal/egressev", "internal/modelapi", "internal/mcp", "internal/ocsf",
 	"internal/ocispec", "internal/errkind", "internal/report", "internal/checkpoint/naming",
-	"shim/sandbox",
+	"internal/erofs", "shim/sandbox",
 }
 
 // effects are those packages.
@@ -25,7 +25,7 @@ var effects = []string{
 	"internal/install", "internal/mountguard", "internal/policysync", "internal/kubeapi",
 	"internal/control", "internal/netenforce", "internal/egressgw", "internal/dnsproxy",
 	"internal/checkpoint$", "internal/broker", "internal/audit/ingest", "internal/audit/forward",
-	"internal/sentrystats", "internal/policystore", "internal/privdir",
+	"internal/sentrystats", "internal/policystore", "internal/privdir", "internal/pauseroot",
 }
 
 // rule: from packages matching from (a prefix, or exact with a trailing

@@ -88,7 +88,13 @@ func TestBenchmarkCRIPhases(t *testing.T) {
 	}
 	for i := -1; i < rounds; i++ { // round -1 warms up
 		for j := range variants {
-			v := variants[(i+1+j)%len(variants)]
+			// Rotated each round, and reversed every other one: no variant
+			// always starts right after the same other.
+			k := (i + 1 + j) % len(variants)
+			if i%2 != 0 {
+				k = len(variants) - 1 - k
+			}
+			v := variants[k]
 			m0 := readCRITimers(t)
 			cpu0 := machineCPU(t)
 			p, err := startPod(v, fmt.Sprintf("phase-%d", i))

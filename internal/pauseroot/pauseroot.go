@@ -177,9 +177,10 @@ func build(dir string, layers []string) (_ string, err error) {
 	return path, os.Rename(tmp.Name(), path)
 }
 
-// Tree reads the tree under root, without following a symlink anywhere:
-// each regular file is opened beneath root when its bytes are written, and
-// must still be the file that was measured.
+// Tree reads the tree under root (names, types, modes, owners, bytes; no
+// times), without following a symlink anywhere: each regular file is
+// opened beneath root when its bytes are written, and must still be the
+// file that was measured.
 func Tree(root *os.Root) (*erofs.Node, error) {
 	return node(root, ".", "")
 }
@@ -189,7 +190,10 @@ func node(root *os.Root, path, name string) (*erofs.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &erofs.Node{Name: name, Mode: fi.Mode(), ModTime: fi.ModTime()}
+	// No times: the pause reads none, and a layer's directories carry
+	// the time they were unpacked on this node, which would make the same
+	// image's bytes, and so its name, differ from node to node.
+	n := &erofs.Node{Name: name, Mode: fi.Mode()}
 	if st, ok := fi.Sys().(*unix.Stat_t); ok {
 		n.UID, n.GID = st.Uid, st.Gid
 	}

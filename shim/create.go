@@ -276,9 +276,8 @@ func (s *service) apply(ctx context.Context, r *task.CreateTaskRequest, plan *cr
 		changes = append(changes, change)
 	}
 	if plan.sandbox != nil {
-		plan.sandbox.pauseImage = fromImage
+		plan.phases.mark("pause_image")
 	}
-	plan.phases.mark("pause_image")
 	if !fromImage && sb != nil && sb.dnsAddr.IsValid() {
 		// Every container of the pod resolves through its resolver.
 		more, err := ocispec.Apply(spec, bundle.ResolvConf(r.Bundle, sb.dnsAddr))

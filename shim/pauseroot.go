@@ -57,7 +57,7 @@ func pauseFromImage(ctx context.Context, plan *createPlan) (bool, string, error)
 }
 
 // servePause finds or builds the image of the pause's rootfs in dir and
-// points the spec at it.
+// points the spec at it, recording so on the sandbox.
 func servePause(plan *createPlan, dir string) (bool, string, error) {
 	layers, err := plan.layers()
 	if err != nil {
@@ -71,5 +71,7 @@ func servePause(plan *createPlan, dir string) (bool, string, error) {
 	if err != nil {
 		return false, "", err
 	}
+	// A checkpoint of the sandbox records it (pauseImage).
+	plan.sandbox.pauseImage = true
 	return true, change, nil
 }

@@ -87,7 +87,7 @@ func Write(w io.Writer, root *Node, lim Limits) (int64, error) {
 	// Inodes follow the superblock's block; nids count 32-byte slots from
 	// the image's start (the metadata area begins at block 0).
 	metaEnd := uint64(blockSize) + uint64(len(nodes))*inodeSize
-	next := uint64(roundUp(metaEnd))
+	next := roundUp(metaEnd)
 	for i, n := range nodes {
 		n.nid = (blockSize + uint64(i)*inodeSize) >> slotBits
 	}

@@ -74,14 +74,8 @@ func Image(dir string, layers []string) (string, error) {
 		return "", errors.New("the rootfs is empty")
 	}
 	key := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))+".layers")
-	if b, err := os.ReadFile(key); err == nil {
-		// A digest, or nothing to trust: the image is built again.
-		if d, err := hex.DecodeString(strings.TrimSpace(string(b))); err == nil && len(d) == sha256.Size {
-			path := filepath.Join(dir, hex.EncodeToString(d)+".erofs")
-			if st, err := os.Lstat(path); err == nil && st.Mode().IsRegular() {
-				return path, nil
-			}
-		}
+	if path, ok := named(dir, key); ok {
+		return path, nil
 	}
 	path, err := build(dir, used)
 	if err != nil {
@@ -92,6 +86,25 @@ func Image(dir string, layers []string) (string, error) {
 	}
 	prune(dir, path)
 	return path, nil
+}
+
+// named returns the image a layers file names, if the file holds a digest
+// and that image is there; anything else is nothing to trust, and the
+// image is built again.
+func named(dir, key string) (string, bool) {
+	b, err := os.ReadFile(key)
+	if err != nil {
+		return "", false
+	}
+	d, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(d) != sha256.Size {
+		return "", false
+	}
+	path := filepath.Join(dir, hex.EncodeToString(d)+".erofs")
+	if st, err := os.Lstat(path); err != nil || !st.Mode().IsRegular() {
+		return "", false
+	}
+	return path, true
 }
 
 // writeAtomic writes b to path through a file beside it.
@@ -238,7 +251,7 @@ func node(root *os.Root, path, name string) (*erofs.Node, error) {
 }
 
 // prune removes the oldest images past Keep (never keep, the one just
-// used), the layer files naming an image no longer there, and what an
+// used), the layer files that name no image there, and what an
 // interrupted build left.
 func prune(dir, keep string) {
 	entries, err := os.ReadDir(dir)
@@ -271,11 +284,7 @@ func prune(dir, keep string) {
 		os.Remove(imgs[i].path)
 	}
 	for _, k := range keys {
-		b, err := os.ReadFile(k)
-		if err != nil {
-			continue
-		}
-		if _, err := os.Lstat(filepath.Join(dir, strings.TrimSpace(string(b))+".erofs")); os.IsNotExist(err) {
+		if _, ok := named(dir, k); !ok {
 			os.Remove(k)
 		}
 	}

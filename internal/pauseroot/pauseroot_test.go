@@ -1,6 +1,7 @@
 package pauseroot
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,24 +185,26 @@ func TestImageRefuses(t *testing.T) {
 func TestPruneKeepsTheNewest(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()
+	// Images are named by a digest: image i's is i in 64 hex digits.
+	digest := func(i int) string { return fmt.Sprintf("%064x", i) }
 	for i := 0; i < Keep+3; i++ {
-		p := filepath.Join(dir, string(rune('a'+i))+".erofs")
+		p := filepath.Join(dir, digest(i)+".erofs")
 		write(t, p, "x", 0o400)
 		os.Chtimes(p, now, now.Add(time.Duration(i)*time.Minute))
 	}
-	write(t, filepath.Join(dir, "k1.layers"), "a\n", 0o600)
-	write(t, filepath.Join(dir, "k2.layers"), "b\n", 0o600)
+	write(t, filepath.Join(dir, "k1.layers"), digest(0)+"\n", 0o600)
+	write(t, filepath.Join(dir, "k2.layers"), digest(1)+"\n", 0o600)
 	stale := filepath.Join(dir, "build-1")
 	write(t, stale, "half", 0o600)
 	os.Chtimes(stale, now, now.Add(-time.Hour))
-	keep := filepath.Join(dir, "a.erofs") // the oldest, but just used
+	keep := filepath.Join(dir, digest(0)+".erofs") // the oldest, but just used
 	prune(dir, keep)
 	ents, _ := os.ReadDir(dir)
 	var names []string
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if len(names) != Keep+1 || names[0] != "a.erofs" || names[Keep] != "k1.layers" || strings.Contains(strings.Join(names, " "), "build-") {
-		t.Errorf("left %v: want a.erofs and the %d newest, the layers' file naming a kept image, no stale build", names, Keep-1)
+	if len(names) != Keep+1 || names[0] != digest(0)+".erofs" || names[Keep] != "k1.layers" || strings.Contains(strings.Join(names, " "), "build-") {
+		t.Errorf("left %v: want image 0 and the %d newest, the layers' file naming a kept image, no stale build", names, Keep-1)
 	}
 }
